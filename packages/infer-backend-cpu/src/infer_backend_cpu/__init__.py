@@ -1,0 +1,1 @@
+"""Pure-PyTorch reference backend."""

@@ -1,0 +1,1 @@
+"""CUDA backend: Triton and Numba CUDA kernels, CUDA graphs."""

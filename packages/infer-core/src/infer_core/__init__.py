@@ -1,0 +1,1 @@
+"""Pure-Python domain: dtypes, plan value types and the ports."""

@@ -1,0 +1,1 @@
+"""Optional browser console; talks HTTP only."""

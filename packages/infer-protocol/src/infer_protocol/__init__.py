@@ -1,0 +1,1 @@
+"""TOML config and the versioned msgspec wire messages."""

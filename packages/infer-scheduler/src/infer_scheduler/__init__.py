@@ -1,0 +1,1 @@
+"""Continuous batching, paged KV block allocator, prefix cache."""

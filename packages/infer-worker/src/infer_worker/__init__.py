@@ -1,0 +1,1 @@
+"""The model runtime: loads weights, runs steps on a backend."""

@@ -1,0 +1,1 @@
+"""The rustinfer meta package: the `rustinfer serve` launcher."""
