@@ -1,0 +1,30 @@
+"""Plan value types shared by the scheduler and the worker (pure data, no I/O)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS or a stop token / stop string
+    LENGTH = "length"  # max_tokens or the context limit
+    ABORT = "abort"  # client went away or the request was cancelled
+    ERROR = "error"  # the engine could not serve it
+
+
+@dataclass(frozen=True, slots=True)
+class KvCacheShape:
+    """Geometry of the paged KV cache the worker allocated."""
+
+    num_blocks: int
+    block_size: int
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks to hold `num_tokens` KV entries (ceil division)."""
+    return -(-num_tokens // block_size)

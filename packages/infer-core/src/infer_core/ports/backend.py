@@ -1,0 +1,56 @@
+"""The backend port: device, memory, graph capture and the op bundles."""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Protocol
+
+from infer_core.dtypes import DType
+from infer_core.ports.op_ports import OpPorts
+from infer_core.ports.tensor import Tensor
+
+
+class MemoryInfo(NamedTuple):
+    free_bytes: int
+    total_bytes: int
+
+
+class GraphRunner(Protocol):
+    """A captured computation over address-stable buffers; `replay` reruns it on their current contents."""
+
+    def replay(self) -> None: ...
+
+
+class LlmBackend(Protocol):
+    """One compute backend. Constructed as `Backend(device=..., dtype=...)` from the entry point group
+    `rustinfer.backends`."""
+
+    name: str
+    device: str  # torch device string, e.g. "cpu" or "cuda:0"
+    ops: OpPorts
+    supports_graphs: bool
+
+    def torch_dtype(self, dtype: DType) -> object:
+        """The framework dtype for a core DType."""
+        ...
+
+    def default_dtype(self) -> DType:
+        """The activation/weight dtype this backend prefers when the config says `auto`."""
+        ...
+
+    def memory_info(self) -> MemoryInfo: ...
+
+    def reset_peak_memory(self) -> None: ...
+
+    def peak_memory_bytes(self) -> int: ...
+
+    def synchronize(self) -> None: ...
+
+    def capture_graph(self, fn: Callable[[], None], warmup: int = 1) -> GraphRunner:
+        """Capture `fn` (which reads and writes only persistent tensors); only when `supports_graphs`."""
+        ...
+
+    def allocate_kv_cache(
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: DType
+    ) -> list[tuple[Tensor, Tensor]]:
+        """Per layer a (k_cache, v_cache) pair, each `[num_blocks, block_size, num_kv_heads, head_dim]`."""
+        ...

@@ -1,0 +1,68 @@
+"""Fused transformer ops and paged attention."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+from infer_core.ports.tensor import Tensor
+
+
+class AttentionBatch(NamedTuple):
+    """Per-step attention metadata for a ragged batch of sequences (tokens flattened to `T` rows).
+
+    Sequence `i` owns query rows `query_start_loc[i]:query_start_loc[i+1]`; its context after this step is
+    `seq_lens[i]` tokens (cached prefix + this step's new tokens), laid out in pages `block_tables[i]`.
+    """
+
+    positions: Tensor  # [T] int64, absolute position of each new token
+    slot_mapping: Tensor  # [T] int64, KV slot (block_id * block_size + offset); -1 = write nothing (padding)
+    query_start_loc: Tensor  # [B + 1] int32, cumulative query lengths
+    seq_lens: Tensor  # [B] int32, context length of each sequence after this step (0 = padding row)
+    block_tables: Tensor  # [B, max_blocks_per_seq] int32, -1 padded
+    max_query_len: int
+    max_seq_len: int
+    is_decode: bool  # every sequence has exactly one new token (CUDA-graph eligible)
+    block_size: int
+
+
+class FusedOps(Protocol):
+    def rms_norm(self, x: Tensor, weight: Tensor, eps: float) -> Tensor:
+        """RMSNorm over the last dimension, computed in fp32 and cast back to `x.dtype`."""
+        ...
+
+    def add_rms_norm(self, x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+        """`residual = x + residual; return rms_norm(residual), residual`."""
+        ...
+
+    def silu_and_mul(self, gate_up: Tensor) -> Tensor:
+        """`[T, 2I]` -> `silu(gate) * up` `[T, I]` (gate is the first half)."""
+        ...
+
+    def qk_norm_rope_store(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        positions: Tensor,
+        cos_sin_cache: Tensor,
+        q_norm_weight: Tensor | None,
+        k_norm_weight: Tensor | None,
+        eps: float,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        slot_mapping: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        """Per-head RMSNorm of q and k (when the weights are given, as in Qwen3), NeoX-style RoPE on q and k,
+        then store k and v into the paged cache at `slot_mapping` (slot -1 writes nothing).
+
+        q `[T, Hq, D]`, k/v `[T, Hkv, D]`, `cos_sin_cache` `[max_pos, D]` (cos in the first half, sin in the
+        second), caches `[num_blocks, block_size, Hkv, D]`. Returns the rotated (q, k).
+        """
+        ...
+
+    def paged_attention(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch, scale: float
+    ) -> Tensor:
+        """Causal attention of q `[T, Hq, D]` over each sequence's paged context (prefix + new tokens, already
+        stored). Grouped-query: query head h reads KV head `h // (Hq // Hkv)`. Returns `[T, Hq, D]`."""
+        ...

@@ -1,0 +1,18 @@
+"""The aggregate a model is built against: every op bundle of one backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infer_core.ports.collective import Collective
+from infer_core.ports.fused_ops import FusedOps
+from infer_core.ports.math_ops import MathOps
+from infer_core.ports.sampler import Sampler
+
+
+@dataclass(frozen=True, slots=True)
+class OpPorts:
+    math: MathOps
+    fused: FusedOps
+    sampler: Sampler
+    collective: Collective

@@ -1,0 +1,168 @@
+"""Every wire message, as msgspec Structs in tagged unions (msgpack on ZMQ).
+
+`PROTOCOL_VERSION` travels in `Hello`/`Ready`; a peer with another version is refused at the handshake.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
+    pass
+
+
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int = 0  # the server always fills one in (random when the client gave none)
+    logprobs: bool = False
+
+
+# ---------------------------------------------------------------- server <-> scheduler
+
+
+class Submit(_Msg, tag="submit"):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+class Abort(_Msg, tag="abort"):
+    request_id: str
+
+
+class Ping(_Msg, tag="ping"):
+    version: int = PROTOCOL_VERSION
+
+
+class TokenOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None  # infer_core.plan.FinishReason value when the request ended
+    num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
+
+
+class TokenBatch(_Msg, tag="token_batch"):
+    step: int
+    outputs: list[TokenOutput]
+
+
+class RequestError(_Msg, tag="request_error"):
+    request_id: str
+    code: str  # e.g. "context_length_exceeded", "worker_lost", "invalid_request"
+    message: str
+    status: int = 400
+
+
+class SchedulerStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    num_running: int = 0
+    num_waiting: int = 0
+    num_total_blocks: int = 0
+    num_free_blocks: int = 0
+    num_cached_blocks: int = 0
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+    num_preemptions: int = 0
+    num_steps: int = 0
+
+
+class ModelInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What the worker learned about the model, forwarded by the scheduler to the servers."""
+
+    model_dir: str
+    max_model_len: int
+    vocab_size: int
+    backend: str
+    device: str
+    dtype: str
+
+
+class Pong(_Msg, tag="pong"):
+    ready: bool
+    stats: SchedulerStats
+    model: ModelInfo | None = None
+    status: str = ""  # a human line about start-up progress or failure
+    version: int = PROTOCOL_VERSION
+
+
+ServerToScheduler = Submit | Abort | Ping
+SchedulerToServer = TokenBatch | RequestError | Pong
+
+
+# ---------------------------------------------------------------- scheduler <-> worker
+
+
+class NewSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A sequence the worker has not seen (or must recompute after preemption)."""
+
+    seq_id: int
+    token_ids: list[int]  # all known tokens: prompt (+ tokens generated before a preemption)
+    num_computed: int  # leading tokens whose KV is already in the cache (prefix-cache hit)
+    num_tokens: int  # tokens to compute in this step
+    block_ids: list[int]  # blocks covering the sequence so far
+    sampling: SamplingParams
+    num_generated: int = 0  # tokens at the end of token_ids that were sampled (for the sampling counter)
+
+
+class ContinueSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """A sequence the worker holds: compute `num_tokens` more (1 for a decode), append `new_block_ids`."""
+
+    seq_id: int
+    num_tokens: int
+    new_block_ids: list[int] = []
+
+
+class StepPlan(_Msg, tag="step_plan"):
+    step: int
+    new_seqs: list[NewSeq] = []
+    continuing: list[ContinueSeq] = []
+    finished: list[int] = []  # seq ids to forget (finished or aborted) before this step runs
+    preempted: list[int] = []  # seq ids to forget because their blocks were taken
+
+
+class Shutdown(_Msg, tag="shutdown"):
+    reason: str = ""
+
+
+class StepResult(_Msg, tag="step_result"):
+    step: int
+    seq_ids: list[int]  # the sequences that sampled a token this step, in plan order
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    elapsed_ms: float = 0.0
+
+
+class Ready(_Msg, tag="ready"):
+    num_blocks: int
+    block_size: int
+    model: ModelInfo
+    version: int = PROTOCOL_VERSION
+
+
+class Progress(_Msg, tag="progress"):
+    status: str  # start-up progress line ("loading weights 3/10", ...)
+
+
+class Heartbeat(_Msg, tag="heartbeat"):
+    pass
+
+
+class WorkerError(_Msg, tag="worker_error"):
+    fatal: bool
+    message: str
+    step: int = -1
+
+
+SchedulerToWorker = StepPlan | Shutdown
+WorkerToScheduler = StepResult | Ready | Progress | Heartbeat | WorkerError

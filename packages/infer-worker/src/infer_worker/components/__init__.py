@@ -1,0 +1,1 @@
+"""Worker components layer."""
