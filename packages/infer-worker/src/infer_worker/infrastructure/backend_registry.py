@@ -1,0 +1,44 @@
+"""Finds compute backends through the `rustinfer.backends` entry point group (the worker never imports one)."""
+
+from __future__ import annotations
+
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+GROUP = "rustinfer.backends"
+AUTO_PREFERENCE = ("cuda", "cpu")
+
+
+class BackendNotFoundError(ValueError):
+    pass
+
+
+def installed_backends() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def _available(cls: Any) -> bool:
+    """A backend class may say it cannot run here (e.g. CUDA without a GPU) through `available()`."""
+    probe = getattr(cls, "available", None)
+    return bool(probe()) if callable(probe) else True
+
+
+def resolve_backend_class(name: str) -> tuple[str, Any]:
+    found = installed_backends()
+    if name == "auto":
+        for candidate in AUTO_PREFERENCE:
+            if candidate in found:
+                cls = found[candidate].load()
+                if _available(cls):
+                    return candidate, cls
+        raise BackendNotFoundError(f"no usable backend among the installed ones: {sorted(found)}")
+    if name not in found:
+        raise BackendNotFoundError(
+            f"unknown backend {name!r}; installed backends ({GROUP}): {', '.join(sorted(found)) or 'none'}"
+        )
+    return name, found[name].load()
+
+
+def create_backend(name: str, device: str) -> Any:
+    resolved, cls = resolve_backend_class(name)
+    return cls(device=device)

@@ -1,0 +1,135 @@
+"""Builds a ready worker: model directory, backend, weights, KV cache size, runner, self-check."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from infer_core.dtypes import DType
+from infer_protocol.config import Config
+from infer_protocol.messages import ModelInfo, SamplingParams
+
+from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
+from infer_worker.application.model_runner import ModelRunner
+from infer_worker.application.worker_service import WorkerService
+from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.infrastructure.backend_registry import create_backend
+from infer_worker.infrastructure.embedded_model import ensure_embedded_model
+from infer_worker.infrastructure.model_loader import load_model
+
+log = logging.getLogger("rustinfer.worker")
+
+Progress = Callable[[str], None]
+
+
+class StartupError(RuntimeError):
+    """The worker cannot start; the message says why in one line."""
+
+
+@dataclass(frozen=True)
+class ReadyWorker:
+    service: WorkerService
+    num_blocks: int
+    block_size: int
+    model: ModelInfo
+
+
+def resolve_model_dir(config: Config) -> Path:
+    if not config.model:
+        return ensure_embedded_model()
+    path = Path(config.model).expanduser()
+    if not (path / "config.json").is_file():
+        raise StartupError(f"model directory {path} has no config.json (expected a Hugging Face model directory)")
+    return path
+
+
+def _greedy_seq(seq_id: int, token_ids: list[int], block_ids: list[int]) -> Sequence:
+    return Sequence(seq_id, token_ids, 0, block_ids, SamplingParams(temperature=0.0))
+
+
+def _profile_sequences(num_tokens: int, max_model_len: int, block_size: int) -> list[ScheduledSeq]:
+    """The worst-case step: `num_tokens` prompt tokens split into sequences no longer than the context limit."""
+    scheduled, next_block = [], 0
+    remaining, seq_id = num_tokens, 0
+    while remaining > 0:
+        length = min(remaining, max_model_len)
+        blocks = math.ceil(length / block_size)
+        seq = _greedy_seq(seq_id, [seq_id % 7 + 1] * length, list(range(next_block, next_block + blocks)))
+        scheduled.append(ScheduledSeq(seq, length))
+        next_block += blocks
+        remaining -= length
+        seq_id += 1
+    return scheduled
+
+
+def _choose_num_blocks(config: Config, backend: Any, model: Any, dtype: DType, geometry: KvGeometry,
+                       max_model_len: int, progress: Progress) -> int:
+    if config.num_blocks:
+        return config.num_blocks
+    max_blocks_per_seq = math.ceil(max_model_len / config.block_size)
+    useful = max_blocks_per_seq * config.max_batch_seqs
+    if backend.device == "cpu" or backend.device.startswith("cpu"):
+        return min(useful, blocks_for_budget(geometry, config.cpu_kv_cache_bytes))
+    progress("profiling memory with a worst-case forward")
+    tokens = min(config.max_batch_tokens, max_model_len * config.max_batch_seqs)
+    scratch_blocks = math.ceil(tokens / config.block_size) + config.max_batch_seqs
+    backend.reset_peak_memory()
+    caches = backend.allocate_kv_cache(geometry.num_layers, scratch_blocks, config.block_size, geometry.num_kv_heads,
+                                       geometry.head_dim, dtype)
+    runner = ModelRunner(model, backend, caches, config.block_size, scratch_blocks, backend.device)
+    runner.execute(_profile_sequences(tokens, max_model_len, config.block_size))
+    backend.synchronize()
+    peak = backend.peak_memory_bytes()
+    del runner, caches
+    total = backend.memory_info().total_bytes
+    budget = profiled_budget(total, config.mem_fraction_static, peak)
+    num_blocks = min(useful, blocks_for_budget(geometry, budget))
+    log.info("memory profile: total %.2f GiB, peak after worst-case forward %.2f GiB, KV budget %.2f GiB -> %d blocks",
+             total / 2**30, peak / 2**30, budget / 2**30, num_blocks)
+    return num_blocks
+
+
+def self_check(runner: ModelRunner, vocab_size: int, block_size: int) -> None:
+    """A bounded prefill + decode through the real path; a broken backend or model fails here, not on a user."""
+    prompt = [(7 * i + 1) % vocab_size for i in range(block_size + 3)]
+    seq = _greedy_seq(-1, prompt, list(range(math.ceil((len(prompt) + 2) / block_size))))
+    for num_new in (len(prompt), 1):
+        out = runner.execute([ScheduledSeq(seq, num_new)])
+        if len(out.token_ids) != 1 or not 0 <= out.token_ids[0] < vocab_size or not math.isfinite(out.logprobs[0]):
+            raise StartupError(f"self-check failed: sampled {out.token_ids} with logprobs {out.logprobs}")
+        seq.num_computed += num_new
+        seq.token_ids.append(out.token_ids[0])
+
+
+def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
+    progress("resolving the model directory")
+    model_dir = resolve_model_dir(config)
+    backend = create_backend(config.backend, config.device)
+    dtype = backend.default_dtype() if config.dtype == "auto" else DType.parse(config.dtype)
+    progress(f"loading weights from {model_dir} on {backend.name}:{backend.device} ({dtype.value})")
+    model, spec = load_model(model_dir, backend, dtype, config.load_format, config.seed)
+    max_model_len = config.max_model_len or spec.max_position_embeddings
+    geometry = KvGeometry(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype.itemsize)
+    num_blocks = _choose_num_blocks(config, backend, model, dtype, geometry, max_model_len, progress)
+    if num_blocks * config.block_size < 2 * config.block_size:
+        raise StartupError(f"KV cache too small: {num_blocks} blocks of {config.block_size} tokens")
+    progress(f"allocating the KV cache: {num_blocks} blocks x {config.block_size} tokens")
+    caches = backend.allocate_kv_cache(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
+                                       spec.head_dim, dtype)
+    max_blocks_per_seq = math.ceil(max_model_len / config.block_size)
+    runner = ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device)
+    progress("self-check: prefill + decode")
+    self_check(runner, spec.vocab_size, config.block_size)
+    info = ModelInfo(
+        model_dir=str(model_dir),
+        max_model_len=max_model_len,
+        vocab_size=spec.vocab_size,
+        backend=backend.name,
+        device=backend.device,
+        dtype=dtype.value,
+    )
+    log.info("ready: %s, %d KV blocks x %d, max_model_len %d", info, num_blocks, config.block_size, max_model_len)
+    return ReadyWorker(WorkerService(runner), num_blocks, config.block_size, info)

@@ -1,0 +1,144 @@
+"""`rustinfer serve`: start scheduler, worker and server on one config, wait until ready, and keep the three
+alive together — when one dies, or on Ctrl-C / SIGTERM, all three are torn down."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from infer_protocol.config import Config, ConfigError, dump_config, load_config
+
+PROCESSES = ("scheduler", "worker", "server")
+
+
+def _command(role: str, config_path: str) -> list[str]:
+    script = Path(sys.executable).parent / f"rustinfer-{role}"
+    if script.exists():
+        return [str(script), "--config", config_path]
+    module = {"scheduler": "infer_scheduler.cli", "worker": "infer_worker.cli", "server": "infer_server.cli"}[role]
+    return [sys.executable, "-c", f"from {module} import main; main()", "--config", config_path]
+
+
+class Cluster:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        handle, self._config_path = tempfile.mkstemp(prefix="rustinfer-", suffix=".toml")
+        with os.fdopen(handle, "w") as fh:
+            fh.write(dump_config(config))
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        host = self.config.host if self.config.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.config.port}"
+
+    def start(self) -> None:
+        for role in PROCESSES:
+            self.procs[role] = subprocess.Popen(_command(role, self._config_path))
+
+    def dead(self) -> tuple[str, int] | None:
+        for role, proc in self.procs.items():
+            code = proc.poll()
+            if code is not None:
+                return role, code
+        return None
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.shutdown_timeout_secs
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        Path(self._config_path).unlink(missing_ok=True)
+
+
+def _ready_status(client: httpx.Client, url: str) -> tuple[bool, str]:
+    try:
+        resp = client.get(f"{url}/ready", timeout=2.0)
+    except httpx.HTTPError:
+        return False, "waiting for the HTTP server"
+    try:
+        status = str(resp.json().get("status", ""))
+    except ValueError:
+        status = ""
+    return resp.status_code == 200, status
+
+
+def _wait_ready(cluster: Cluster, stopping: list[int]) -> int:
+    last = ""
+    deadline = time.monotonic() + cluster.config.ready_timeout_secs
+    with httpx.Client() as client:
+        while not stopping:
+            dead = cluster.dead()
+            if dead:
+                print(f"rustinfer: the {dead[0]} exited with code {dead[1]} during start-up", file=sys.stderr)
+                return 1
+            ready, status = _ready_status(client, cluster.url)
+            if ready:
+                return 0
+            if status and status != last:
+                print(f"rustinfer: {status}", file=sys.stderr, flush=True)
+                last = status
+            if time.monotonic() > deadline:
+                print(f"rustinfer: not ready after {cluster.config.ready_timeout_secs:.0f} s", file=sys.stderr)
+                return 1
+            time.sleep(0.25)
+    return 130
+
+
+def serve(config: Config) -> int:
+    cluster = Cluster(config)
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+    cluster.start()
+    try:
+        code = _wait_ready(cluster, stopping)
+        if code:
+            return code
+        print(f"rustinfer: ready — OpenAI-compatible API at {cluster.url}/v1 (Ctrl-C to stop)", flush=True)
+        while not stopping:
+            dead = cluster.dead()
+            if dead:
+                print(f"rustinfer: the {dead[0]} exited with code {dead[1]}; stopping the others", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        return 0
+    finally:
+        cluster.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="rustinfer", description="RustInfer: OpenAI-compatible LLM serving")
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="start scheduler, worker and server together")
+    s.add_argument("--config", help="TOML config file (see docs/configuration.md)")
+    s.add_argument("--model", help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    s.add_argument("--backend", help="auto, cpu, cuda or another installed backend")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(
+            args.config, overrides={"model": args.model, "host": args.host, "port": args.port, "backend": args.backend}
+        )
+    except ConfigError as exc:
+        print(f"rustinfer: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if config.model and not Path(config.model).is_dir():
+        print(f"rustinfer: model directory not found: {config.model}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(serve(config))
