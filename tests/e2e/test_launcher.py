@@ -1,0 +1,61 @@
+"""`rustinfer serve` keeps the three processes alive together and tears them down together."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.e2e.cluster import ServedCluster
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_dead_worker_stops_the_cluster_and_is_named(tmp_path: Path, embedded_model_dir: Path) -> None:
+    cluster = ServedCluster(tmp_path, max_model_len=1024).start()
+    pids = cluster.pids()
+    assert set(pids) == {"scheduler", "worker", "server"}, cluster.log()
+    os.kill(pids["worker"], signal.SIGKILL)
+    assert cluster.proc is not None
+    code = cluster.proc.wait(timeout=60)
+    assert code != 0
+    assert "the worker exited" in cluster.log()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids.values())
+
+
+def test_sigterm_tears_all_three_down(tmp_path: Path, embedded_model_dir: Path) -> None:
+    cluster = ServedCluster(tmp_path, max_model_len=1024).start()
+    pids = cluster.pids()
+    assert httpx.get(f"{cluster.url}/ready").status_code == 200
+    assert cluster.stop() == 0
+    assert not any(_alive(p) for p in pids.values())
+
+
+def test_bad_flags_give_one_line_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("max_batch_seqs = -1\n")
+    cases = [
+        (["serve", "--config", str(bad)], "max_batch_seqs"),
+        (["serve", "--model", str(tmp_path / "nope")], "model directory not found"),
+        (["serve", "--backend", "tpu", "--port", "99999"], "port"),
+    ]
+    for args, needle in cases:
+        result = subprocess.run([sys.executable, "-c", "from rustinfer.launcher import main; main()", *args],
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, result
+        assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
