@@ -71,7 +71,8 @@ def _ready_status(client: httpx.Client, url: str) -> tuple[bool, str]:
     except httpx.HTTPError:
         return False, "waiting for the HTTP server"
     try:
-        status = str(resp.json().get("status", ""))
+        body = resp.json()
+        status = str(body.get("detail") or "") if resp.status_code != 200 else ""
     except ValueError:
         status = ""
     return resp.status_code == 200, status

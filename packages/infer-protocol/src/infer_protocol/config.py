@@ -37,6 +37,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     port: int = 8000
     max_inflight_requests: int = 1024
     max_request_body_bytes: int = 4 * 1024 * 1024
+    enable_console: bool = True  # serve the browser console at / when infer-frontend is installed
     # scheduling
     max_batch_tokens: int = 8192
     max_batch_seqs: int = 256

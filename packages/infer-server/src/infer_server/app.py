@@ -1,0 +1,61 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from infer_protocol.config import Config
+
+from infer_server import routes_openai, routes_system, routes_tokenize
+from infer_server.console import mount_console
+from infer_server.errors import install_error_handlers
+from infer_server.metrics import ServerMetrics
+from infer_server.middleware import BodyLimitMiddleware, HttpMetricsMiddleware, RequestIdMiddleware
+from infer_server.model_assets import ModelAssetsLoader
+from infer_server.scheduler_client import SchedulerClient
+from infer_server.state import ServerState
+
+__version__ = "0.1.0"
+
+
+def create_app(config: Config, client: SchedulerClient | None = None) -> FastAPI:
+    """The OpenAI-compatible app for `config`.
+
+    The app's lifespan starts the scheduler client (one is made from `config` unless given) and closes it
+    at shutdown; the model's tokenizer and template are loaded when the first ready Pong names the model.
+    """
+    client = client if client is not None else SchedulerClient(config)
+    loader = ModelAssetsLoader(config)
+    client.add_pong_listener(loader.on_pong)
+    state = ServerState(config=config, client=client, loader=loader, metrics=ServerMetrics(client))
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await client.start()
+        try:
+            yield
+        finally:
+            await loader.close()
+            await client.close()
+
+    app = FastAPI(
+        title="RustInfer",
+        version=__version__,
+        summary="OpenAI-compatible LLM inference server",
+        lifespan=lifespan,
+    )
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(routes_openai.router)
+    app.include_router(routes_tokenize.router)
+    app.include_router(routes_system.router)
+    if config.enable_console:
+        mount_console(app)
+    # Added innermost first: a request passes RequestId -> HttpMetrics -> BodyLimit -> routes.
+    app.add_middleware(BodyLimitMiddleware, limit=config.max_request_body_bytes)
+    app.add_middleware(HttpMetricsMiddleware, metrics=state.metrics)
+    app.add_middleware(RequestIdMiddleware)
+    return app

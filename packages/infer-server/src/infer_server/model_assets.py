@@ -1,0 +1,173 @@
+"""What the server needs from the model directory: tokenizer, chat template, EOS ids, the served name.
+
+The server does not read the model from its own config: it learns the model directory from the worker,
+through the scheduler's first ready `Pong` (`ModelInfo.model_dir`), and loads these assets then (in a
+thread, off the event loop). Until they are loaded, /ready answers 503 and generation answers 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infer_protocol.config import Config
+from infer_protocol.messages import ModelInfo, Pong
+
+from infer_server.chat_template import ChatTemplate, ChatTemplateError
+from infer_server.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelAssets:
+    info: ModelInfo
+    served_name: str
+    tokenizer: Tokenizer
+    chat_template: ChatTemplate | None
+    chat_template_error: str | None  # why there is no usable template (None = there is none at all)
+    eos_token_ids: tuple[int, ...]
+    aliases: frozenset[str]  # names a request's `model` may use for this model
+
+    @property
+    def model_dir(self) -> str:
+        return str(self.info.model_dir)
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.info.max_model_len)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size or self.tokenizer.vocab_size
+
+
+def served_model_name(config: Config, model_dir: str | None) -> str | None:
+    """config.model_name, else the model directory's basename (from the worker, else from the config)."""
+    if config.model_name:
+        return config.model_name
+    source = model_dir or config.model
+    if source:
+        return os.path.basename(os.path.normpath(source))
+    return None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    return data if isinstance(data, dict) else {}
+
+
+def _ids(value: Any) -> list[int]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int) and not isinstance(v, bool)]
+    return []
+
+
+def read_eos_token_ids(model_dir: str | Path, tokenizer: Tokenizer | None = None) -> list[int]:
+    """EOS ids from generation_config.json (int or list) plus config.json; else the tokenizer's eos_token."""
+    model_dir = Path(model_dir)
+    ids: list[int] = []
+    for name in ("generation_config.json", "config.json"):
+        data = _read_json(model_dir / name)
+        ids.extend(_ids(data.get("eos_token_id")))
+        text_config = data.get("text_config")
+        if isinstance(text_config, dict):
+            ids.extend(_ids(text_config.get("eos_token_id")))
+    if not ids and tokenizer is not None and tokenizer.eos_token:
+        eos = tokenizer.token_to_id(tokenizer.eos_token)
+        if eos is not None:
+            ids.append(eos)
+    return list(dict.fromkeys(ids))
+
+
+def load_model_assets(info: ModelInfo, config: Config) -> ModelAssets:
+    """Read tokenizer, template and EOS ids from `info.model_dir` (blocking: run it in a thread)."""
+    model_dir = Path(info.model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"model directory {model_dir} does not exist on the server's machine")
+    tokenizer = Tokenizer.from_dir(model_dir)
+    template: ChatTemplate | None = None
+    template_error: str | None = None
+    try:
+        template = ChatTemplate.from_model_dir(model_dir, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token)
+    except (ChatTemplateError, OSError, ValueError) as exc:
+        template_error = str(exc)
+        log.error("chat template of %s unusable: %s", model_dir, exc)
+    name = served_model_name(config, info.model_dir) or model_dir.name
+    aliases = {name, info.model_dir, model_dir.name, str(model_dir)}
+    if config.model:
+        aliases.add(config.model)
+    return ModelAssets(
+        info=info,
+        served_name=name,
+        tokenizer=tokenizer,
+        chat_template=template,
+        chat_template_error=template_error,
+        eos_token_ids=tuple(read_eos_token_ids(model_dir, tokenizer)),
+        aliases=frozenset(a for a in aliases if a),
+    )
+
+
+class ModelAssetsLoader:
+    """Loads the assets once a ready Pong names the model directory (again if the directory changes)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._assets: ModelAssets | None = None
+        self._loading: asyncio.Task[None] | None = None
+        self._failed_dir: str | None = None
+        self.error: str | None = None
+
+    @property
+    def assets(self) -> ModelAssets | None:
+        return self._assets
+
+    def on_pong(self, pong: Pong) -> None:
+        info = pong.model
+        if not pong.ready or info is None or self._loading is not None:
+            return
+        current = self._assets
+        if current is not None and current.info == info:
+            return
+        if info.model_dir == self._failed_dir:
+            return  # do not retry a directory that failed, every heartbeat
+        self._loading = asyncio.get_running_loop().create_task(self._load(info), name="rustinfer-load-assets")
+
+    async def _load(self, info: ModelInfo) -> None:
+        try:
+            assets = await asyncio.to_thread(load_model_assets, info, self.config)
+        except Exception as exc:
+            self._failed_dir = info.model_dir
+            self.error = f"cannot load tokenizer/template from {info.model_dir}: {exc}"
+            log.error("%s", self.error)
+        else:
+            self._assets = assets
+            self._failed_dir = None
+            self.error = None
+            log.info(
+                "model assets loaded: %s (max_model_len %d, eos ids %s, chat template %s)",
+                assets.served_name, assets.max_model_len, list(assets.eos_token_ids),
+                "yes" if assets.chat_template else "no",
+            )
+        finally:
+            self._loading = None
+
+    async def close(self) -> None:
+        if self._loading is not None:
+            self._loading.cancel()
+            try:
+                await self._loading
+            except (asyncio.CancelledError, Exception):
+                pass

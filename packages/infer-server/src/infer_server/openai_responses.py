@@ -1,0 +1,98 @@
+"""The OpenAI response and chunk bodies, for chat (`chat.completion[.chunk]`) and completions
+(`text_completion`). Plain dicts: they are serialised with msgspec, no pydantic on the hot path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Kind = Literal["chat", "completion"]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseShape:
+    """Everything constant across the chunks/choices of one response."""
+
+    kind: Kind
+    id: str
+    created: int
+    model: str
+    n: int
+    prompt_tokens: int
+    include_usage: bool = False
+    return_token_ids: bool = False
+
+    # ---------------------------------------------------------------- streaming
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        }
+        if self.include_usage:
+            body["usage"] = None
+        return body
+
+    def role_chunk(self, index: int) -> dict[str, Any]:
+        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})
+
+    def text_chunk(self, index: int, text: str) -> dict[str, Any]:
+        if self.kind == "chat":
+            return self._chunk({"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None})
+        return self._chunk({"index": index, "text": text, "logprobs": None, "finish_reason": None})
+
+    def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]:
+        if self.kind == "chat":
+            return self._chunk({"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
+        return self._chunk({"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason})
+
+    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(self.prompt_tokens, completion_tokens),
+        }
+
+    # ---------------------------------------------------------------- non-streaming
+
+    def full_response(
+        self,
+        texts: list[str],
+        finish_reasons: list[str | None],
+        completion_tokens: int,
+        token_ids: list[list[int]] | None = None,
+    ) -> dict[str, Any]:
+        choices: list[dict[str, Any]] = []
+        for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True)):
+            if self.kind == "chat":
+                choice = {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                          "finish_reason": reason}
+            else:
+                choice = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+            if self.return_token_ids and token_ids is not None:
+                choice["token_ids"] = token_ids[i]
+            choices.append(choice)
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.kind == "chat" else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage(self.prompt_tokens, completion_tokens),
+            "system_fingerprint": None,
+        }

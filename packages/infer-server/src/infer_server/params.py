@@ -1,0 +1,242 @@
+"""From a validated OpenAI request to what the scheduler gets: prompt ids, sampling, limits, stops.
+
+Everything a request asks for is either honoured or refused here with a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from infer_protocol.config import Config
+from infer_protocol.messages import SamplingParams, Submit
+
+from infer_server.errors import ApiError, invalid_request, model_not_found, unsupported
+from infer_server.model_assets import ModelAssets
+from infer_server.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
+
+_SEED_MOD = 2**63  # seeds travel as non-negative int64
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationParams:
+    """One sequence to generate (a request with n > 1 makes n of these)."""
+
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    min_tokens: int
+    stop: tuple[str, ...]
+    skip_special_tokens: bool
+
+    def submit(self, request_id: str) -> Submit:
+        return Submit(
+            request_id=request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling=self.sampling,
+            max_tokens=self.max_tokens,
+            stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+        )
+
+
+# ------------------------------------------------------------------ checks
+
+
+def check_model(requested: str | None, assets: ModelAssets) -> None:
+    if requested is not None and requested != "" and requested not in assets.aliases:
+        raise model_not_found(requested)
+
+
+def _check_common(req: GenerationFields) -> None:
+    if req.presence_penalty not in (None, 0.0):
+        raise unsupported("presence_penalty", "only 0 is accepted")
+    if req.frequency_penalty not in (None, 0.0):
+        raise unsupported("frequency_penalty", "only 0 is accepted")
+    if req.repetition_penalty not in (None, 1.0):
+        raise unsupported("repetition_penalty", "only 1 is accepted")
+    if req.logit_bias:
+        raise unsupported("logit_bias")
+    if req.stream_options is not None:
+        if not req.stream:
+            raise invalid_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
+        if req.stream_options.continuous_usage_stats:
+            raise unsupported("stream_options.continuous_usage_stats")
+    if req.return_token_ids and req.stream:
+        raise unsupported("return_token_ids", "only without 'stream'")
+
+
+def check_chat_request(req: ChatCompletionRequest) -> None:
+    _check_common(req)
+    if req.logprobs:
+        raise unsupported("logprobs")
+    if req.top_logprobs:
+        raise unsupported("top_logprobs")
+    if req.tools:
+        raise unsupported("tools")
+    if req.tool_choice not in (None, "none"):
+        raise unsupported("tool_choice")
+    if req.functions:
+        raise unsupported("functions")
+    if req.function_call not in (None, "none"):
+        raise unsupported("function_call")
+    if req.response_format is not None and req.response_format.get("type", "text") != "text":
+        raise unsupported("response_format", "only {'type': 'text'} is served")
+
+
+def check_completion_request(req: CompletionRequest) -> None:
+    _check_common(req)
+    if req.echo:
+        raise unsupported("echo")
+    if req.logprobs is not None:
+        raise unsupported("logprobs")
+    if req.best_of is not None and req.best_of != req.n:
+        raise unsupported("best_of", "only best_of equal to n is accepted")
+    if req.suffix:
+        raise unsupported("suffix")
+
+
+# ------------------------------------------------------------------ prompts
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise unsupported(f"messages[{index}].content[{j}]", f"content part type '{part.type}' (only 'text')")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Chat messages as the dicts a HF chat template expects (content always a string)."""
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        if message.role == "tool" or message.tool_call_id is not None:
+            raise unsupported(f"messages[{i}]", "tool messages (tools are not supported)")
+        if message.tool_calls:
+            raise unsupported(f"messages[{i}].tool_calls")
+        role = "system" if message.role == "developer" else message.role  # OpenAI's newer name for it
+        item: dict[str, Any] = {"role": role, "content": _message_text(message, i)}
+        if message.name is not None:
+            item["name"] = message.name
+        out.append(item)
+    return out
+
+
+def completion_prompt_ids(req: CompletionRequest, assets: ModelAssets) -> list[int]:
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return assets.tokenizer.encode(prompt, add_special_tokens=True)
+    if not prompt:
+        raise invalid_request("'prompt' must not be empty", param="prompt")
+    first = prompt[0]
+    if isinstance(first, str):
+        if len(prompt) > 1:
+            raise unsupported("prompt", "a list of several prompts (send one prompt per request)")
+        return assets.tokenizer.encode(first, add_special_tokens=True)
+    if isinstance(first, list):
+        if len(prompt) > 1:
+            raise unsupported("prompt", "a list of several prompts (send one prompt per request)")
+        ids = list(first)
+    else:
+        ids = [int(t) for t in prompt]  # type: ignore[arg-type]
+    check_token_ids(ids, assets, "prompt")
+    return ids
+
+
+def check_token_ids(ids: Sequence[int], assets: ModelAssets, param: str) -> None:
+    vocab = assets.vocab_size
+    for t in ids:
+        if t < 0 or (vocab > 0 and t >= vocab):
+            raise invalid_request(f"'{param}' holds token id {t}, outside the vocabulary [0, {vocab})", param=param)
+
+
+# ------------------------------------------------------------------ limits and sampling
+
+
+def context_error(limit: int, prompt_len: int, max_tokens: int | None, what: str, param: str) -> ApiError:
+    completion = "at least 1" if max_tokens is None else str(max_tokens)
+    requested = prompt_len + (1 if max_tokens is None else max_tokens)
+    return ApiError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, you requested {requested} tokens "
+        f"({prompt_len} in the {what}, {completion} in the completion). "
+        f"Please reduce the length of the {what} or completion.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def resolve_max_tokens(prompt_len: int, max_tokens: int | None, limit: int, *, what: str, param: str) -> int:
+    """max_tokens after the context check (omitted = the rest of the context)."""
+    if prompt_len == 0:
+        raise invalid_request(f"the {what} is empty (0 tokens)", param=param)
+    if limit > 0:
+        if prompt_len >= limit and (max_tokens is None or prompt_len > limit):
+            raise context_error(limit, prompt_len, max_tokens, what, param)
+        if max_tokens is None:
+            return limit - prompt_len
+        if prompt_len + max_tokens > limit:
+            raise context_error(limit, prompt_len, max_tokens, what, "max_tokens")
+    if max_tokens is None:
+        raise invalid_request("'max_tokens' is required: the model's context length is unknown", param="max_tokens")
+    return max_tokens
+
+
+def build_params(
+    req: GenerationFields,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    assets: ModelAssets,
+    config: Config,
+    *,
+    what: str,
+    param: str,
+) -> list[GenerationParams]:
+    """One GenerationParams per choice (n), or a 400 naming the offending field."""
+    limit = assets.max_model_len
+    resolved = resolve_max_tokens(len(prompt_ids), max_tokens, limit, what=what, param=param)
+    if req.min_tokens > resolved:
+        raise invalid_request(f"'min_tokens' ({req.min_tokens}) exceeds max_tokens ({resolved})", param="min_tokens")
+    client_stop_ids = list(req.stop_token_ids or [])
+    check_token_ids(client_stop_ids, assets, "stop_token_ids")
+    ignore_eos = req.ignore_eos or config.ignore_eos
+    stop_ids = list(client_stop_ids)
+    if not ignore_eos:
+        stop_ids += [e for e in assets.eos_token_ids if e not in client_stop_ids]
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    out = []
+    for i in range(req.n):
+        seed = random.getrandbits(63) if req.seed is None else (req.seed + i) % _SEED_MOD
+        sampling = SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=top_k,
+            min_p=0.0 if req.min_p is None else req.min_p,
+            seed=seed,
+        )
+        out.append(
+            GenerationParams(
+                prompt_token_ids=prompt_ids,
+                sampling=sampling,
+                max_tokens=resolved,
+                stop_token_ids=stop_ids,
+                ignore_eos=ignore_eos,
+                min_tokens=req.min_tokens,
+                stop=stop,
+                skip_special_tokens=req.skip_special_tokens,
+            )
+        )
+    return out

@@ -1,0 +1,106 @@
+"""The OpenAI endpoints: /v1/chat/completions, /v1/completions, /v1/models."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from infer_server.chat_template import ChatTemplateError
+from infer_server.errors import ApiError, invalid_request, not_ready
+from infer_server.model_assets import ModelAssets, served_model_name
+from infer_server.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest
+from infer_server.params import (
+    build_params,
+    check_chat_request,
+    check_completion_request,
+    check_model,
+    completion_prompt_ids,
+    template_messages,
+)
+from infer_server.serving import serve_generation
+from infer_server.state import server_state
+
+router = APIRouter()
+
+
+def render_chat_prompt(assets: ModelAssets, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
+    """Chat messages -> prompt token ids through the model's template (400 when it has none or it refuses)."""
+    text = render_chat_text(assets, messages, add_generation_prompt)
+    return assets.tokenizer.encode(text, add_special_tokens=False)
+
+
+def render_chat_text(assets: ModelAssets, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
+    template = assets.chat_template
+    if template is None:
+        detail = assets.chat_template_error or "the model directory has no chat template"
+        raise invalid_request(f"This model cannot serve chat completions: {detail}. Use /v1/completions.",
+                              param="messages", code="chat_template_missing")
+    try:
+        return template.render(template_messages(messages), add_generation_prompt=add_generation_prompt)
+    except ChatTemplateError as exc:
+        raise invalid_request(str(exc), param="messages", code="chat_template_error") from None
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    state = server_state(request)
+    assets = state.require_assets()
+    check_model(body.model, assets)
+    check_chat_request(body)
+    prompt_ids = render_chat_prompt(assets, body.messages, body.add_generation_prompt)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await serve_generation(state, request, kind="chat", params=params, model=assets.served_name,
+                                  stream=body.stream, include_usage=include_usage,
+                                  return_token_ids=body.return_token_ids)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    state = server_state(request)
+    assets = state.require_assets()
+    check_model(body.model, assets)
+    check_completion_request(body)
+    prompt_ids = completion_prompt_ids(body, assets)
+    params = build_params(body, prompt_ids, body.max_tokens, assets, state.config, what="prompt", param="prompt")
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return await serve_generation(state, request, kind="completion", params=params, model=assets.served_name,
+                                  stream=body.stream, include_usage=include_usage,
+                                  return_token_ids=body.return_token_ids)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> Response:
+    state = server_state(request)
+    assets = state.loader.assets
+    info = assets.info if assets is not None else state.client.model_info
+    if assets is not None:
+        name: str | None = assets.served_name
+    else:
+        name = served_model_name(state.config, info.model_dir if info else None)
+    if name is None:
+        raise not_ready(state.readiness_detail())
+    max_model_len = info.max_model_len if info is not None else (state.config.max_model_len or None)
+    card = {
+        "id": name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "rustinfer",
+        "root": info.model_dir if info is not None else (state.config.model or None),
+        "parent": None,
+        "max_model_len": max_model_len,
+    }
+    return Response(msgspec.json.encode({"object": "list", "data": [card]}), media_type="application/json")
+
+
+@router.get("/v1/models/{model_id:path}")
+async def retrieve_model(model_id: str, request: Request) -> Response:
+    listing = msgspec.json.decode((await list_models(request)).body)
+    for card in listing["data"]:
+        if card["id"] == model_id:
+            return Response(msgspec.json.encode(card), media_type="application/json")
+    raise ApiError(404, f"The model '{model_id}' does not exist.", param="model", code="model_not_found")

@@ -1,0 +1,168 @@
+"""Serve submitted generations as an SSE stream or as one JSON response.
+
+Admission (429) and submission happen before the response starts, so their errors are ordinary HTTP
+errors. Afterwards, a streaming failure is an `{"error": ...}` event followed by `[DONE]`; a
+non-streaming one is an error response. Either way every unfinished sequence is aborted on exit, also
+when the client disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
+
+import msgspec
+from fastapi import Request
+from starlette.responses import Response
+
+from infer_server.errors import ApiError
+from infer_server.generation import Generation, iterate, start_generations
+from infer_server.metrics import ServerMetrics
+from infer_server.openai_responses import Kind, ResponseShape
+from infer_server.params import GenerationParams
+from infer_server.sse import DONE, EventStreamResponse, sse_event
+from infer_server.state import ServerState
+
+log = logging.getLogger(__name__)
+
+_ENDPOINT = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+def _record(metrics: ServerMetrics, kind: Kind, gens: Sequence[Generation], error_code: str | None) -> None:
+    endpoint = _ENDPOINT[kind]
+    if error_code is not None:
+        metrics.request_errors.labels(endpoint, error_code).inc()
+    if gens:
+        metrics.prompt_tokens.inc(len(gens[0].params.prompt_token_ids))
+    for g in gens:
+        metrics.generation_tokens.inc(g.num_tokens)
+        reason = g.finish_reason or "abort"
+        metrics.request_finished.labels(endpoint, reason).inc()
+        if g.first_token_at is not None:
+            metrics.ttft.observe(g.first_token_at - g.submitted_at)
+            if g.finished_at is not None:
+                metrics.e2e.observe(g.finished_at - g.submitted_at)
+                if g.num_tokens > 1:
+                    metrics.tpot.observe((g.finished_at - g.first_token_at) / (g.num_tokens - 1))
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def serve_generation(
+    state: ServerState,
+    request: Request,
+    *,
+    kind: Kind,
+    params: Sequence[GenerationParams],
+    model: str,
+    stream: bool,
+    include_usage: bool,
+    return_token_ids: bool = False,
+) -> Response:
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    shape = ResponseShape(
+        kind=kind,
+        id=f"{prefix}-{uuid.uuid4().hex}",
+        created=int(time.time()),
+        model=model,
+        n=len(params),
+        prompt_tokens=len(params[0].prompt_token_ids),
+        include_usage=include_usage,
+        return_token_ids=return_token_ids,
+    )
+    assets = state.require_assets()
+    state.admit()
+    try:
+        gens = start_generations(state.client, assets.tokenizer, params, shape.id,
+                                 timeout=state.config.request_timeout_secs)
+    except BaseException:
+        state.release()
+        raise
+    if stream:
+        return EventStreamResponse(_events(state, shape, gens))
+    try:
+        return await _respond(state, request, shape, gens)
+    finally:
+        state.release()
+
+
+async def _events(state: ServerState, shape: ResponseShape, gens: list[Generation]) -> AsyncGenerator[bytes, None]:
+    error_code: str | None = "client_disconnected"
+    try:
+        try:
+            if shape.kind == "chat":
+                for i in range(shape.n):
+                    yield sse_event(shape.role_chunk(i))
+            async with aclosing(iterate(gens)) as deltas:
+                async for delta in deltas:
+                    if delta.text:
+                        yield sse_event(shape.text_chunk(delta.index, delta.text))
+                    if delta.finish_reason is not None:
+                        yield sse_event(shape.finish_chunk(delta.index, delta.finish_reason))
+            if shape.include_usage:
+                yield sse_event(shape.usage_chunk(sum(g.num_tokens for g in gens)))
+            error_code = None
+        except ApiError as exc:
+            error_code = exc.code or "error"
+            log.warning("stream %s failed: %s", shape.id, exc.message)
+            yield sse_event(exc.body())
+        yield DONE
+    finally:
+        for g in gens:
+            g.close()
+        state.release()
+        _record(state.metrics, shape.kind, gens, error_code)
+
+
+async def _collect(shape: ResponseShape, gens: list[Generation]) -> bytes:
+    parts: list[list[str]] = [[] for _ in range(shape.n)]
+    reasons: list[str | None] = [None] * shape.n
+    async with aclosing(iterate(gens)) as deltas:
+        async for delta in deltas:
+            if delta.text:
+                parts[delta.index].append(delta.text)
+            if delta.finish_reason is not None:
+                reasons[delta.index] = delta.finish_reason
+    body = shape.full_response(["".join(p) for p in parts], reasons, sum(g.num_tokens for g in gens),
+                               [g.token_ids for g in gens])
+    return msgspec.json.encode(body)
+
+
+async def _respond(state: ServerState, request: Request, shape: ResponseShape, gens: list[Generation]) -> Response:
+    error_code: str | None = "client_disconnected"
+    work = asyncio.create_task(_collect(shape, gens))
+    watcher = asyncio.create_task(_wait_disconnect(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise ClientDisconnected
+        body = work.result()  # raises the ApiError of a failed generation
+        error_code = None
+        return Response(content=body, media_type="application/json")
+    except ApiError as exc:
+        error_code = exc.code or "error"
+        raise
+    except ClientDisconnected:
+        log.info("client left before %s finished: aborted", shape.id)
+        return Response(status_code=499)
+    finally:
+        for task in (work, watcher):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(work, watcher, return_exceptions=True)
+        for g in gens:
+            g.close()
+        _record(state.metrics, shape.kind, gens, error_code)

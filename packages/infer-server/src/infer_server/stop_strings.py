@@ -1,0 +1,65 @@
+"""Stop strings matched across token boundaries.
+
+Text arrives in deltas. Any tail of the pending text that could still grow into a stop string is held
+back; text before a match is emitted and the stop string itself never is. Because every possible start
+of a match is held, a match can only begin inside the small pending buffer, so each push is cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class StopStringMatcher:
+    __slots__ = ("_stops", "_buf", "_done")
+
+    def __init__(self, stops: Iterable[str]) -> None:
+        self._stops = tuple(dict.fromkeys(s for s in stops if s))
+        self._buf = ""
+        self._done = False
+
+    @property
+    def active(self) -> bool:
+        return bool(self._stops)
+
+    @property
+    def held(self) -> str:
+        return self._buf
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Feed a delta; return (text safe to emit, whether a stop string was hit)."""
+        if self._done:
+            return "", True
+        if not self._stops:
+            return text, False
+        buf = self._buf + text
+        if not buf:
+            return "", False
+        hit = -1
+        for stop in self._stops:
+            idx = buf.find(stop)
+            if idx != -1 and (hit == -1 or idx < hit):
+                hit = idx
+        if hit != -1:
+            self._buf = ""
+            self._done = True
+            return buf[:hit], True
+        hold = self._partial_suffix(buf)
+        cut = len(buf) - hold
+        self._buf = buf[cut:]
+        return buf[:cut], False
+
+    def flush(self) -> str:
+        """Generation ended without a hit: release what was held back."""
+        out, self._buf = self._buf, ""
+        return "" if self._done else out
+
+    def _partial_suffix(self, buf: str) -> int:
+        """Length of the longest tail of `buf` that is a proper prefix of some stop string."""
+        best = 0
+        for stop in self._stops:
+            for k in range(min(len(stop) - 1, len(buf)), best, -1):
+                if buf.endswith(stop[:k]):
+                    best = k
+                    break
+        return best

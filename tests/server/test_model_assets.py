@@ -1,0 +1,41 @@
+"""Model assets: EOS ids, served name and aliases, loading from the directory the worker names."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from infer_protocol.config import load_config
+from infer_protocol.messages import ModelInfo
+from infer_server.model_assets import load_model_assets, read_eos_token_ids, served_model_name
+from infer_server.tokenizer import Tokenizer
+from tests.server.tiny_model import write_model_dir
+
+
+def test_eos_ids_from_generation_config_and_config(tmp_path: Path) -> None:
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [5, 6]}))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": 6}))
+    assert read_eos_token_ids(tmp_path) == [5, 6]
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 9}))
+    assert read_eos_token_ids(tmp_path) == [9, 6]
+
+
+def test_eos_falls_back_to_the_tokenizer(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    assert read_eos_token_ids(tmp_path, tokenizer) == [tokenizer.token_to_id("<|im_end|>")]
+
+
+def test_served_name() -> None:
+    assert served_model_name(load_config(environ={}, overrides={"model_name": "x"}), "/a/b") == "x"
+    assert served_model_name(load_config(environ={}), "/models/SmolLM2-135M/") == "SmolLM2-135M"
+    assert served_model_name(load_config(environ={}), None) is None
+
+
+def test_load_assets(tmp_path: Path) -> None:
+    d = write_model_dir(tmp_path / "m")
+    info = ModelInfo(model_dir=str(d), max_model_len=64, vocab_size=0, backend="cpu", device="cpu", dtype="float32")
+    assets = load_model_assets(info, load_config(environ={}))
+    assert assets.served_name == "m" and assets.max_model_len == 64
+    assert assets.vocab_size == assets.tokenizer.vocab_size  # 0 from the worker = the tokenizer's
+    assert assets.chat_template is not None and assets.chat_template.eos_token == "<|im_end|>"
+    assert len(assets.eos_token_ids) == 2
+    assert {"m", str(d)} <= assets.aliases

@@ -1,0 +1,67 @@
+"""Stop strings: matched across deltas, held back while they may still match, never emitted."""
+
+from __future__ import annotations
+
+from infer_server.stop_strings import StopStringMatcher
+
+
+def _feed(stops: list[str], deltas: list[str]) -> tuple[list[str], bool]:
+    m = StopStringMatcher(stops)
+    out = []
+    for d in deltas:
+        text, hit = m.push(d)
+        out.append(text)
+        if hit:
+            return out, True
+    out.append(m.flush())
+    return out, False
+
+
+def test_no_stops_passes_through() -> None:
+    assert _feed([], ["a", "b"]) == (["a", "b", ""], False)
+
+
+def test_match_across_token_boundaries() -> None:
+    out, hit = _feed(["STOP"], ["Hello S", "T", "OP world"])
+    assert hit
+    assert "".join(out) == "Hello "
+    assert out == ["Hello ", "", ""]  # "S" and "ST" were held back, the stop string never shown
+
+
+def test_held_text_released_when_it_stops_matching() -> None:
+    out, hit = _feed(["STOP"], ["a ST", "AR b"])
+    assert not hit
+    assert out == ["a ", "STAR b", ""]
+
+
+def test_held_text_released_at_the_end() -> None:
+    out, hit = _feed(["</s>"], ["done </"])
+    assert not hit and out == ["done ", "</"]
+
+
+def test_earliest_of_several_stops_wins() -> None:
+    out, hit = _feed(["world", "lo w"], ["Hello world"])
+    assert hit and out == ["Hel"]
+
+
+def test_stop_inside_one_delta_cuts_the_rest() -> None:
+    out, hit = _feed(["\n\n"], ["line one\n\nline two"])
+    assert hit and out == ["line one"]
+
+
+def test_overlapping_prefixes() -> None:
+    out, hit = _feed(["aab"], ["xa", "a", "a", "b!"])
+    assert hit and "".join(out) == "xa"
+
+
+def test_empty_stop_strings_are_ignored() -> None:
+    m = StopStringMatcher(["", ""])
+    assert not m.active
+    assert m.push("abc") == ("abc", False)
+
+
+def test_after_hit_nothing_more() -> None:
+    m = StopStringMatcher(["x"])
+    assert m.push("ax") == ("a", True)
+    assert m.push("more") == ("", True)
+    assert m.flush() == ""
