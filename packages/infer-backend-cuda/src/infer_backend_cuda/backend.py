@@ -1,0 +1,135 @@
+"""`CudaBackend`: the LlmBackend port on one NVIDIA GPU.
+
+Importing this module needs only torch and infer_core; triton and numba are imported when a backend is
+constructed (so `import infer_backend_cuda` works on any machine, and fails nowhere).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from infer_core.dtypes import DType
+from infer_core.ports.backend import MemoryInfo
+from infer_core.ports.op_ports import OpPorts
+
+_TORCH_DTYPES = {
+    DType.FLOAT32: torch.float32,
+    DType.BFLOAT16: torch.bfloat16,
+    DType.FLOAT16: torch.float16,
+    DType.INT32: torch.int32,
+    DType.INT64: torch.int64,
+}
+
+
+def _normalise_device(device: str | None) -> torch.device:
+    d = torch.device(device or "cuda:0")
+    if d.type != "cuda":
+        raise ValueError(f"CudaBackend needs a cuda device, got {device!r}")
+    return torch.device("cuda", 0 if d.index is None else d.index)
+
+
+class CudaGraph:
+    """A captured CUDA graph; `replay()` reruns it on the current contents of its persistent buffers."""
+
+    def __init__(self, graph: "torch.cuda.CUDAGraph") -> None:
+        self.graph = graph
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class CudaBackend:
+    """Triton fused ops + Numba sampler + cuBLAS GEMMs + CUDA graphs on one GPU.
+
+    `CudaBackend(device="cuda:0")`; `device=""` or None means cuda:0. Raises RuntimeError without CUDA.
+    """
+
+    name = "cuda"
+    supports_graphs = True
+
+    def __init__(self, device: str | None = "cuda:0", dtype: DType | str | None = None) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"CudaBackend needs an NVIDIA GPU, but torch.cuda.is_available() is False "
+                f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}). Use backend = \"cpu\"."
+            )
+        dev = _normalise_device(device)
+        if dev.index >= torch.cuda.device_count():
+            raise RuntimeError(f"CudaBackend: {dev} does not exist ({torch.cuda.device_count()} GPU(s) visible)")
+        torch.cuda.set_device(dev)
+        self._device = dev
+        self.device = str(dev)
+        self._dtype = DType.parse(dtype) if isinstance(dtype, str) and dtype != "auto" else (
+            dtype if isinstance(dtype, DType) else None
+        )
+
+        from infer_backend_cuda.ops import CudaMathOps, SingleDeviceCollective, TritonFusedOps
+        from infer_backend_cuda.sampler import CudaSampler
+
+        sampler = CudaSampler(dev)
+        sampler.warmup()  # Numba kernels compiled and loaded before any graph capture
+        self.ops = OpPorts(
+            math=CudaMathOps(), fused=TritonFusedOps(), sampler=sampler, collective=SingleDeviceCollective()
+        )
+        self._graph_pool = None
+
+    # -- dtypes -------------------------------------------------------------------------------------------
+    def torch_dtype(self, dtype: DType) -> torch.dtype:
+        return _TORCH_DTYPES[DType(dtype)]
+
+    def default_dtype(self) -> DType:
+        return DType.BFLOAT16
+
+    # -- memory -------------------------------------------------------------------------------------------
+    def memory_info(self) -> MemoryInfo:
+        free, total = torch.cuda.mem_get_info(self._device)
+        return MemoryInfo(free_bytes=int(free), total_bytes=int(total))
+
+    def reset_peak_memory(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self._device)
+
+    def peak_memory_bytes(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self._device))
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self._device)
+
+    # -- graphs -------------------------------------------------------------------------------------------
+    def capture_graph(self, fn: Callable[[], None], warmup: int = 1) -> CudaGraph:
+        """Warm `fn` up `warmup` times on a side stream (Triton JIT, cuBLAS workspace and allocator state
+        settle outside the capture, as the torch docs recommend), then capture one call.
+
+        All graphs of this backend share one memory pool (as vLLM does for its capture sizes): `fn` must
+        read and write only persistent tensors, so its intermediates are dead after each replay and the
+        graphs, replayed one at a time on one stream, never need each other's pool memory.
+        """
+        cur = torch.cuda.current_stream(self._device)
+        side = torch.cuda.Stream(self._device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            for _ in range(max(0, int(warmup))):
+                fn()
+        cur.wait_stream(side)
+        torch.cuda.synchronize(self._device)
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._graph_pool):
+            fn()
+        torch.cuda.synchronize(self._device)
+        return CudaGraph(graph)
+
+    # -- KV cache -----------------------------------------------------------------------------------------
+    def allocate_kv_cache(
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: DType
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One zeroed allocation `[layers, 2, blocks, block_size, Hkv, D]`; per layer contiguous (k, v) views.
+        Zeroed so that never-written slots are finite (kernels mask them anyway)."""
+        kv = torch.zeros(
+            (num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim),
+            dtype=self.torch_dtype(dtype),
+            device=self._device,
+        )
+        return [(kv[i, 0], kv[i, 1]) for i in range(num_layers)]

@@ -1,0 +1,51 @@
+"""Helpers shared by the Triton launchers (no triton import here)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, the CI mode)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def dot_in_fp32(dtype: torch.dtype) -> bool:
+    """Whether `tl.dot` operands are upcast to fp32 (and multiplied in IEEE fp32).
+
+    On the GPU bf16/fp16 operands go to the tensor cores as they are, accumulating in fp32 (as every
+    production attention kernel does); fp32 inputs use ``input_precision="ieee"`` (no TF32) so an fp32 run
+    matches the CPU reference closely. Triton's interpreter (3.9) multiplies bf16 operands as their raw
+    uint16 bit patterns, so under the interpreter every dot is done in fp32.
+    """
+    return dtype == torch.float32 or interpreting()
+
+
+def check_last_dim_contiguous(name: str, t: torch.Tensor) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride {t.stride(-1)})")
+
+
+def rows_view(x: torch.Tensor) -> torch.Tensor:
+    """`x` as a 2-D `[rows, last]` tensor (a view when possible) with a contiguous last dimension."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if x.dim() == 2:
+        return x
+    return x.reshape(-1, x.shape[-1])
+
+
+def norm_num_warps(block: int) -> int:
+    if block <= 512:
+        return 2
+    if block <= 2048:
+        return 4
+    if block <= 8192:
+        return 8
+    return 16

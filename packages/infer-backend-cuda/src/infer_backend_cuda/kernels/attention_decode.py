@@ -1,0 +1,278 @@
+"""Paged attention for decode: one new query token per sequence, split-KV with GQA head grouping.
+
+Pass 1, grid `(B, Hkv, num_splits)`: a program takes ONE KV head of one sequence and ALL `group = Hq/Hkv`
+query heads that read it (padded to a 16-row tile for `tl.dot`), so every K/V byte of the context is read
+once per KV head, not once per query head. The context `seq_lens[b]` is cut into `num_splits` chunks
+(multiples of BLOCK_N, computed in-kernel from the device-side length); each program runs an fp32 online
+softmax over its chunk and writes the normalised partial output and its log-sum-exp.
+Pass 2, grid `(B, Hq)`: merges the splits with their LSE weights. Empty splits carry LSE = -inf and weigh
+nothing; a padding row (`seq_lens = 0`) gets zeros.
+
+`num_splits` is a launch-time constant chosen from (batch, Hkv, SM count) only, never from the per-step
+context lengths, so a CUDA graph captured once stays correct (and well balanced) for any lengths.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
+
+MAX_SPLITS = 32
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    mid_o_ptr,
+    mid_lse_ptr,
+    seq_lens_ptr,
+    bt_ptr,
+    q_s0,
+    q_s1,
+    kc_s0,
+    kc_s1,
+    kc_s2,
+    vc_s0,
+    vc_s1,
+    vc_s2,
+    bt_s0,
+    mo_s0,
+    mo_s1,
+    mo_s2,
+    ml_s0,
+    ml_s1,
+    scale,
+    block_size,
+    num_splits,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
+    chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    start = sp * chunk
+    end = tl.minimum(ctx, start + chunk)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    h_mask = offs_h < GROUP
+    heads = (kvh * GROUP + offs_h).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * q_s0 + heads[:, None] * q_s1 + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :], other=0.0
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + b * bt_s0
+    kvh64 = kvh.to(tl.int64)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        page = tl.load(bt_row + offs_n // block_size, mask=n_mask, other=0).to(tl.int64)
+        in_page = (offs_n % block_size).to(tl.int64)
+        k = tl.load(
+            k_cache_ptr + (page * kc_s0 + in_page * kc_s1 + kvh64 * kc_s2)[:, None] + offs_d[None, :],
+            mask=n_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if DOT_F32:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        s = tl.where(n_mask[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(
+            v_cache_ptr + (page * vc_s0 + in_page * vc_s1 + kvh64 * vc_s2)[:, None] + offs_d[None, :],
+            mask=n_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if DOT_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+    tl.store(
+        mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + sp * mo_s2 + offs_d[None, :],
+        out,
+        mask=h_mask[:, None] & d_mask[None, :],
+    )
+    tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + sp, lse, mask=h_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    mid_o_ptr,
+    mid_lse_ptr,
+    o_ptr,
+    mo_s0,
+    mo_s1,
+    mo_s2,
+    ml_s0,
+    ml_s1,
+    o_s0,
+    o_s1,
+    num_splits,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    s_mask = offs_s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(mid_lse_ptr + b * ml_s0 + h * ml_s1 + offs_s, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m_safe)
+    w = tl.where(s_mask, w, 0.0)
+    parts = tl.load(
+        mid_o_ptr + b * mo_s0 + h * mo_s1 + offs_s[:, None] * mo_s2 + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    total = tl.sum(w, axis=0)
+    out = tl.sum(parts * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(o_ptr + b * o_s0 + h * o_s1 + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
+    """Enough (batch x kv-head x split) programs for ~2 waves over the SMs, at most MAX_SPLITS.
+
+    Depends only on shapes that are fixed for a captured graph, never on context lengths."""
+    if device.type != "cuda":
+        return 4
+    sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    work = max(1, batch * num_kv_heads)
+    return max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, work)))
+
+
+def _decode_config(head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages)."""
+    if interpreting():
+        return 16, 4, 1
+    if head_dim <= 128:
+        return 64, 4, 2
+    return 32, 4, 2
+
+
+def paged_attention_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """q `[B, Hq, D]` (one token per sequence), caches `[num_blocks, block_size, Hkv, D]`, seq_lens `[B]`
+    (0 = padding row -> zeros), block_tables `[B, max_blocks]` -> `[B, Hq, D]` in q's dtype."""
+    n_seq, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, kd = k_cache.shape
+    if kd != head_dim or v_cache.shape != k_cache.shape:
+        raise ValueError(f"cache {tuple(k_cache.shape)} does not match head_dim {head_dim}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    if seq_lens.shape[0] != n_seq:
+        raise ValueError(f"decode needs one query row per sequence: q has {n_seq} rows, {seq_lens.shape[0]} sequences")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_last_dim_contiguous(name, t)
+    if out is None:
+        out = torch.empty((n_seq, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if n_seq == 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    splits = int(num_splits or choose_num_splits(n_seq, num_kv_heads, q.device))
+    splits = max(1, min(splits, MAX_SPLITS))
+    bn, num_warps, num_stages = _decode_config(head_dim)
+    bn = block_n or bn
+    block_d = max(16, next_pow2(head_dim))
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    mid_o = torch.empty((n_seq, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty((n_seq, num_q_heads, splits), dtype=torch.float32, device=q.device)
+    _decode_split_kernel[(n_seq, num_kv_heads, splits)](
+        q,
+        k_cache,
+        v_cache,
+        mid_o,
+        mid_lse,
+        seq_lens,
+        block_tables,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        float(scale),
+        block_size,
+        splits,
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        BLOCK_H=max(16, next_pow2(group)),
+        BLOCK_N=bn,
+        BLOCK_D=block_d,
+        DOT_F32=dot_in_fp32(q.dtype),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    _decode_reduce_kernel[(n_seq, num_q_heads)](
+        mid_o,
+        mid_lse,
+        out,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        splits,
+        HEAD_DIM=head_dim,
+        SPLITS_PAD=max(2, next_pow2(splits)),
+        BLOCK_D=block_d,
+        num_warps=1 if block_d <= 128 else 2,
+    )
+    return out

@@ -1,0 +1,200 @@
+"""Paged attention for prefill / extend: a ragged (varlen) batch of query chunks, each attending causally
+to its sequence's whole paged context, cached prefix pages included.
+
+Sequence `b` owns query rows `query_start_loc[b]:query_start_loc[b+1]` (`q_len` rows) and has context
+length `ctx = seq_lens[b]` after this step; its query rows are the LAST `q_len` positions of that context,
+so row `i` sits at absolute position `ctx - q_len + i` and sees keys `0..ctx - q_len + i`. Keys and values
+are read from the paged cache through `block_tables[b]` (the new tokens must already be stored there).
+
+Grid `(B, Hq, cdiv(max_query_len, BLOCK_M))`; one program = one query tile of one head of one sequence,
+FlashAttention-2 style online softmax in fp32 over BLOCK_N-key tiles; the K/V tiles are gathered row by row
+through the block table, so any `block_size` works. Tiles past `q_len` return at once. A query row with an
+empty context (padding: `seq_lens = 0`) gets zeros, never NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    o_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    bt_ptr,
+    q_s0,
+    q_s1,
+    o_s0,
+    o_s1,
+    kc_s0,
+    kc_s1,
+    kc_s2,
+    vc_s0,
+    vc_s1,
+    vc_s2,
+    bt_s0,
+    scale,
+    block_size,
+    group,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    mt = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + b).to(tl.int64)
+    q_len = (tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)).to(tl.int32)
+    if mt * BLOCK_M >= q_len:
+        return
+    ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
+    kvh = (h // group).to(tl.int64)
+
+    offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < q_len
+    q_pos = ctx - q_len + offs_m
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+
+    rows = q_start + offs_m.to(tl.int64)
+    q = tl.load(
+        q_ptr + rows[:, None] * q_s0 + h * q_s1 + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    if DOT_F32:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    # Keys visible to the last row of this tile (exclusive bound).
+    kv_end = ctx - q_len + tl.minimum(q_len, (mt + 1) * BLOCK_M)
+    bt_row = bt_ptr + b.to(tl.int64) * bt_s0
+    for start in range(0, kv_end, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < kv_end
+        page = tl.load(bt_row + offs_n // block_size, mask=n_mask, other=0).to(tl.int64)
+        in_page = (offs_n % block_size).to(tl.int64)
+        k_rows = page * kc_s0 + in_page * kc_s1 + kvh * kc_s2
+        k = tl.load(
+            k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
+        )
+        if DOT_F32:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        s = s * scale
+        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        v_rows = page * vc_s0 + in_page * vc_s1 + kvh * vc_s2
+        v = tl.load(
+            v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
+        )
+        if DOT_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    out = acc / l_safe[:, None]
+    tl.store(
+        o_ptr + rows[:, None] * o_s0 + h * o_s1 + offs_d[None, :],
+        out.to(o_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
+
+
+def _prefill_config(head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    if interpreting():
+        return 16, 16, 4, 1
+    if head_dim <= 128:
+        return 64, 64, 4, 2
+    return 64, 32, 8, 2
+
+
+def paged_attention_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
+    """q `[T, Hq, D]`, caches `[num_blocks, block_size, Hkv, D]`, query_start_loc `[B+1]`, seq_lens `[B]`,
+    block_tables `[B, max_blocks]` -> `[T, Hq, D]` in q's dtype. Rows not owned by any sequence are left
+    unwritten."""
+    n_tok, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, kd = k_cache.shape
+    if kd != head_dim or v_cache.shape != k_cache.shape:
+        raise ValueError(f"cache {tuple(k_cache.shape)} does not match head_dim {head_dim}")
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_last_dim_contiguous(name, t)
+    if out is None:
+        out = torch.empty((n_tok, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    n_seq = seq_lens.shape[0]
+    if n_tok == 0 or n_seq == 0 or max_query_len <= 0:
+        return out
+    bm, bn, num_warps, num_stages = _prefill_config(head_dim)
+    bm, bn = block_m or bm, block_n or bn
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    grid = (n_seq, num_q_heads, triton.cdiv(int(max_query_len), bm))
+    _prefill_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        float(scale),
+        block_size,
+        num_q_heads // num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_D=max(16, next_pow2(head_dim)),
+        DOT_F32=dot_in_fp32(q.dtype),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    return out

@@ -1,0 +1,232 @@
+"""Per-head QK-RMSNorm + NeoX RoPE on q and k, fused with the paged KV-cache store of k and v.
+
+One program per token handles all its heads as `[heads, D/2]` register tiles: it reads the q heads,
+optionally RMS-normalises each head row (Qwen3's per-head q_norm), rotates them with the position's
+cos/sin (loaded once per token) and writes the rotated q; it does the same for the k heads with k_norm and
+additionally writes the rotated k rows and the v rows into the paged caches at `slot_mapping[t]`
+(`block = slot // block_size`, `offset = slot % block_size`); slot -1 (padding) writes nothing to the caches. One read of q/k/v + cos/sin, one write of q/k + the cache
+rows, instead of four to six separate passes.
+
+Rounding mirrors the unfused reference: the normed row is rounded to the activation dtype before the
+rotation (as when the norm output is materialised), the rotation itself runs in fp32 and is rounded once.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, next_pow2
+
+
+@triton.jit
+def _norm_rope_tile(
+    src_ptr,
+    head_stride,
+    n_heads,
+    w_ptr,
+    cos,
+    sin,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_BLOCK: tl.constexpr,
+    HEADS_BLOCK: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    """Load the `[n_heads, HEAD_DIM]` rows of one token as two `[HEADS_BLOCK, HALF_BLOCK]` halves, RMS-normalise
+    each head row (optional) and rotate them; returns the rotated halves in fp32 and the tile mask."""
+    offs_h = tl.arange(0, HEADS_BLOCK)
+    offs_d = tl.arange(0, HALF_BLOCK)
+    mask = (offs_h < n_heads)[:, None] & (offs_d < HALF)[None, :]
+    ptrs = src_ptr + offs_h[:, None] * head_stride + offs_d[None, :]
+    x1 = tl.load(ptrs, mask=mask, other=0.0)
+    x2 = tl.load(ptrs + HALF, mask=mask, other=0.0)
+    dt = x1.dtype
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    if HAS_NORM:
+        ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+        rstd = 1.0 / tl.sqrt(ss / HEAD_DIM + eps)
+        dmask = offs_d < HALF
+        w1 = tl.load(w_ptr + offs_d, mask=dmask, other=0.0).to(tl.float32)
+        w2 = tl.load(w_ptr + HALF + offs_d, mask=dmask, other=0.0).to(tl.float32)
+        x1 = (x1 * rstd[:, None] * w1[None, :]).to(dt).to(tl.float32)
+        x2 = (x2 * rstd[:, None] * w2[None, :]).to(dt).to(tl.float32)
+    o1 = x1 * cos[None, :] - x2 * sin[None, :]
+    o2 = x2 * cos[None, :] + x1 * sin[None, :]
+    return o1, o2, mask
+
+
+@triton.jit
+def _qk_norm_rope_store_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    pos_ptr,
+    cs_ptr,
+    qw_ptr,
+    kw_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    q_s0,
+    q_s1,
+    k_s0,
+    k_s1,
+    v_s0,
+    v_s1,
+    qo_s0,
+    qo_s1,
+    ko_s0,
+    ko_s1,
+    cs_stride,
+    kc_s0,
+    kc_s1,
+    kc_s2,
+    vc_s0,
+    vc_s1,
+    vc_s2,
+    block_size,
+    num_q_heads,
+    num_kv_heads,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_BLOCK: tl.constexpr,
+    QH_BLOCK: tl.constexpr,
+    KH_BLOCK: tl.constexpr,
+    HAS_Q_NORM: tl.constexpr,
+    HAS_K_NORM: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_d = tl.arange(0, HALF_BLOCK)
+    dmask = offs_d < HALF
+    cos = tl.load(cs_ptr + pos * cs_stride + offs_d, mask=dmask, other=0.0).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * cs_stride + HALF + offs_d, mask=dmask, other=0.0).to(tl.float32)
+
+    # q: all heads of this token
+    q1, q2, qmask = _norm_rope_tile(
+        q_ptr + t * q_s0, q_s1, num_q_heads, qw_ptr, cos, sin, eps, HEAD_DIM, HALF, HALF_BLOCK, QH_BLOCK, HAS_Q_NORM
+    )
+    offs_qh = tl.arange(0, QH_BLOCK)
+    qdst = q_out_ptr + t * qo_s0 + offs_qh[:, None] * qo_s1 + offs_d[None, :]
+    tl.store(qdst, q1.to(q_out_ptr.dtype.element_ty), mask=qmask)
+    tl.store(qdst + HALF, q2.to(q_out_ptr.dtype.element_ty), mask=qmask)
+
+    # k: all KV heads, rotated k to k_out and (unless slot < 0) k and v rows to the paged caches
+    k1, k2, kmask = _norm_rope_tile(
+        k_ptr + t * k_s0, k_s1, num_kv_heads, kw_ptr, cos, sin, eps, HEAD_DIM, HALF, HALF_BLOCK, KH_BLOCK, HAS_K_NORM
+    )
+    k1 = k1.to(k_out_ptr.dtype.element_ty)
+    k2 = k2.to(k_out_ptr.dtype.element_ty)
+    offs_kh = tl.arange(0, KH_BLOCK)
+    kdst = k_out_ptr + t * ko_s0 + offs_kh[:, None] * ko_s1 + offs_d[None, :]
+    tl.store(kdst, k1, mask=kmask)
+    tl.store(kdst + HALF, k2, mask=kmask)
+
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    smask = kmask & ((tl.zeros([KH_BLOCK, HALF_BLOCK], tl.int64) + slot) >= 0)
+    blk = slot // block_size
+    off = slot % block_size
+    kc = k_cache_ptr + blk * kc_s0 + off * kc_s1 + offs_kh[:, None] * kc_s2 + offs_d[None, :]
+    tl.store(kc, k1.to(k_cache_ptr.dtype.element_ty), mask=smask)
+    tl.store(kc + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=smask)
+    vsrc = v_ptr + t * v_s0 + offs_kh[:, None] * v_s1 + offs_d[None, :]
+    v1 = tl.load(vsrc, mask=smask, other=0.0)
+    v2 = tl.load(vsrc + HALF, mask=smask, other=0.0)
+    vc = v_cache_ptr + blk * vc_s0 + off * vc_s1 + offs_kh[:, None] * vc_s2 + offs_d[None, :]
+    tl.store(vc, v1.to(v_cache_ptr.dtype.element_ty), mask=smask)
+    tl.store(vc + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=smask)
+
+
+def qk_norm_rope_store(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_out: torch.Tensor | None = None,
+    k_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q `[T, Hq, D]`, k/v `[T, Hkv, D]` (any row/head strides, contiguous last dim), positions `[T]`,
+    cos_sin_cache `[max_pos, D]` (cos first half, sin second half), caches `[num_blocks, block_size, Hkv, D]`,
+    slot_mapping `[T]` (-1 = skip). Returns new rotated (q, k) tensors; q/k/v are not modified."""
+    n_tok, num_q_heads, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    if k.shape != (n_tok, num_kv_heads, head_dim) or v.shape != k.shape:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)}")
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for NeoX RoPE, got {head_dim}")
+    if cos_sin_cache.shape[-1] != head_dim:
+        raise ValueError(f"cos_sin_cache last dim {cos_sin_cache.shape[-1]} != head_dim {head_dim} (partial rotary unsupported)")
+    if k_cache.shape[1:] != (k_cache.shape[1], num_kv_heads, head_dim) or v_cache.shape != k_cache.shape:
+        raise ValueError(f"cache shape {tuple(k_cache.shape)} does not match [N, bs, {num_kv_heads}, {head_dim}]")
+    for name, t in (("q", q), ("k", k), ("v", v), ("cos_sin_cache", cos_sin_cache), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_last_dim_contiguous(name, t)
+    if q_out is None:
+        q_out = torch.empty((n_tok, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if k_out is None:
+        k_out = torch.empty((n_tok, num_kv_heads, head_dim), dtype=k.dtype, device=k.device)
+    if n_tok == 0:
+        return q_out, k_out
+    positions = positions if positions.is_contiguous() else positions.contiguous()
+    slot_mapping = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
+    half = head_dim // 2
+    has_q, has_k = q_norm_weight is not None, k_norm_weight is not None
+    qh_block, kh_block, half_block = next_pow2(num_q_heads), next_pow2(num_kv_heads), next_pow2(half)
+    tile = (qh_block + 2 * kh_block) * half_block * 2
+    _qk_norm_rope_store_kernel[(n_tok,)](
+        q,
+        k,
+        v,
+        q_out,
+        k_out,
+        positions,
+        cos_sin_cache,
+        q_norm_weight if has_q else q,
+        k_norm_weight if has_k else k,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        q_out.stride(0),
+        q_out.stride(1),
+        k_out.stride(0),
+        k_out.stride(1),
+        cos_sin_cache.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        k_cache.shape[1],
+        num_q_heads,
+        num_kv_heads,
+        float(eps),
+        HEAD_DIM=head_dim,
+        HALF=half,
+        HALF_BLOCK=half_block,
+        QH_BLOCK=qh_block,
+        KH_BLOCK=kh_block,
+        HAS_Q_NORM=has_q,
+        HAS_K_NORM=has_k,
+        num_warps=2 if tile <= 2048 else (4 if tile <= 8192 else 8),
+    )
+    return q_out, k_out

@@ -1,0 +1,31 @@
+"""Fixtures for the CUDA adapter's kernel tests.
+
+Without a GPU the suite-wide conftest has switched on TRITON_INTERPRET / NUMBA_ENABLE_CUDASIM, so the same
+launchers run on CPU tensors; shapes for that mode are small. Larger shapes are marked `gpu`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+def tol(dtype: torch.dtype) -> dict:
+    return {
+        torch.float32: dict(atol=2e-4, rtol=2e-4),
+        torch.float16: dict(atol=5e-3, rtol=5e-3),
+        torch.bfloat16: dict(atol=3e-2, rtol=3e-2),
+    }[dtype]
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill a float output buffer with NaN (integer buffers with -7) before a kernel runs."""
+    return t.fill_(float("nan") if t.is_floating_point() else -7)

@@ -1,0 +1,129 @@
+"""Paged attention (prefill/extend varlen and split-KV decode) against a plain-torch causal reference.
+
+Batches have shuffled pages, cached prefix pages (context longer than the new tokens), partially filled
+last pages, GQA ratios 1/2/4 and padding rows (context 0). Every cache slot outside a context holds NaN and
+the output buffer starts as NaN, so a kernel that reads a stray slot or skips a row fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer_backend_cuda import kernels as K
+from infer_backend_cuda.ops import TritonFusedOps
+from infer_core.ports.fused_ops import AttentionBatch
+from tests.backend_cuda.conftest import gpu, poison, tol
+from tests.backend_cuda.reference import make_paged_batch, ref_paged_attention
+
+# (q_lens, ctx_lens, Hq, Hkv, head_dim, block_size)
+PREFILL_SMALL = [
+    ([5, 1, 9], [5, 12, 20], 4, 2, 32, 4),  # plain prefill, a decode row, an extend over a cached prefix
+    ([3, 17], [3, 30], 2, 2, 16, 8),  # GQA 1, query longer than one 16-row tile
+    ([16, 2, 1], [16, 40, 0], 4, 1, 32, 16),  # GQA 4, a padding row (context 0 -> zeros)
+]
+PREFILL_LARGE = [
+    ([512, 1, 37, 200], [512, 900, 1037, 1224], 32, 8, 128, 16),
+    ([1000], [1000], 16, 8, 128, 16),
+    ([64, 64, 64], [64, 300, 2048], 32, 32, 128, 32),
+    ([129, 3], [257, 3], 8, 2, 64, 16),
+    ([100, 7], [150, 1200], 16, 4, 256, 16),
+    ([77], [77], 14, 2, 64, 16),
+]
+# (ctx_lens, Hq, Hkv, head_dim, block_size, num_splits)
+DECODE_SMALL = [
+    ([1, 9, 33, 0], 2, 2, 16, 4, 3),
+    ([20, 5, 0], 4, 2, 32, 8, 1),
+    ([40, 17], 4, 1, 32, 16, 4),
+    ([3, 64], 8, 2, 16, 8, None),  # default split choice
+]
+DECODE_LARGE = [
+    ([1, 17, 4000, 0, 513, 2048, 100, 31], 32, 8, 128, 16, None),
+    ([8192], 32, 8, 128, 16, None),
+    ([8192, 7], 32, 8, 128, 16, 1),
+    ([1000] * 64, 16, 8, 128, 16, None),
+    ([300, 700, 0, 1], 32, 32, 128, 32, 7),
+    ([2000, 9], 16, 4, 256, 16, None),
+    ([600, 77], 14, 2, 64, 16, 32),
+]
+
+
+def _prefill(case, dtype, device):
+    q_lens, ctx_lens, hq, hkv, d, bs = case
+    pb = make_paged_batch(q_lens, ctx_lens, hq, hkv, d, bs, dtype, device, seed=len(q_lens) + d)
+    scale = d**-0.5
+    out = poison(torch.empty_like(pb.q))
+    y = K.paged_attention_prefill(
+        pb.q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables, pb.max_query_len, scale, out=out
+    )
+    assert y is out
+    torch.testing.assert_close(y.float().cpu(), ref_paged_attention(pb, scale).float(), **tol(dtype))
+
+
+def _decode(case, dtype, device):
+    ctx_lens, hq, hkv, d, bs, splits = case
+    pb = make_paged_batch([1] * len(ctx_lens), ctx_lens, hq, hkv, d, bs, dtype, device, seed=len(ctx_lens) * 7 + d)
+    scale = d**-0.5
+    out = poison(torch.empty_like(pb.q))
+    y = K.paged_attention_decode(pb.q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, scale, out=out, num_splits=splits)
+    assert y is out
+    ref = ref_paged_attention(pb, scale)
+    torch.testing.assert_close(y.float().cpu(), ref.float(), **tol(dtype))
+    for i, c in enumerate(ctx_lens):
+        if c == 0:
+            assert torch.equal(y[i].float().cpu(), torch.zeros_like(ref[i].float()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", PREFILL_SMALL)
+def test_prefill(case, dtype, device):
+    _prefill(case, dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", DECODE_SMALL)
+def test_decode(case, dtype, device):
+    _decode(case, dtype, device)
+
+
+def test_fp16_prefill_and_decode(device):
+    _prefill(PREFILL_SMALL[0], torch.float16, device)
+    _decode(DECODE_SMALL[0], torch.float16, device)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", PREFILL_LARGE)
+def test_prefill_large(case, dtype, device):
+    _prefill(case, dtype, device)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", DECODE_LARGE)
+def test_decode_large(case, dtype, device):
+    _decode(case, dtype, device)
+
+
+def test_port_dispatch_decode_equals_prefill(device):
+    """Through the FusedOps port: a decode batch (is_decode) and the same rows as a ragged batch agree."""
+    ctx_lens = [6, 13, 0]
+    pb = make_paged_batch([1, 1, 1], ctx_lens, 4, 2, 16, 4, torch.float32, device, seed=11)
+    ops = TritonFusedOps()
+
+    def batch(is_decode):
+        return AttentionBatch(
+            positions=(pb.seq_lens.long() - 1).clamp(min=0),
+            slot_mapping=torch.full((3,), -1, dtype=torch.int64, device=device),
+            query_start_loc=pb.query_start_loc,
+            seq_lens=pb.seq_lens,
+            block_tables=pb.block_tables,
+            max_query_len=1,
+            max_seq_len=max(ctx_lens),
+            is_decode=is_decode,
+            block_size=pb.block_size,
+        )
+
+    a = ops.paged_attention(pb.q, pb.k_cache, pb.v_cache, batch(True), 0.25)
+    b = ops.paged_attention(pb.q, pb.k_cache, pb.v_cache, batch(False), 0.25)
+    torch.testing.assert_close(a, b, **tol(torch.float32))
+    torch.testing.assert_close(a.cpu(), ref_paged_attention(pb, 0.25), **tol(torch.float32))
