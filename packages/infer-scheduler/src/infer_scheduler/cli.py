@@ -1,0 +1,47 @@
+"""`rustinfer-scheduler --config FILE`: run the scheduler process until SIGTERM / SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from types import FrameType
+
+from infer_protocol.config import ConfigError, load_config
+
+PROG = "rustinfer-scheduler"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description="RustInfer scheduler: batching, KV blocks, prefix cache.")
+    parser.add_argument("--config", metavar="FILE", default=None, help="the cluster's TOML config file")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s %(levelname)s scheduler %(name)s: %(message)s")
+
+    from infer_scheduler.service import Service  # zmq only once the config is good
+
+    try:
+        service = Service(config)
+    except Exception as exc:  # e.g. the ipc dir does not exist or is not writable
+        print(f"{PROG}: error: cannot start: {exc}", file=sys.stderr)
+        return 1
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        logging.getLogger(PROG).info("received %s", signal.Signals(signum).name)
+        service.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    service.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

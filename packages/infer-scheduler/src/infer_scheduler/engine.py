@@ -1,0 +1,279 @@
+"""The scheduler engine: pure logic, no I/O. submit / abort / plan_step / apply_result.
+
+One step at a time (synchronous pipeline): `plan_step` returns the `StepPlan` of step k, `apply_result` takes
+`StepResult` k and returns the per-request `TokenOutput`s; only then may step k+1 be planned. (The async
+one-step-ahead pipeline of DESIGN §5 plans k+1 before result k; see `Service(overlap=...)`.)
+
+Stop rules, applied to each sampled token: a token in `stop_token_ids` once more than `min_tokens` tokens are
+out ("stop"; the server folds EOS into stop_token_ids, so `ignore_eos` disables them all); `max_tokens`
+tokens out, or the context reaching `max_model_len` ("length"). The stop token is part of `token_ids`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from itertools import repeat
+
+from infer_core.plan import FinishReason, blocks_needed
+from infer_protocol.config import Config
+from infer_protocol.messages import (
+    Ready,
+    RequestError,
+    SchedulerStats,
+    StepPlan,
+    StepResult,
+    Submit,
+    TokenOutput,
+)
+
+from infer_scheduler.kv_manager import KvCacheManager
+from infer_scheduler.planner import Counters, Planner, Schedule
+from infer_scheduler.policy import FcfsPolicy
+from infer_scheduler.request import Request, RequestStatus
+
+log = logging.getLogger("infer_scheduler.engine")
+
+_STOP = FinishReason.STOP.value
+_LENGTH = FinishReason.LENGTH.value
+
+
+class EngineError(RuntimeError):
+    """The engine was driven out of order (a step planned while another is in flight, a foreign result)."""
+
+
+class Engine:
+    def __init__(
+        self,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_model_len: int,
+        max_batch_tokens: int = 8192,
+        max_batch_seqs: int = 256,
+        chunked_prefill_size: int = 2048,
+        enable_prefix_caching: bool = True,
+        ignore_eos: bool = False,
+        vocab_size: int = 0,
+    ) -> None:
+        if max_model_len <= 1:
+            raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
+        self.max_model_len = max_model_len
+        self.ignore_eos = ignore_eos
+        self.vocab_size = vocab_size
+        self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching)
+        self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size)
+        self.counters = Counters()
+        self.planner = Planner(self.policy, self.kv, self.counters)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._by_seq: dict[int, Request] = {}
+        self._next_seq_id = 1
+        self._to_forget: list[int] = []  # seq ids for the next plan's `finished`
+        self._inflight: Schedule | None = None
+        self.num_steps = 0
+
+    @classmethod
+    def from_config(cls, config: Config, ready: Ready) -> Engine:
+        """The engine for a worker that just sent `Ready` (its cache geometry and model limits)."""
+        lens = [n for n in (config.max_model_len, ready.model.max_model_len) if n > 0]
+        max_len = min(lens) if lens else ready.num_blocks * ready.block_size
+        return cls(num_blocks=ready.num_blocks, block_size=ready.block_size, max_model_len=max_len,
+                   max_batch_tokens=config.max_batch_tokens, max_batch_seqs=config.max_batch_seqs,
+                   chunked_prefill_size=config.chunked_prefill_size,
+                   enable_prefix_caching=config.enable_prefix_caching, ignore_eos=config.ignore_eos,
+                   vocab_size=ready.model.vocab_size)
+
+    # ------------------------------------------------------------------ requests in
+
+    def submit(self, msg: Submit) -> RequestError | None:
+        """Queue a request; a `RequestError` instead when it is invalid or could never fit."""
+        rid = msg.request_id
+        p = len(msg.prompt_token_ids)
+        err = None
+        if rid in self.requests:
+            err = ("invalid_request", f"request id {rid!r} is already in flight")
+        elif p == 0:
+            err = ("invalid_request", "the prompt holds no tokens")
+        elif msg.max_tokens < 1:
+            err = ("invalid_request", f"max_tokens must be >= 1, got {msg.max_tokens}")
+        elif p >= self.max_model_len:
+            err = ("context_length_exceeded",
+                   f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt has "
+                   f"{p} tokens, which leaves no room to generate.")
+        elif self.vocab_size and (min(msg.prompt_token_ids) < 0 or max(msg.prompt_token_ids) >= self.vocab_size):
+            err = ("invalid_request", f"prompt token ids must be in [0, {self.vocab_size})")
+        else:
+            kv_tokens = min(p + msg.max_tokens, self.max_model_len) - 1
+            need = blocks_needed(kv_tokens, self.kv.block_size)
+            if need > self.kv.num_blocks:
+                cap = self.kv.num_blocks * self.kv.block_size
+                err = ("context_length_exceeded",
+                       f"The request needs {kv_tokens + 1} tokens of context ({p} prompt + {msg.max_tokens} "
+                       f"max_tokens) but the KV cache holds only {cap} tokens ({self.kv.num_blocks} blocks of "
+                       f"{self.kv.block_size}); lower max_tokens or shorten the prompt.")
+        if err is not None:
+            return RequestError(request_id=rid, code=err[0], message=err[1], status=400)
+        req = Request(msg, self._next_seq_id, self.max_model_len, self.ignore_eos)
+        self._next_seq_id += 1
+        self.requests[rid] = req
+        self._by_seq[req.seq_id] = req
+        self.waiting.append(req)
+        return None
+
+    def abort(self, request_id: str) -> TokenOutput | None:
+        """End a request now (its blocks are freed; the worker forgets it at the next step)."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        if req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+        self._finish(req, FinishReason.ABORT)
+        return TokenOutput(request_id=request_id, token_ids=[], finish_reason=FinishReason.ABORT.value,
+                           num_prompt_tokens=req.num_prompt_tokens, num_cached_tokens=max(req.num_cached_tokens, 0))
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        req.finish(reason)
+        self.kv.release(req, keep_in_cache=reason is not FinishReason.ERROR)
+        del self.requests[req.request_id]
+        del self._by_seq[req.seq_id]
+        if req.on_worker:
+            self._to_forget.append(req.seq_id)
+            req.on_worker = False
+
+    # ------------------------------------------------------------------ steps
+
+    @property
+    def in_flight(self) -> bool:
+        return self._inflight is not None
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def plan_step(self) -> StepPlan | None:
+        """The next step's plan, or None when there is nothing to compute (forgotten ids wait for a real step)."""
+        if self._inflight is not None:
+            raise EngineError(f"step {self._inflight.step} is still in flight")
+        if not self.running and not self.waiting:
+            return None
+        step = self.num_steps + 1
+        sched = self.planner.schedule(step, self.running, self.waiting)
+        if sched.num_seqs == 0:
+            if sched.preempted:  # only possible with a bug; keep the worker's view consistent anyway
+                self._to_forget.extend(sched.preempted)
+            return None
+        self.num_steps = step
+        self._inflight = sched
+        finished, self._to_forget = self._to_forget, []
+        plan = StepPlan(step=step, new_seqs=sched.new_seqs, continuing=sched.continuing, finished=finished,
+                        preempted=sched.preempted)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("step %d: %d new, %d continuing, %d tokens, %d finished, %d preempted; running %d waiting %d "
+                      "free blocks %d", step, len(plan.new_seqs), len(plan.continuing), sched.num_tokens,
+                      len(finished), len(plan.preempted), len(self.running), len(self.waiting), self.kv.num_free)
+        return plan
+
+    def apply_result(self, result: StepResult) -> list[TokenOutput]:
+        """Take the sampled tokens of the step in flight; the outputs to stream (finished ones included)."""
+        sched = self._inflight
+        if sched is None or result.step != sched.step:
+            raise EngineError(f"result of step {result.step}, but step "
+                              f"{sched.step if sched else None} is in flight")
+        self._inflight = None
+        kv = self.kv
+        for req in sched.prefilling:  # cache the prompt pages computed so far (the step has run)
+            if req.status is RequestStatus.RUNNING:
+                kv.cache_computed(req)
+        # The hot loop: the stop rules of Request.append_token, inlined.
+        by_seq_get = self._by_seq.get
+        logprobs = result.logprobs
+        outputs: list[TokenOutput] = []
+        out_append = outputs.append
+        done: list[Request] = []
+        if len(result.seq_ids) != len(result.token_ids):
+            log.error("step %d: %d seq ids but %d tokens", result.step, len(result.seq_ids), len(result.token_ids))
+        lps = logprobs if logprobs is not None else repeat(None)
+        for sid, tok, lp in zip(result.seq_ids, result.token_ids, lps, strict=False):
+            req = by_seq_get(sid)
+            if req is None:
+                continue  # aborted while the step was in flight
+            toks = req.token_ids
+            n = len(toks)
+            if req.num_computed != n:
+                log.error("step %d: seq %d sampled a token it was not due to sample; ignored", result.step, sid)
+                continue
+            toks.append(tok)
+            n += 1
+            reason: str | None = _LENGTH if n >= req.max_len else None
+            stops = req.stop_token_ids
+            if stops and tok in stops and n > req.min_len:
+                reason = _STOP
+            out_append(TokenOutput(req.request_id, [tok], [lp] if lp is not None and req.want_logprobs else None,
+                                   reason, req.num_prompt_tokens, req.num_cached_tokens))
+            if reason is not None:
+                req.finish_reason = FinishReason(reason)
+                done.append(req)
+        if done:
+            for req in done:
+                self._finish(req, req.finish_reason)  # type: ignore[arg-type]
+            if len(done) < 8:
+                for req in done:
+                    self.running.remove(req)
+            else:
+                self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return outputs
+
+    def fail_step(self, step: int, message: str, code: str = "worker_error", status: int = 500) -> list[RequestError]:
+        """The worker reports that step `step` failed (no result will come): end the requests it held."""
+        sched = self._inflight
+        if sched is None or sched.step != step:
+            return []
+        self._inflight = None
+        errors: list[RequestError] = []
+        for sid in [ns.seq_id for ns in sched.new_seqs] + [c.seq_id for c in sched.continuing]:
+            req = self._by_seq.get(sid)
+            if req is None:
+                continue
+            self.running.remove(req)
+            self._finish(req, FinishReason.ERROR)
+            errors.append(RequestError(request_id=req.request_id, code=code, message=message, status=status))
+        return errors
+
+    def fail_all(self, code: str, message: str, status: int = 503) -> list[RequestError]:
+        """End every request with an error (the worker is gone); the engine is empty afterwards."""
+        errors = [RequestError(request_id=rid, code=code, message=message, status=status) for rid in self.requests]
+        for req in list(self.requests.values()):
+            if req.status is RequestStatus.WAITING:
+                self.waiting.remove(req)
+            else:
+                self.running.remove(req)
+            self._finish(req, FinishReason.ERROR)
+        self._inflight = None
+        self._to_forget.clear()
+        return errors
+
+    # ------------------------------------------------------------------ stats and invariants
+
+    def stats(self) -> SchedulerStats:
+        c = self.counters
+        return SchedulerStats(
+            num_running=len(self.running), num_waiting=len(self.waiting), num_total_blocks=self.kv.num_blocks,
+            num_free_blocks=self.kv.num_free, num_cached_blocks=self.kv.num_cached,
+            prefix_cache_queries_tokens=c.prefix_queries_tokens, prefix_cache_hits_tokens=c.prefix_hits_tokens,
+            num_preemptions=c.preemptions, num_steps=self.num_steps)
+
+    def check_invariants(self) -> None:
+        """Block accounting is exact (tests): counts = tree + holders, free list = count 0, states consistent."""
+        self.kv.check(self.running + list(self.waiting))
+        for req in self.waiting:
+            assert req.status is RequestStatus.WAITING and not req.block_ids and req.num_computed == 0, req
+        bs = self.kv.block_size
+        for req in self.running:
+            assert req.status is RequestStatus.RUNNING, req
+            assert len(req.block_ids) >= blocks_needed(req.num_computed, bs), req
+        assert len(self.running) <= self.policy.max_running
+        assert set(self.requests) == {r.request_id for r in self.running} | {r.request_id for r in self.waiting}

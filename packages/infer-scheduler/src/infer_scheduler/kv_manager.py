@@ -1,0 +1,133 @@
+"""KV blocks of requests: the allocator plus (optionally) the radix prefix cache, seen per request.
+
+A request holds one reference on every block of its block table (shared prefix blocks included) and keeps
+the radix node that ends its cached prefix locked. Allocation takes free blocks first and evicts unlocked
+cache leaves (LRU) only when the free list is short. With `enable_prefix_caching = false` there is no tree:
+nothing is matched, nothing is kept, released blocks go straight back to the free list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from infer_scheduler.block_allocator import BlockAllocator
+from infer_scheduler.radix_cache import RadixCache, RadixNode
+from infer_scheduler.request import Request
+
+
+class KvCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks)
+        self.cache: RadixCache | None = RadixCache(self.allocator, block_size) if enable_prefix_caching else None
+        # An eviction walks the whole tree, so it frees at least this many blocks at once (amortised).
+        self.evict_batch = max(1, num_blocks // 64)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.allocator.num_blocks
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    @property
+    def num_cached(self) -> int:
+        return self.cache.num_cached_blocks if self.cache is not None else 0
+
+    @property
+    def num_available(self) -> int:
+        """Blocks an allocation can get now: free ones plus unlocked cached ones (evicted on demand)."""
+        free = self.allocator.num_free
+        return free + self.cache.num_evictable_blocks if self.cache is not None else free
+
+    # ------------------------------------------------------------------ admission
+
+    def match(self, req: Request) -> int:
+        """Attach the longest cached page-aligned prefix to a request being admitted; returns its length.
+
+        At most `len(token_ids) - 1` tokens match: the last known token is always computed, since its
+        logits are needed to sample the next one (a full-prompt hit recomputes one token)."""
+        assert not req.block_ids and req.cache_node is None, req
+        if self.cache is None:
+            return 0
+        blocks, node = self.cache.match(req.token_ids, len(req.token_ids) - 1)
+        self.cache.lock(node)
+        self.allocator.incref(blocks)
+        req.cache_node = node
+        req.block_ids = blocks
+        req.cache_len = n = len(blocks) * self.block_size
+        return n
+
+    # ------------------------------------------------------------------ growth
+
+    def grow(self, req: Request, num_new_blocks: int) -> list[int] | None:
+        """Append `num_new_blocks` blocks to the request's table (evicting cache if needed); None if too few."""
+        if num_new_blocks <= 0:
+            return []
+        alloc = self.allocator
+        short = num_new_blocks - alloc.num_free
+        if short > 0:
+            if self.cache is None or self.cache.num_evictable_blocks < short:
+                return None
+            self.cache.evict(min(max(short, self.evict_batch), self.cache.num_evictable_blocks))
+        new = alloc.allocate(num_new_blocks)
+        req.block_ids.extend(new)
+        return new
+
+    # ------------------------------------------------------------------ caching and release
+
+    def cache_computed(self, req: Request, final: bool = False) -> None:
+        """Insert the request's computed full pages into the tree.
+
+        While the request runs (`final=False`) it then locks the new end node instead of the old one — but only
+        when every page the tree already has on that path is the request's own block: if another request cached
+        some of these pages first (both prefilled the same prefix at once), locking that path would pin the other
+        copy, which this request does not use, so its pages stay private until it finishes. `final=True` (finish,
+        preemption) inserts without locking; `release` then drops the request's lock and blocks."""
+        cache = self.cache
+        if cache is None:
+            return
+        ps = self.block_size
+        pages = min(req.num_computed // ps, len(req.block_ids))
+        if pages * ps <= req.cache_len:
+            return
+        node = cache.insert(req.token_ids, req.block_ids[:pages], own_only=not final)
+        if final or node is None:
+            return
+        cache.lock(node)
+        if req.cache_node is not None:
+            cache.unlock(req.cache_node)  # type: ignore[arg-type]
+        req.cache_node = node
+        req.cache_len = pages * ps
+
+    def release(self, req: Request, keep_in_cache: bool = True) -> None:
+        """Give back every block of the request (its computed pages stay cached when `keep_in_cache`)."""
+        if keep_in_cache:
+            self.cache_computed(req, final=True)
+        node = req.cache_node
+        if node is not None and self.cache is not None:
+            assert isinstance(node, RadixNode)
+            self.cache.unlock(node)
+        self.allocator.decref(req.block_ids)
+        req.block_ids = []
+        req.cache_node = None
+        req.cache_len = 0
+
+    # ------------------------------------------------------------------ invariants (tests)
+
+    def check(self, holders: list[Request]) -> None:
+        """Every block's count equals (held by the tree) + (number of requests holding it); free list exact."""
+        self.allocator.check()
+        expected = np.zeros(self.allocator.num_blocks, dtype=np.int64)
+        if self.cache is not None:
+            self.cache.check()
+            cached = self.cache.cached_blocks()
+            assert len(set(cached)) == len(cached), "a block is cached twice"
+            np.add.at(expected, np.asarray(cached, dtype=np.int64), 1)
+        for req in holders:
+            assert len(set(req.block_ids)) == len(req.block_ids), f"{req} holds a block twice"
+            np.add.at(expected, np.asarray(req.block_ids, dtype=np.int64), 1)
+        got = self.allocator.refcounts()
+        bad = np.flatnonzero(got != expected)
+        assert len(bad) == 0, f"counts off for blocks {bad[:10].tolist()}: {got[bad[:10]]} != {expected[bad[:10]]}"

@@ -1,0 +1,178 @@
+"""Plans one step: which requests compute how many tokens, with which blocks (pure logic, no I/O).
+
+The plan is a diff against the worker's persistent batch: `NewSeq` for a request the worker does not hold
+(first admission, or re-admission after preemption: every known token, the cached prefix as num_computed),
+`ContinueSeq` for one it holds (decode = 1 token, or the next prefill chunk). Each request's `num_computed`
+advances when it is planned, so the tokens of the step in flight count as computed from then on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from infer_protocol.messages import ContinueSeq, NewSeq
+
+from infer_scheduler.kv_manager import KvCacheManager
+from infer_scheduler.policy import FcfsPolicy
+from infer_scheduler.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class Counters:
+    prefix_queries_tokens: int = 0
+    prefix_hits_tokens: int = 0
+    preemptions: int = 0
+
+
+@dataclass(slots=True)
+class Schedule:
+    step: int
+    new_seqs: list[NewSeq] = field(default_factory=list)
+    continuing: list[ContinueSeq] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)  # seq ids the worker must forget
+    prefilling: list[Request] = field(default_factory=list)  # requests computing more than a decode
+    num_tokens: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.new_seqs) + len(self.continuing)
+
+
+class Planner:
+    def __init__(self, policy: FcfsPolicy, kv: KvCacheManager, counters: Counters) -> None:
+        self.policy = policy
+        self.kv = kv
+        self.counters = counters
+
+    def schedule(self, step: int, running: list[Request], waiting: deque[Request]) -> Schedule:
+        out = Schedule(step)
+        budget = self.policy.max_batch_tokens
+        prefills: list[Request] = []
+        budget = self._decodes(step, running, waiting, out, budget, prefills)
+        budget = self._prefills(step, prefills, running, waiting, out, budget)
+        # After a preemption the blocks are too short to admit anyone (vLLM does the same) — unless the step is
+        # empty (a lone request preempted itself): then it is re-admitted at once, from its cached pages.
+        if not out.preempted or not out.continuing:
+            budget = self._admit(step, running, waiting, out, budget)
+        out.num_tokens = self.policy.max_batch_tokens - budget
+        return out
+
+    # ------------------------------------------------------------------ running requests
+
+    def _decodes(self, step: int, running: list[Request], waiting: deque[Request], out: Schedule, budget: int,
+                 prefills: list[Request]) -> int:
+        """Schedule every running request in its decode phase (admission order); collect the part-way prefills.
+
+        The hot loop of a decode-heavy step: one pass, no method calls unless a block is needed."""
+        bs = self.kv.block_size
+        grow = self.kv.grow
+        cont = out.continuing
+        add = cont.append
+        running_ = RequestStatus.RUNNING
+        for req in tuple(running):  # a snapshot: victims leave `running` during the loop
+            nc = req.num_computed
+            if len(req.token_ids) - nc != 1:
+                prefills.append(req)
+                continue
+            if req.status is not running_ or budget <= 0:
+                continue  # preempted earlier in this step
+            if nc < len(req.block_ids) * bs:
+                add(req.decode_msg)
+            else:
+                new = grow(req, 1)
+                if new is None:
+                    if not self._make_room(step, req, 1, running, waiting, out):
+                        continue
+                    new = grow(req, 1)
+                    assert new is not None
+                add(ContinueSeq(req.seq_id, 1, new))
+            req.num_computed = nc + 1
+            req.scheduled_step = step
+            budget -= 1
+        return budget
+
+    def _prefills(self, step: int, prefills: list[Request], running: list[Request], waiting: deque[Request],
+                  out: Schedule, budget: int) -> int:
+        kv, bs = self.kv, self.kv.block_size
+        for req in prefills:
+            if budget <= 0:
+                break
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            n = self.policy.chunk(req, budget)
+            nc = req.num_computed
+            while True:
+                need = -(-(nc + n) // bs) - len(req.block_ids)
+                if need <= 0 or need <= kv.num_available:
+                    break
+                fit = (len(req.block_ids) + kv.num_available) * bs - nc
+                if fit > 0:  # shrink the chunk to the blocks there are rather than preempt
+                    n = min(n, fit)
+                    continue
+                if not self._make_room(step, req, 1, running, waiting, out):
+                    n = 0
+                    break
+            if n == 0:
+                continue
+            new = kv.grow(req, need) if need > 0 else []
+            assert new is not None
+            req.num_computed = nc + n
+            req.scheduled_step = step
+            out.continuing.append(ContinueSeq(req.seq_id, n, new))
+            out.prefilling.append(req)
+            budget -= n
+        return budget
+
+    def _make_room(self, step: int, req: Request, blocks: int, running: list[Request], waiting: deque[Request],
+                   out: Schedule) -> bool:
+        """Preempt victims until `blocks` blocks are available; False when `req` itself had to go."""
+        while self.kv.num_available < blocks:
+            victim = self.policy.pick_victim(running, step, req)
+            self.preempt(victim, running, waiting, out)
+            if victim is req:
+                return False
+        return True
+
+    def preempt(self, victim: Request, running: list[Request], waiting: deque[Request], out: Schedule) -> None:
+        """Drop a running request's blocks (its computed pages stay cached) and queue it for recompute."""
+        self.kv.release(victim, keep_in_cache=True)
+        victim.preempt()
+        running.remove(victim)
+        waiting.appendleft(victim)
+        if victim.on_worker:
+            out.preempted.append(victim.seq_id)
+            victim.on_worker = False
+        self.counters.preemptions += 1
+
+    # ------------------------------------------------------------------ admission
+
+    def _admit(self, step: int, running: list[Request], waiting: deque[Request], out: Schedule, budget: int) -> int:
+        kv, bs = self.kv, self.kv.block_size
+        max_running = self.policy.max_running
+        while waiting and budget > 0 and len(running) < max_running:
+            req = waiting[0]
+            num_cached = kv.match(req)
+            n = min(len(req.token_ids) - num_cached, self.policy.chunk_size, budget)
+            need = -(-(num_cached + n) // bs) - len(req.block_ids)
+            if need > kv.num_available:
+                kv.release(req, keep_in_cache=False)
+                break
+            kv.grow(req, need)
+            waiting.popleft()
+            req.admit()
+            running.append(req)
+            req.on_worker = True
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_cached
+            c = self.counters
+            c.prefix_queries_tokens += len(req.token_ids)
+            c.prefix_hits_tokens += num_cached
+            out.new_seqs.append(NewSeq(
+                seq_id=req.seq_id, token_ids=list(req.token_ids), num_computed=num_cached, num_tokens=n,
+                block_ids=list(req.block_ids), sampling=req.sampling, num_generated=req.num_output_tokens))
+            req.num_computed = num_cached + n
+            req.scheduled_step = step
+            out.prefilling.append(req)
+            budget -= n
+        return budget

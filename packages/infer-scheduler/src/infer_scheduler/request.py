@@ -1,0 +1,123 @@
+"""One request's scheduler-side state and its state machine.
+
+    WAITING --admit--> RUNNING --stop / length / abort--> FINISHED
+       ^                  |
+       +----preempt-------+      (PREEMPTED is the transient edge back to WAITING: blocks are dropped and
+                                  every known token, prompt + generated, is recomputed on re-admission)
+
+`token_ids` holds every known token (prompt + sampled). `num_computed` counts the leading tokens whose KV is
+(or, once the step in flight completes, will be) in the cache; the tokens still to compute are
+`token_ids[num_computed:]`. A step that reaches the end of `token_ids` samples one token. Prefill and decode are
+the same thing seen from here: a decode is simply a request with one token left to compute.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from infer_core.plan import FinishReason
+from infer_protocol.messages import ContinueSeq, SamplingParams, Submit
+
+
+class RequestStatus(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class InvalidTransition(RuntimeError):
+    """A state change the state machine does not allow (a scheduler bug, never a client error)."""
+
+
+class Request:
+    __slots__ = (
+        "request_id", "seq_id", "token_ids", "num_prompt_tokens", "sampling", "max_tokens", "stop_token_ids",
+        "min_tokens", "max_len", "min_len", "want_logprobs", "status", "num_computed", "block_ids", "cache_node",
+        "cache_len", "num_cached_tokens", "num_preemptions", "scheduled_step", "on_worker", "finish_reason",
+        "decode_msg",
+    )
+
+    def __init__(self, msg: Submit, seq_id: int, max_model_len: int, ignore_eos: bool = False) -> None:
+        self.request_id = msg.request_id
+        self.seq_id = seq_id
+        self.token_ids: list[int] = list(msg.prompt_token_ids)
+        self.num_prompt_tokens = p = len(msg.prompt_token_ids)
+        self.sampling: SamplingParams = msg.sampling
+        self.max_tokens = msg.max_tokens
+        # The server folds EOS into stop_token_ids; ignore_eos therefore means "stop on none of them".
+        self.stop_token_ids: frozenset[int] = frozenset() if (ignore_eos or msg.ignore_eos) else frozenset(
+            msg.stop_token_ids)
+        self.min_tokens = msg.min_tokens
+        self.max_len = min(p + msg.max_tokens, max_model_len)  # "length" once len(token_ids) reaches this
+        self.min_len = p + msg.min_tokens  # stop tokens count once len(token_ids) is beyond this
+        self.want_logprobs = msg.sampling.logprobs
+        self.status = RequestStatus.WAITING
+        self.num_computed = 0
+        self.block_ids: list[int] = []
+        self.cache_node: object | None = None  # the radix node this request holds locked (None = none)
+        self.cache_len = 0  # tokens covered by cache_node (the request's prefix already in the radix cache)
+        self.num_cached_tokens = -1  # prefix-cache hit at the first admission (-1 = not admitted yet)
+        self.num_preemptions = 0
+        self.scheduled_step = -1  # the last step that scheduled this request
+        self.on_worker = False  # the worker holds this seq_id in its persistent batch
+        self.finish_reason: FinishReason | None = None
+        # A decode that needs no new block is the same (frozen) message every step: built once.
+        self.decode_msg = ContinueSeq(seq_id, 1)
+
+    # ------------------------------------------------------------------ views
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_remaining(self) -> int:
+        """Tokens still to compute before the next sample."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    # ------------------------------------------------------------------ transitions
+
+    def admit(self) -> None:
+        if self.status is not RequestStatus.WAITING:
+            raise InvalidTransition(f"admit {self.request_id}: {self.status.value} -> running")
+        self.status = RequestStatus.RUNNING
+
+    def preempt(self) -> None:
+        """RUNNING -> (PREEMPTED) -> WAITING: everything is recomputed on re-admission."""
+        if self.status is not RequestStatus.RUNNING:
+            raise InvalidTransition(f"preempt {self.request_id}: {self.status.value} -> waiting")
+        self.status = RequestStatus.WAITING
+        self.num_computed = 0
+        self.num_preemptions += 1
+        self.scheduled_step = -1
+
+    def finish(self, reason: FinishReason) -> None:
+        if self.status is RequestStatus.FINISHED:
+            raise InvalidTransition(f"finish {self.request_id}: already finished")
+        self.status = RequestStatus.FINISHED
+        self.finish_reason = reason
+
+    # ------------------------------------------------------------------ stop conditions
+
+    def append_token(self, token_id: int) -> FinishReason | None:
+        """Record a sampled token; the finish reason when it ends the request (the engine inlines this rule)."""
+        toks = self.token_ids
+        toks.append(token_id)
+        n = len(toks)
+        if token_id in self.stop_token_ids and n > self.min_len:
+            return FinishReason.STOP
+        if n >= self.max_len:
+            return FinishReason.LENGTH
+        return None
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, seq={self.seq_id}, {self.status.value}, "
+                f"tokens={len(self.token_ids)}, computed={self.num_computed}, blocks={len(self.block_ids)})")

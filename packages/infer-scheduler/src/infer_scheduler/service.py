@@ -1,0 +1,375 @@
+"""The scheduler process: the ZMQ loop around the engine.
+
+Sockets (all bound here, so any start order works):
+  ROUTER `sched`  servers' DEALERs: Submit / Abort / Ping in; TokenBatch / RequestError / Pong out, each request's
+                  outputs to the server that submitted it, one TokenBatch per step per server.
+  PUSH   `plan`   StepPlan / Shutdown to the worker.
+  PULL   `result` StepResult / Ready / Progress / Heartbeat / WorkerError from the worker.
+
+The pipeline is synchronous for now (plan k, wait for result k, plan k+1), but one Poller covers every socket,
+so Submit / Abort / Ping are served while a step is in flight. `overlap=True` is the seam for the async
+one-step-ahead pipeline (DESIGN §5); it is refused until the engine supports it.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from collections import defaultdict
+
+import msgspec
+import zmq
+
+from infer_protocol import codec
+from infer_protocol.config import Config
+from infer_protocol.messages import (
+    PROTOCOL_VERSION,
+    Abort,
+    Heartbeat,
+    ModelInfo,
+    Ping,
+    Pong,
+    Progress,
+    Ready,
+    RequestError,
+    SchedulerStats,
+    Shutdown,
+    StepResult,
+    Submit,
+    TokenBatch,
+    TokenOutput,
+    WorkerError,
+)
+
+from infer_scheduler.engine import Engine, EngineError
+
+log = logging.getLogger("infer_scheduler.service")
+
+_POLL_MS = 50
+# A step allocates a few hundred short-lived objects (outputs, plan entries); the default gen-0 threshold (700)
+# would collect almost every step and a full collection walks every token list. Collect rarely instead, and
+# freeze what start-up allocated so collections never walk it.
+GC_THRESHOLDS = (20_000, 50, 100)
+
+
+def tune_gc() -> None:
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def _unlink_ipc(address: str) -> None:
+    if address.startswith("ipc://"):
+        path = address[len("ipc://"):]
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class Service:
+    def __init__(self, config: Config, *, overlap: bool = False, context: zmq.Context | None = None) -> None:
+        if overlap:
+            raise NotImplementedError("the async one-step-ahead pipeline is not implemented yet (overlap=False)")
+        self.config = config
+        self.overlap = overlap
+        self._ctx = context or zmq.Context()
+        self._own_ctx = context is None
+        self._stop_requests = 0  # a plain counter: safe to bump from a signal handler
+        self._from_server = codec.server_to_scheduler()
+        self._to_server = codec.scheduler_to_server()
+        self._to_worker = codec.scheduler_to_worker()
+        self._from_worker = codec.worker_to_scheduler()
+        # state
+        self.engine: Engine | None = None
+        self.model: ModelInfo | None = None
+        self.status = "waiting for the worker"
+        self.worker_lost = False
+        self._last_worker_msg = 0.0
+        self._pending: list[Submit] = []  # submissions before the worker is ready
+        self._owner: dict[str, bytes] = {}  # request id -> the server's identity
+        self._out: dict[bytes, list[TokenOutput]] = defaultdict(list)
+        self._draining_since: float | None = None
+        self._unsent: bytes | None = None  # an encoded plan the PUSH socket could not take yet
+        self._bind()
+
+    # ------------------------------------------------------------------ sockets
+
+    def _bind(self) -> None:
+        cfg = self.config
+        self.router = self._ctx.socket(zmq.ROUTER)
+        self.push = self._ctx.socket(zmq.PUSH)
+        self.pull = self._ctx.socket(zmq.PULL)
+        for sock, chan in ((self.router, "sched"), (self.push, "plan"), (self.pull, "result")):
+            sock.setsockopt(zmq.LINGER, 500 if sock is self.router else 0)  # last answers still reach servers
+            addr = cfg.ipc_path(chan)
+            _unlink_ipc(addr)
+            sock.bind(addr)
+        self.poller = zmq.Poller()
+        self.poller.register(self.router, zmq.POLLIN)
+        self.poller.register(self.pull, zmq.POLLIN)
+
+    def close(self) -> None:
+        for sock in (self.router, self.pull, self.push):
+            sock.close()
+        for chan in ("sched", "plan", "result"):
+            _unlink_ipc(self.config.ipc_path(chan))
+        if self._own_ctx:
+            self._ctx.term()
+
+    # ------------------------------------------------------------------ loop
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requests > 0
+
+    def stop(self) -> None:
+        """Ask the loop to drain and exit (thread- and signal-safe). A second call exits without draining."""
+        self._stop_requests += 1
+
+    def run(self) -> None:
+        log.info("scheduler listening on %s", self.config.ipc_path("sched"))
+        tune_gc()
+        try:
+            while True:
+                if self.stopping and self._drained():
+                    break
+                events = dict(self.poller.poll(_POLL_MS if self._unsent is None else 2))
+                if self.router in events:
+                    self._drain(self.router, self._on_server_frames)
+                if self.pull in events:
+                    self._drain(self.pull, self._on_worker_frames)
+                self._check_worker()
+                self._step()
+                self._flush()
+            self._shutdown_worker()
+        finally:
+            self.close()
+
+    def _drain(self, sock: zmq.Socket, handle: object) -> None:
+        for _ in range(1000):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)  # type: ignore[operator]
+
+    def _drained(self) -> bool:
+        """While stopping: finish the requests in flight, for at most shutdown_timeout_secs."""
+        now = time.monotonic()
+        if self._draining_since is None:
+            self._draining_since = now
+            log.info("scheduler stopping: draining %d requests", len(self._owner))
+        engine = self.engine
+        idle = engine is None or (not engine.has_work and not engine.in_flight)
+        if idle and not self._pending:
+            return True
+        if self._stop_requests > 1 or now - self._draining_since > self.config.shutdown_timeout_secs:
+            self._fail_everything("shutting_down", "the scheduler is shutting down")
+            self._flush()
+            return True
+        return False
+
+    def _shutdown_worker(self) -> None:
+        """Tell the worker to exit (waiting up to 0.5 s for the plan pipe, which may still be connecting)."""
+        try:
+            self.push.setsockopt(zmq.LINGER, 1000)
+            self.push.setsockopt(zmq.SNDTIMEO, 500)
+            self.push.send(self._to_worker.encode(Shutdown(reason="scheduler stopped")))
+            log.info("sent Shutdown to the worker")
+        except zmq.ZMQError as exc:
+            log.info("no worker to send Shutdown to (%s)", exc)
+
+    # ------------------------------------------------------------------ servers
+
+    def _on_server_frames(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            log.warning("dropping a malformed server message (%d frames)", len(frames))
+            return
+        ident, data = frames
+        try:
+            msg = self._from_server.decode(data)
+        except msgspec.DecodeError as exc:
+            log.warning("dropping an undecodable server message: %s", exc)
+            return
+        if isinstance(msg, Ping):
+            self._send(ident, self._pong())
+        elif isinstance(msg, Submit):
+            self._on_submit(ident, msg)
+        elif isinstance(msg, Abort):
+            self._on_abort(msg.request_id)
+
+    def _pong(self) -> Pong:
+        if self.engine is not None:
+            stats = self.engine.stats()
+        else:
+            stats = SchedulerStats(num_waiting=len(self._pending))
+        return Pong(ready=self.ready and not self.stopping, stats=stats, model=self.model, status=self.status)
+
+    def _on_submit(self, ident: bytes, msg: Submit) -> None:
+        rid = msg.request_id
+        err: RequestError | None = None
+        if self.stopping:
+            err = RequestError(request_id=rid, code="shutting_down", message="the scheduler is shutting down",
+                               status=503)
+        elif self.worker_lost:
+            err = RequestError(request_id=rid, code="worker_lost", message=f"no worker: {self.status}", status=503)
+        elif rid in self._owner:
+            err = RequestError(request_id=rid, code="invalid_request", message=f"request id {rid!r} is in flight")
+        elif self.engine is None:
+            self._pending.append(msg)
+        else:
+            err = self.engine.submit(msg)
+        if err is not None:
+            self._send(ident, err)
+        else:
+            self._owner[rid] = ident
+
+    def _on_abort(self, rid: str) -> None:
+        out: TokenOutput | None = None
+        for i, msg in enumerate(self._pending):
+            if msg.request_id == rid:
+                del self._pending[i]
+                out = TokenOutput(request_id=rid, token_ids=[], finish_reason="abort",
+                                  num_prompt_tokens=len(msg.prompt_token_ids))
+                break
+        else:
+            if self.engine is not None:
+                out = self.engine.abort(rid)
+        if out is not None:
+            self._emit([out])
+
+    def _emit(self, outputs: list[TokenOutput]) -> None:
+        owner = self._owner
+        for out in outputs:
+            ident = owner.get(out.request_id)
+            if ident is None:
+                continue
+            self._out[ident].append(out)
+            if out.finish_reason is not None:
+                del owner[out.request_id]
+
+    def _flush(self) -> None:
+        if not self._out:
+            return
+        step = self.engine.num_steps if self.engine is not None else 0
+        for ident, outs in self._out.items():
+            self._send(ident, TokenBatch(step=step, outputs=outs))
+        self._out.clear()
+
+    def _send(self, ident: bytes, msg: object) -> None:
+        try:
+            self.router.send_multipart([ident, self._to_server.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.warning("could not answer server %r: %s", ident, exc)
+
+    # ------------------------------------------------------------------ worker
+
+    def _on_worker_frames(self, frames: list[bytes]) -> None:
+        try:
+            msg = self._from_worker.decode(frames[-1])
+        except msgspec.DecodeError as exc:
+            log.warning("dropping an undecodable worker message: %s", exc)
+            return
+        self._last_worker_msg = time.monotonic()
+        if isinstance(msg, StepResult):
+            if self.engine is None or not self.engine.in_flight:
+                return  # a step of a worker we gave up on
+            try:
+                self._emit(self.engine.apply_result(msg))
+            except EngineError as exc:
+                log.error("%s", exc)
+        elif isinstance(msg, Heartbeat):
+            pass
+        elif isinstance(msg, Ready):
+            self._on_ready(msg)
+        elif isinstance(msg, Progress):
+            if self.engine is None:
+                self.status = msg.status
+        elif isinstance(msg, WorkerError):
+            if msg.fatal:
+                self._lose_worker(f"the worker failed: {msg.message}")
+            else:
+                log.warning("worker error (step %d): %s", msg.step, msg.message)
+                if self.engine is not None and msg.step >= 0:  # that step will send no result
+                    for err in self.engine.fail_step(msg.step, f"the worker failed this step: {msg.message}"):
+                        ident = self._owner.pop(err.request_id, None)
+                        if ident is not None:
+                            self._send(ident, err)
+
+    def _on_ready(self, msg: Ready) -> None:
+        if msg.version != PROTOCOL_VERSION:
+            self._lose_worker(f"the worker speaks protocol {msg.version}, the scheduler {PROTOCOL_VERSION}")
+            return
+        if self.engine is not None:
+            self._lose_worker("the worker restarted")
+        try:
+            self.engine = Engine.from_config(self.config, msg)
+        except ValueError as exc:
+            self._lose_worker(f"the worker's Ready is unusable: {exc}")
+            return
+        self.model = msg.model
+        self.worker_lost = False
+        self.status = "ready"
+        log.info("worker ready: %d KV blocks of %d tokens, max_model_len %d, model %s", msg.num_blocks,
+                 msg.block_size, self.engine.max_model_len, msg.model.model_dir)
+        pending, self._pending = self._pending, []
+        for sub in pending:
+            err = self.engine.submit(sub)
+            if err is not None:
+                ident = self._owner.pop(sub.request_id, None)
+                if ident is not None:
+                    self._send(ident, err)
+
+    def _check_worker(self) -> None:
+        if self.engine is None:
+            return
+        silent = time.monotonic() - self._last_worker_msg
+        if silent > self.config.worker_timeout_secs:
+            self._lose_worker(f"no message from the worker for {silent:.1f}s")
+
+    def _lose_worker(self, reason: str) -> None:
+        log.error("worker lost: %s", reason)
+        self._fail_everything("worker_lost", f"the worker was lost: {reason}")
+        self.engine = None
+        self._unsent = None
+        self.worker_lost = True
+        self.status = reason
+
+    def _fail_everything(self, code: str, message: str) -> None:
+        self._flush()  # what finished before the failure is delivered first
+        errors: list[RequestError] = []
+        if self.engine is not None:
+            errors.extend(self.engine.fail_all(code, message, 503))
+        errors.extend(RequestError(request_id=s.request_id, code=code, message=message, status=503)
+                      for s in self._pending)
+        self._pending.clear()
+        for err in errors:
+            ident = self._owner.pop(err.request_id, None)
+            if ident is not None:
+                self._send(ident, err)
+        self._owner.clear()
+
+    def _step(self) -> None:
+        engine = self.engine
+        if engine is None:
+            return
+        if self._unsent is None and not engine.in_flight:
+            plan = engine.plan_step()
+            if plan is None:
+                return
+            self._unsent = self._to_worker.encode(plan)
+        if self._unsent is not None:
+            try:
+                self.push.send(self._unsent, zmq.NOBLOCK)
+                self._unsent = None
+            except zmq.Again:
+                # The plan pipe is still connecting (Ready came on the other socket) or the worker is gone:
+                # retry next turn; a worker that never takes it is caught by the worker timeout.
+                pass

@@ -1,0 +1,126 @@
+"""A simulated worker that drives the engine exactly like the real one, and checks what it is told.
+
+It keeps the persistent batch of sequences keyed by seq_id and a fake paged KV cache: the slot of position p
+holds a hash of the token prefix `token_ids[:p + 1]` (what real KV depends on). Every step it checks the plan's
+diff semantics (forget first, NewSeq / ContinueSeq shapes, page-aligned num_computed, block coverage) and that
+every position a sequence attends to still holds its own prefix hash — so a block freed while in use, a wrong
+prefix-cache hit or a block shared by two different prefixes is caught. Sampling is a deterministic "greedy
+model" of the prefix (the same tokens whatever the batching, caching or preemption), or random with `rng`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from infer_protocol.messages import StepPlan, StepResult
+
+
+def extend_hashes(hashes: list[int], tokens: list[int]) -> None:
+    h = hashes[-1] if hashes else 0
+    for t in tokens[len(hashes):]:
+        h = hash((h, t))
+        hashes.append(h)
+
+
+@dataclass
+class SimSeq:
+    seq_id: int
+    token_ids: list[int]
+    num_computed: int
+    block_ids: list[int]
+    hashes: list[int] = field(default_factory=list)
+
+
+class SimWorker:
+    def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 1000, rng: random.Random | None = None,
+                 stop_token: int | None = None, stop_every: int = 0) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.vocab_size = vocab_size
+        self.rng = rng
+        self.stop_token = stop_token
+        self.stop_every = stop_every  # with stop_token: the model emits it when hash % stop_every == 0
+        self.kv: dict[tuple[int, int], int] = {}
+        self.seqs: dict[int, SimSeq] = {}
+        self.last_step = 0
+        self.tokens_computed = 0
+        self.plans: list[StepPlan] = []
+
+    def model(self, prefix_hash: int) -> int:
+        if self.stop_token is not None and self.stop_every and prefix_hash % self.stop_every == 0:
+            return self.stop_token
+        if self.rng is not None:
+            return self.rng.randrange(1, self.vocab_size)
+        return 1 + (prefix_hash * 2654435761) % (self.vocab_size - 1)
+
+    def step(self, plan: StepPlan) -> StepResult:
+        self.plans.append(plan)
+        bs = self.block_size
+        assert plan.step == self.last_step + 1, (plan.step, self.last_step)
+        self.last_step = plan.step
+        for sid in list(plan.finished) + list(plan.preempted):
+            assert sid in self.seqs, f"forget of unknown seq {sid}"
+            del self.seqs[sid]
+        work: list[tuple[SimSeq, int]] = []
+        for ns in plan.new_seqs:
+            assert ns.seq_id not in self.seqs, f"NewSeq {ns.seq_id} already held"
+            assert ns.num_computed % bs == 0 and 0 <= ns.num_computed < len(ns.token_ids), ns
+            assert ns.num_tokens > 0 and ns.num_computed + ns.num_tokens <= len(ns.token_ids), ns
+            seq = SimSeq(ns.seq_id, list(ns.token_ids), ns.num_computed, list(ns.block_ids))
+            extend_hashes(seq.hashes, seq.token_ids)
+            self.seqs[ns.seq_id] = seq
+            work.append((seq, ns.num_tokens))
+        for c in plan.continuing:
+            seq = self.seqs[c.seq_id]
+            seq.block_ids.extend(c.new_block_ids)
+            assert c.num_tokens > 0 and seq.num_computed + c.num_tokens <= len(seq.token_ids), (c, seq.num_computed)
+            work.append((seq, c.num_tokens))
+        ids = [s.seq_id for s, _ in work]
+        assert len(set(ids)) == len(ids), "a sequence is scheduled twice"
+        held = [b for s in self.seqs.values() for b in s.block_ids]
+        assert all(0 <= b < self.num_blocks for b in held), held
+        written: dict[tuple[int, int], int] = {}
+        for seq, n in work:
+            assert len(set(seq.block_ids)) == len(seq.block_ids), f"seq {seq.seq_id} holds a block twice"
+            end = seq.num_computed + n
+            assert len(seq.block_ids) * bs >= end, f"seq {seq.seq_id}: {len(seq.block_ids)} blocks for {end} tokens"
+            for p in range(seq.num_computed):  # what it attends to must be its own prefix
+                assert self.kv.get((seq.block_ids[p // bs], p % bs)) == seq.hashes[p], \
+                    f"seq {seq.seq_id}: KV of position {p} is not its prefix"
+            for p in range(seq.num_computed, end):
+                slot = (seq.block_ids[p // bs], p % bs)
+                assert written.get(slot, seq.hashes[p]) == seq.hashes[p], f"two prefixes write slot {slot}"
+                written[slot] = seq.hashes[p]
+        self.kv.update(written)
+        seq_ids, token_ids, logprobs = [], [], []
+        for seq, n in work:
+            seq.num_computed += n
+            self.tokens_computed += n
+            if seq.num_computed == len(seq.token_ids):
+                tok = self.model(seq.hashes[-1])
+                seq.token_ids.append(tok)
+                extend_hashes(seq.hashes, seq.token_ids)
+                seq_ids.append(seq.seq_id)
+                token_ids.append(tok)
+                logprobs.append(-0.5)
+        return StepResult(step=plan.step, seq_ids=seq_ids, token_ids=token_ids, logprobs=logprobs)
+
+
+def run_to_completion(engine, worker: SimWorker, max_steps: int = 10_000, check: bool = True) -> dict[str, list]:
+    """Step engine + worker until idle; every request's outputs (in order) by request id."""
+    outputs: dict[str, list] = {}
+    for _ in range(max_steps):
+        plan = engine.plan_step()
+        if plan is None:
+            assert not engine.has_work, "the engine has work but plans nothing (a hang)"
+            return outputs
+        for out in engine.apply_result(worker.step(plan)):
+            outputs.setdefault(out.request_id, []).append(out)
+        if check:
+            engine.check_invariants()
+    raise AssertionError(f"not done after {max_steps} steps")
+
+
+def tokens_of(outs: list) -> list[int]:
+    return [t for o in outs for t in o.token_ids]

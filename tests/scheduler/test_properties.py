@@ -1,0 +1,152 @@
+"""Property-based: random interleavings of submit / step / abort (also mid-step) / evict on a tiny cache.
+
+After every operation: no block leaked or double-freed (every reference count equals tree + holders, the free
+list is exactly the count-0 blocks) and free + cached + in-use == total. At the end every accepted request
+has finished (or was aborted) and every block is free or cached.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from infer_scheduler.engine import Engine
+
+from .conftest import make_submit
+from .sim_worker import SimWorker, run_to_completion
+
+STOP = 3
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(
+        num_blocks=st.integers(4, 24), block_size=st.sampled_from([1, 2, 4]), max_batch_tokens=st.integers(1, 32),
+        max_batch_seqs=st.integers(1, 8), chunk=st.integers(1, 16), prefix_caching=st.booleans(),
+        seed=st.integers(0, 2**16),
+    )
+    def setup(self, num_blocks, block_size, max_batch_tokens, max_batch_seqs, chunk, prefix_caching, seed):
+        self.engine = Engine(num_blocks=num_blocks, block_size=block_size, max_model_len=48,
+                             max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
+                             chunked_prefill_size=chunk, enable_prefix_caching=prefix_caching)
+        self.worker = SimWorker(num_blocks, block_size, vocab_size=8, rng=random.Random(seed))
+        self.prefixes = [[5, 6, 7, 4, 5, 6, 7, 4], [4, 4, 5, 5, 6, 6, 7, 7]]
+        self.accepted: set[str] = set()
+        self.ended: dict[str, str] = {}
+        self.n = 0
+
+    def _collect(self, outs) -> None:
+        for o in outs:
+            assert o.request_id in self.accepted and o.request_id not in self.ended, o
+            if o.finish_reason is not None:
+                self.ended[o.request_id] = o.finish_reason
+
+    @rule(prefix=st.integers(0, 2), plen=st.integers(0, 8), tail=st.lists(st.integers(1, 7), max_size=10),
+          max_tokens=st.integers(1, 16), stop=st.booleans(), min_tokens=st.integers(0, 3))
+    def submit(self, prefix, plen, tail, max_tokens, stop, min_tokens):
+        prompt = (self.prefixes[prefix][:plen] if prefix < 2 else []) + tail
+        self.n += 1
+        rid = f"h{self.n}"
+        err = self.engine.submit(make_submit(prompt, max_tokens=max_tokens, rid=rid,
+                                             stop_token_ids=[STOP] if stop else [], min_tokens=min_tokens))
+        if err is None:
+            self.accepted.add(rid)
+        else:
+            assert err.code in ("invalid_request", "context_length_exceeded") and err.message
+
+    @rule()
+    def step(self):
+        plan = self.engine.plan_step()
+        if plan is not None:
+            self._collect(self.engine.apply_result(self.worker.step(plan)))
+
+    @precondition(lambda self: bool(self.engine.requests))
+    @rule(pick=st.integers(0, 10_000), mid_step=st.booleans())
+    def abort(self, pick, mid_step):
+        plan = self.engine.plan_step() if mid_step else None
+        live = sorted(self.engine.requests)
+        if live:
+            out = self.engine.abort(live[pick % len(live)])
+            self._collect([out])
+        if plan is not None:
+            self._collect(self.engine.apply_result(self.worker.step(plan)))
+
+    @rule(n=st.integers(1, 8))
+    def evict(self, n):
+        cache = self.engine.kv.cache
+        if cache is not None:
+            free_before, evictable = self.engine.kv.num_free, cache.num_evictable_blocks
+            freed = cache.evict(n)
+            assert freed >= min(n, evictable)
+            assert self.engine.kv.num_free == free_before + freed
+
+    @invariant()
+    def blocks_are_exactly_accounted(self):
+        e = self.engine
+        e.check_invariants()
+        refs = e.kv.allocator.refcounts()
+        cached = set(e.kv.cache.cached_blocks()) if e.kv.cache is not None else set()
+        in_use = sum(1 for b in np.flatnonzero(refs > 0).tolist() if b not in cached)
+        assert e.kv.num_free + len(cached) + in_use == e.kv.num_blocks
+        st_ = e.stats()
+        assert st_.num_free_blocks + st_.num_cached_blocks <= st_.num_total_blocks
+
+    def teardown(self):
+        if not hasattr(self, "engine"):
+            return
+        e = self.engine
+        self._collect([o for outs in run_to_completion(e, self.worker, max_steps=5000).values() for o in outs])
+        assert set(self.ended) == self.accepted, self.accepted - set(self.ended)
+        assert not e.requests and not e.running and not e.waiting
+        assert e.kv.num_free + e.kv.num_cached == e.kv.num_blocks
+        e.check_invariants()
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestSchedulerProperties = SchedulerMachine.TestCase
+
+
+def _serve(subs, arrivals, **kw) -> tuple[dict[str, list[int]], Engine]:
+    e = Engine(max_model_len=64, **kw)
+    w = SimWorker(kw["num_blocks"], kw["block_size"], vocab_size=8)  # the deterministic "greedy model"
+    toks: dict[str, list[int]] = {}
+    pending = sorted(zip(arrivals, range(len(subs)), strict=True))
+    step = 0
+    while pending or e.has_work:
+        while pending and pending[0][0] <= step:
+            assert e.submit(subs[pending.pop(0)[1]]) is None
+        plan = e.plan_step()
+        if plan is not None:
+            for o in e.apply_result(w.step(plan)):
+                toks.setdefault(o.request_id, []).extend(o.token_ids)
+        step += 1
+        assert step < 5000
+    e.check_invariants()
+    return toks, e
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    reqs=st.lists(st.tuples(st.integers(0, 12), st.lists(st.integers(1, 7), min_size=1, max_size=8),
+                            st.integers(1, 10), st.integers(0, 6)), min_size=1, max_size=10),
+    block_size=st.sampled_from([1, 2, 4]), spare=st.integers(0, 6), chunk=st.integers(1, 8),
+    max_batch_tokens=st.integers(2, 24), prefix_caching=st.booleans(),
+)
+def test_outputs_do_not_depend_on_caching_chunking_or_preemption(reqs, block_size, spare, chunk, max_batch_tokens,
+                                                                  prefix_caching):
+    shared = [5, 6, 7, 4, 5, 6, 7, 4, 6, 6, 5, 5]
+    subs = [make_submit(shared[:p] + tail, max_tokens=m, rid=f"e{i}") for i, (p, tail, m, _) in enumerate(reqs)]
+    arrivals = [a for *_, a in reqs]
+    # the smallest cache that holds the largest request alone, plus a little: preemption is the norm
+    need = max(-(-(len(s.prompt_token_ids) + s.max_tokens - 1) // block_size) for s in subs)
+    ref, _ = _serve(subs, arrivals, num_blocks=512, block_size=block_size, enable_prefix_caching=False)
+    got, e = _serve(subs, arrivals, num_blocks=need + spare, block_size=block_size, chunked_prefill_size=chunk,
+                    max_batch_tokens=max_batch_tokens, enable_prefix_caching=prefix_caching)
+    assert got == ref
+    assert all(len(ref[s.request_id]) == s.max_tokens for s in subs)

@@ -1,0 +1,234 @@
+"""The scheduler service over real ZMQ IPC sockets, with a stand-in worker thread and DEALERs as servers."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import pytest
+
+from infer_protocol.config import Config
+from infer_protocol.messages import Abort, RequestError, TokenBatch
+from infer_scheduler.service import Service
+
+from .conftest import make_submit
+from .standin import FakeServer, StandInWorker
+
+_cluster = itertools.count()
+
+
+@pytest.fixture
+def config():
+    d = tempfile.mkdtemp(prefix="ri-sched-")  # short: unix socket paths are limited to ~100 bytes
+    cfg = Config(cluster_id=f"t{os.getpid()}-{next(_cluster)}", ipc_dir=d, heartbeat_interval_secs=0.05,
+                 worker_timeout_secs=0.6, shutdown_timeout_secs=2.0)
+    yield cfg
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def service(config):
+    holder: dict = {}
+    started = threading.Event()
+
+    def target():
+        holder["svc"] = svc = Service(config)
+        started.set()
+        svc.run()
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    assert started.wait(5)
+    yield holder["svc"]
+    holder["svc"].stop()
+    holder["svc"].stop()  # no drain in tests
+    t.join(5)
+    assert not t.is_alive()
+
+
+@pytest.fixture
+def servers(config):
+    made: list[FakeServer] = []
+
+    def make(identity: bytes | None = None) -> FakeServer:
+        made.append(FakeServer(config, identity))
+        return made[-1]
+
+    yield make
+    for s in made:
+        s.close()
+
+
+@pytest.fixture
+def workers():
+    made: list[StandInWorker] = []
+
+    def make(config, **kw) -> StandInWorker:
+        w = StandInWorker(config, **kw)
+        made.append(w)
+        w.start()
+        return w
+
+    yield make
+    for w in made:
+        w.stop_now.set()
+        w.join(5)
+        assert w.error is None, w.error
+
+
+def collect(server: FakeServer, rids: set[str], timeout: float = 10.0) -> tuple[dict[str, list], list]:
+    """Receive until every request in `rids` ended (finish_reason or RequestError)."""
+    outs: dict[str, list] = {r: [] for r in rids}
+    errors: list[RequestError] = []
+    open_ = set(rids)
+    batches = []
+    deadline = time.monotonic() + timeout
+    while open_:
+        msg = server.recv(max(0.01, deadline - time.monotonic()))
+        if isinstance(msg, TokenBatch):
+            batches.append(msg)
+            for o in msg.outputs:
+                assert o.request_id in rids, f"another server's output: {o.request_id}"
+                outs[o.request_id].append(o)
+                if o.finish_reason is not None:
+                    open_.discard(o.request_id)
+        elif isinstance(msg, RequestError):
+            errors.append(msg)
+            open_.discard(msg.request_id)
+    return outs, errors
+
+
+def wait_for(cond, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition never held")
+        time.sleep(0.01)
+
+
+def test_readiness_progress_and_queued_submission(config, service, servers, workers):
+    srv = servers()
+    pong = srv.ping()
+    assert not pong.ready and pong.model is None and "waiting" in pong.status
+    w = workers(config, hold_ready=True)
+    wait_for(lambda: srv.ping().status == "loading weights 1/2")
+    srv.send(make_submit([1, 2, 3], max_tokens=3, rid="early"))  # before Ready: queued, not refused
+    wait_for(lambda: srv.ping().stats.num_waiting == 1)
+    w.release_ready.set()
+    outs, errors = collect(srv, {"early"})
+    assert not errors and sum(len(o.token_ids) for o in outs["early"]) == 3
+    pong = srv.ping()
+    assert pong.ready and pong.status == "ready" and pong.model.model_dir == "/models/stand-in"
+    assert pong.stats.num_total_blocks == 64 and pong.stats.num_steps >= 3 and pong.stats.num_running == 0
+
+
+def test_submit_streams_tokens_to_the_submitting_server(config, service, servers, workers):
+    workers(config)
+    a, b = servers(b"server-a"), servers(b"server-b")
+    wait_for(lambda: a.ping().ready)
+    a.send(make_submit(list(range(1, 20)), max_tokens=6, rid="a1"))
+    a.send(make_submit(list(range(1, 20)), max_tokens=4, rid="a2", logprobs=True))
+    b.send(make_submit([7, 8, 9], max_tokens=5, rid="b1"))
+    outs_a, err_a = collect(a, {"a1", "a2"})
+    outs_b, err_b = collect(b, {"b1"})
+    assert not err_a and not err_b
+    assert [len(o.token_ids) for o in outs_a["a1"]] == [1] * 6 and outs_a["a1"][-1].finish_reason == "length"
+    assert outs_a["a1"][0].num_prompt_tokens == 19
+    assert all(o.logprobs == [-0.5] for o in outs_a["a2"]) and outs_a["a1"][0].logprobs is None
+    assert len(outs_b["b1"]) == 5
+    # the same prompt again: served from the prefix cache
+    a.send(make_submit(list(range(1, 20)), max_tokens=1, rid="a3"))
+    outs, _ = collect(a, {"a3"})
+    assert outs["a3"][0].num_cached_tokens == 16
+    assert a.ping().stats.prefix_cache_hits_tokens >= 16
+
+
+def test_invalid_requests_are_refused_with_an_error(config, service, servers, workers):
+    workers(config, num_blocks=8, block_size=4)
+    srv = servers()
+    wait_for(lambda: srv.ping().ready)
+    srv.send(make_submit(list(range(300)), max_tokens=1, rid="long"))  # max_model_len 256
+    srv.send(make_submit(list(range(1, 20)), max_tokens=40, rid="big"))  # 58 tokens > 32 slots
+    srv.send(make_submit([5000], max_tokens=1, rid="oov"))  # vocab 1000
+    _, errors = collect(srv, {"long", "big", "oov"})
+    codes = {e.request_id: (e.code, e.status) for e in errors}
+    assert codes == {"long": ("context_length_exceeded", 400), "big": ("context_length_exceeded", 400),
+                     "oov": ("invalid_request", 400)}
+
+
+def test_abort_mid_stream_and_serving_while_a_step_is_in_flight(config, service, servers, workers):
+    w = workers(config, step_delay=0.1)
+    srv = servers()
+    wait_for(lambda: srv.ping().ready)
+    srv.send(make_submit([1, 2, 3], max_tokens=200, rid="long"))
+    first = srv.recv()
+    assert isinstance(first, TokenBatch) and first.outputs[0].request_id == "long"
+    t0 = time.monotonic()
+    pong = srv.ping()  # answered while step k is in flight (each step takes 100 ms)
+    assert time.monotonic() - t0 < 0.09 and pong.stats.num_running == 1
+    srv.send(Abort(request_id="long"))
+    outs, errors = collect(srv, {"long"})
+    assert not errors and outs["long"][-1].finish_reason == "abort" and outs["long"][-1].token_ids == []
+    srv.send(make_submit([4, 5], max_tokens=2, rid="next"))
+    outs, _ = collect(srv, {"next"})
+    assert len(outs["next"]) == 2
+    seq_long = w.plans[0].new_seqs[0].seq_id
+    assert any(seq_long in p.finished for p in w.plans)  # the worker was told to forget it
+    st = srv.ping().stats
+    assert st.num_running == 0 and st.num_free_blocks + st.num_cached_blocks == st.num_total_blocks
+
+
+def test_worker_loss_fails_requests_and_readiness(config, service, servers, workers):
+    w = workers(config, step_delay=0.02)
+    srv = servers()
+    wait_for(lambda: srv.ping().ready)
+    srv.send(make_submit([1, 2, 3], max_tokens=200, rid="r1"))
+    assert isinstance(srv.recv(), TokenBatch)
+    w.alive.clear()  # hangs: no heartbeats, no results
+    t0 = time.monotonic()
+    outs, errors = collect(srv, {"r1"}, timeout=5)
+    assert time.monotonic() - t0 < 3
+    (err,) = errors
+    assert err.code == "worker_lost" and err.status == 503 and "worker" in err.message
+    pong = srv.ping()
+    assert not pong.ready and "no message from the worker" in pong.status
+    srv.send(make_submit([1], max_tokens=1, rid="r2"))  # nothing hangs: refused at once
+    _, errors = collect(srv, {"r2"})
+    assert errors[0].code == "worker_lost"
+
+
+def test_fatal_worker_error_fails_requests(config, service, servers, workers):
+    w = workers(config, step_delay=0.02)
+    srv = servers()
+    wait_for(lambda: srv.ping().ready)
+    srv.send(make_submit([1, 2, 3], max_tokens=200, rid="r1"))
+    assert isinstance(srv.recv(), TokenBatch)
+    w.fatal = "CUDA error: out of memory"
+    _, errors = collect(srv, {"r1"}, timeout=5)
+    assert errors[0].code == "worker_lost" and "out of memory" in errors[0].message
+    assert not srv.ping().ready
+
+
+def test_stop_drains_and_sends_shutdown_to_the_worker(config, servers, workers):
+    svc = Service(config)
+    t = threading.Thread(target=svc.run, daemon=True)
+    t.start()
+    w = workers(config, step_delay=0.01)
+    srv = servers()
+    wait_for(lambda: srv.ping().ready)
+    srv.send(make_submit([1, 2, 3], max_tokens=20, rid="drain"))
+    first = srv.recv()
+    assert isinstance(first, TokenBatch)
+    svc.stop()  # drains: the request in flight still finishes
+    srv.send(make_submit([1], max_tokens=1, rid="late"))  # refused while draining
+    outs, errors = collect(srv, {"drain", "late"})
+    assert [(e.request_id, e.code, e.status) for e in errors] == [("late", "shutting_down", 503)]
+    assert len(first.outputs[0].token_ids) + sum(len(o.token_ids) for o in outs["drain"]) == 20
+    t.join(5)
+    assert not t.is_alive()
+    assert w.shutdown_received.wait(2)
+    assert not os.path.exists(config.ipc_path("sched")[len("ipc://"):])
