@@ -12,6 +12,7 @@ from infer_core.dtypes import DType
 from infer_protocol.config import Config
 from infer_protocol.messages import ModelInfo, SamplingParams
 
+from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
 from infer_worker.application.worker_service import WorkerService
@@ -120,7 +121,14 @@ def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
     caches = backend.allocate_kv_cache(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
                                        spec.head_dim, dtype)
     max_blocks_per_seq = math.ceil(max_model_len / config.block_size)
-    runner = ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device)
+    sizes = [size for size in config.capture_sizes if size <= config.max_batch_seqs]
+    if backend.supports_graphs and config.enable_cuda_graphs and sizes:
+        runner: ModelRunner = GraphModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq,
+                                               backend.device, capture_sizes=sizes)
+        progress(f"capturing CUDA graphs for decode batch sizes {sizes}")
+        runner.capture()
+    else:
+        runner = ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device)
     progress("self-check: prefill + decode")
     self_check(runner, spec.vocab_size, config.block_size)
     info = ModelInfo(

@@ -1,0 +1,77 @@
+"""The CPU backend: pure-PyTorch reference ops bundled behind the LlmBackend port."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from infer_core.dtypes import DType
+from infer_core.ports.backend import GraphRunner, MemoryInfo
+from infer_core.ports.op_ports import OpPorts
+from infer_backend_cpu.collective import SingleProcessCollective
+from infer_backend_cpu.fused_ops import CpuFusedOps
+from infer_backend_cpu.host_memory import host_memory_info
+from infer_backend_cpu.math_ops import CpuMathOps
+from infer_backend_cpu.sampler import CpuSampler
+
+_TORCH_DTYPES: dict[DType, torch.dtype] = {
+    DType.FLOAT32: torch.float32,
+    DType.BFLOAT16: torch.bfloat16,
+    DType.FLOAT16: torch.float16,
+    DType.INT32: torch.int32,
+    DType.INT64: torch.int64,
+}
+
+
+class CpuBackend:
+    name: str = "cpu"
+    supports_graphs: bool = False
+
+    def __init__(self, device: str = "cpu", dtype: DType | str | None = None) -> None:
+        device = device or "cpu"
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"the cpu backend runs on device 'cpu', not {device!r}")
+        self.device: str = device
+        # fp32 by default: CPU matmuls in bf16 are slow and the reference backend should be exact.
+        self._default_dtype = DType.parse(dtype) if isinstance(dtype, str) else (dtype or DType.FLOAT32)
+        self.ops = OpPorts(
+            math=CpuMathOps(), fused=CpuFusedOps(), sampler=CpuSampler(), collective=SingleProcessCollective()
+        )
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    def torch_dtype(self, dtype: DType) -> torch.dtype:
+        return _TORCH_DTYPES[dtype]
+
+    def default_dtype(self) -> DType:
+        return self._default_dtype
+
+    def memory_info(self) -> MemoryInfo:
+        return host_memory_info()
+
+    def reset_peak_memory(self) -> None:
+        # The host has no resettable allocator peak; KV sizing on CPU uses a configured byte budget instead.
+        return None
+
+    def peak_memory_bytes(self) -> int:
+        return 0
+
+    def synchronize(self) -> None:
+        return None  # CPU ops are synchronous
+
+    def capture_graph(self, fn: Callable[[], None], warmup: int = 1) -> GraphRunner:
+        raise NotImplementedError("the cpu backend cannot capture graphs (supports_graphs is False); run eagerly")
+
+    def allocate_kv_cache(
+        self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: DType
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        torch_dtype = self.torch_dtype(dtype)
+        # Zeroed, not empty: a stray read of an unwritten slot is then deterministic and finite.
+        return [
+            (torch.zeros(shape, dtype=torch_dtype, device=self.device), torch.zeros(shape, dtype=torch_dtype, device=self.device))
+            for _ in range(num_layers)
+        ]

@@ -1,0 +1,190 @@
+"""Runs one scheduled step: host bookkeeping in numpy -> one ragged forward -> logits of the sampling rows
+-> sampler. The runner never mutates sequences; the caller appends the sampled tokens and advances
+`num_computed`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import NamedTuple, Sequence as Seq
+
+import numpy as np
+import torch
+
+from infer_core.plan import blocks_needed
+from infer_core.ports.backend import LlmBackend
+from infer_core.ports.fused_ops import AttentionBatch
+from infer_core.ports.sampler import SamplingBatch
+from infer_protocol.messages import SamplingParams
+from infer_worker.domain.sequence import SampledTokens, ScheduledSeq, Sequence
+from infer_worker.models.causal_lm import CausalLM, KvCaches
+
+# The sampler's counter hash only reads the low 32 bits of a seed; masking here also keeps any Python int
+# (the server may send up to 64-bit seeds) inside int64.
+_SEED_MASK = 0xFFFFFFFF
+
+
+class HostStep(NamedTuple):
+    """A step's inputs as numpy arrays (the host side, before one device copy per field)."""
+
+    input_ids: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64
+    slot_mapping: np.ndarray  # [T] int64
+    query_start_loc: np.ndarray  # [B + 1] int32
+    seq_lens: np.ndarray  # [B] int32
+    block_tables: np.ndarray  # [B, max_blocks_per_seq] int32, -1 padded
+    max_query_len: int
+    max_seq_len: int
+    is_decode: bool
+    sample_rows: np.ndarray  # [N] int64, the last row of each sequence that samples
+    sampling_seqs: list[Sequence]  # the N sequences that sample, in step order
+
+
+def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_seq: int) -> HostStep:
+    """Vectorised bookkeeping: loops run per sequence (to read Python lists), never per token."""
+    num_seqs = len(scheduled)
+    starts = np.fromiter((s.seq.num_computed for s in scheduled), dtype=np.int64, count=num_seqs)
+    num_new = np.fromiter((s.num_new for s in scheduled), dtype=np.int64, count=num_seqs)
+    known = np.fromiter((s.seq.num_tokens for s in scheduled), dtype=np.int64, count=num_seqs)
+    ends = starts + num_new
+    bad = (num_new <= 0) | (starts < 0) | (ends > known)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"sequence {scheduled[i].seq.seq_id}: cannot compute {num_new[i]} tokens from {starts[i]} "
+            f"with {known[i]} known tokens"
+        )
+
+    num_blocks = np.fromiter((len(s.seq.block_ids) for s in scheduled), dtype=np.int64, count=num_seqs)
+    short = (num_blocks < -(-ends // block_size)) | (num_blocks > max_blocks_per_seq)
+    if short.any():
+        i = int(np.argmax(short))
+        raise ValueError(
+            f"sequence {scheduled[i].seq.seq_id} holds {num_blocks[i]} blocks; it needs "
+            f"{blocks_needed(int(ends[i]), block_size)} for {ends[i]} tokens and may have at most {max_blocks_per_seq}"
+        )
+    block_tables = np.full((num_seqs, max_blocks_per_seq), -1, dtype=np.int32)
+    for i, s in enumerate(scheduled):
+        block_tables[i, : num_blocks[i]] = s.seq.block_ids
+
+    query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
+    np.cumsum(num_new, out=query_start_loc[1:])
+    num_tokens = int(query_start_loc[-1])
+    input_ids = np.fromiter(
+        itertools.chain.from_iterable(s.seq.token_ids[s.seq.num_computed : s.seq.num_computed + s.num_new] for s in scheduled),
+        dtype=np.int64,
+        count=num_tokens,
+    )
+    seq_index = np.repeat(np.arange(num_seqs), num_new)
+    # Each token's offset within its sequence's new tokens, shifted by where that sequence resumes.
+    positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts - query_start_loc[:-1], num_new)
+    pages = block_tables[seq_index, positions // block_size].astype(np.int64)
+    slot_mapping = pages * block_size + positions % block_size
+
+    samples = ends == known
+    sampling_seqs = [s.seq for s, flag in zip(scheduled, samples) if flag]
+    return HostStep(
+        input_ids=input_ids,
+        positions=positions,
+        slot_mapping=slot_mapping,
+        query_start_loc=query_start_loc.astype(np.int32),
+        seq_lens=ends.astype(np.int32),
+        block_tables=block_tables,
+        max_query_len=int(num_new.max()),
+        max_seq_len=int(ends.max()),
+        is_decode=bool((num_new == 1).all()),
+        sample_rows=query_start_loc[1:][samples] - 1,
+        sampling_seqs=sampling_seqs,
+    )
+
+
+def sampling_arrays(seqs: Seq[Sequence]) -> dict[str, np.ndarray]:
+    """Per-row sampling parameters; the counter position is the index of the token being sampled."""
+    params: list[SamplingParams] = [s.sampling for s in seqs]
+    n = len(seqs)
+    return {
+        "temperature": np.fromiter((p.temperature for p in params), dtype=np.float32, count=n),
+        "top_p": np.fromiter((p.top_p for p in params), dtype=np.float32, count=n),
+        "top_k": np.fromiter((p.top_k for p in params), dtype=np.int32, count=n),
+        "min_p": np.fromiter((p.min_p for p in params), dtype=np.float32, count=n),
+        "seeds": np.fromiter((p.seed & _SEED_MASK for p in params), dtype=np.int64, count=n),
+        "positions": np.fromiter((s.num_tokens for s in seqs), dtype=np.int64, count=n),
+    }
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: CausalLM,
+        backend: LlmBackend,
+        kv_caches: KvCaches,
+        block_size: int,
+        max_blocks_per_seq: int,
+        device: str,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.device = device
+        self._sampler = backend.ops.sampler
+
+    def _tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
+
+    def attention_batch(self, step: HostStep) -> AttentionBatch:
+        return AttentionBatch(
+            positions=self._tensor(step.positions),
+            slot_mapping=self._tensor(step.slot_mapping),
+            query_start_loc=self._tensor(step.query_start_loc),
+            seq_lens=self._tensor(step.seq_lens),
+            block_tables=self._tensor(step.block_tables),
+            max_query_len=step.max_query_len,
+            max_seq_len=step.max_seq_len,
+            is_decode=step.is_decode,
+            block_size=self.block_size,
+        )
+
+    def sampling_batch(self, seqs: Seq[Sequence]) -> SamplingBatch:
+        arrays = sampling_arrays(seqs)
+        return SamplingBatch(
+            **{name: self._tensor(array) for name, array in arrays.items()},
+            all_greedy=bool((arrays["temperature"] == 0).all()),
+        )
+
+    @torch.inference_mode()
+    def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
+        if not scheduled:
+            return SampledTokens([], [], [])
+        step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
+        hidden = self.model.forward(self._tensor(step.input_ids), self.attention_batch(step), self.kv_caches)
+        if not step.sampling_seqs:  # every sequence is mid-prefill: nothing to sample
+            return SampledTokens([], [], [])
+        logits = self.model.compute_logits(hidden[self._tensor(step.sample_rows)])
+        out = self._sampler.sample(logits, self.sampling_batch(step.sampling_seqs))
+        return SampledTokens(
+            seq_ids=[s.seq_id for s in step.sampling_seqs],
+            token_ids=out.token_ids.tolist(),
+            logprobs=out.logprobs.tolist(),
+        )
+
+    def dummy_run(self, num_tokens: int, num_seqs: int = 1) -> SampledTokens:
+        """A greedy prefill of `num_tokens` tokens split over `num_seqs` sequences through the real path (for
+        warm-up and start-up checks). It writes KV into the first blocks of the cache: call it only while no
+        sequence holds KV."""
+        vocab = self.model.spec.vocab_size
+        lengths = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
+        cache_blocks = int(self.kv_caches[0][0].shape[0])
+        scheduled, next_block = [], 0
+        for i, length in enumerate(lengths):
+            if length == 0:
+                continue
+            blocks = blocks_needed(length, self.block_size)
+            if next_block + blocks > cache_blocks:
+                raise ValueError(f"dummy run of {num_tokens} tokens needs more than the {cache_blocks} cache blocks")
+            token_ids = [(7 * (i + j) + 1) % vocab for j in range(length)]
+            seq = Sequence(-1 - i, token_ids, 0, list(range(next_block, next_block + blocks)), SamplingParams(temperature=0.0))
+            scheduled.append(ScheduledSeq(seq, length))
+            next_block += blocks
+        return self.execute(scheduled)

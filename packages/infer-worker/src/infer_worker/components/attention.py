@@ -1,0 +1,67 @@
+"""Self-attention over the paged KV cache: fused qkv GEMM -> (qk-norm) + RoPE + KV store -> paged attention
+-> o_proj. Qk-norm is present exactly when its weights are (Qwen3); nothing here knows model names."""
+
+from __future__ import annotations
+
+import torch
+
+from infer_core.ports.fused_ops import AttentionBatch
+from infer_core.ports.op_ports import OpPorts
+from infer_worker.components.linear import Linear, MergedLinear
+from infer_worker.components.weights import WeightInit, WeightSlot, WeightSlots, empty, prefixed
+
+KvCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class Attention:
+    def __init__(
+        self,
+        ops: OpPorts,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        cos_sin_cache: torch.Tensor,
+        qk_norm: bool,
+        bias: bool,
+        norm_eps: float,
+        dtype: torch.dtype,
+        device: str,
+    ) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} query heads cannot be grouped over {num_kv_heads} kv heads")
+        self._fused = ops.fused
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.cos_sin_cache = cos_sin_cache
+        self.norm_eps = norm_eps
+        q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        self.qkv_proj = MergedLinear(
+            ops, hidden_size, (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)), bias, dtype, device
+        )
+        self.o_proj = Linear.allocate(ops, q_size, hidden_size, bias, dtype, device)
+        self.q_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None
+        self.k_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None
+
+    def __call__(self, hidden: torch.Tensor, batch: AttentionBatch, kv_cache: KvCache) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.part_sizes, dim=-1)
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        q, _ = self._fused.qk_norm_rope_store(
+            q, k, v, batch.positions, self.cos_sin_cache, self.q_norm_weight, self.k_norm_weight, self.norm_eps,
+            k_cache, v_cache, batch.slot_mapping,
+        )
+        out = self._fused.paged_attention(q, k_cache, v_cache, batch, self.scale)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
+
+    def weight_slots(self) -> WeightSlots:
+        slots = {**self.qkv_proj.weight_slots(), **prefixed("o_proj.", self.o_proj.weight_slots())}
+        if self.q_norm_weight is not None and self.k_norm_weight is not None:
+            slots["q_norm.weight"] = WeightSlot(self.q_norm_weight, WeightInit.ONES)
+            slots["k_norm.weight"] = WeightSlot(self.k_norm_weight, WeightInit.ONES)
+        return slots

@@ -1,0 +1,26 @@
+"""Gated MLP: one GEMM for gate and up, SiLU(gate) * up, then down."""
+
+from __future__ import annotations
+
+import torch
+
+from infer_core.ports.op_ports import OpPorts
+from infer_worker.components.linear import Linear, MergedLinear
+from infer_worker.components.weights import WeightSlots, prefixed
+
+
+class GatedMlp:
+    def __init__(
+        self, ops: OpPorts, hidden_size: int, intermediate_size: int, bias: bool, dtype: torch.dtype, device: str
+    ) -> None:
+        self._fused = ops.fused
+        self.gate_up_proj = MergedLinear(
+            ops, hidden_size, (("gate_proj", intermediate_size), ("up_proj", intermediate_size)), bias, dtype, device
+        )
+        self.down_proj = Linear.allocate(ops, intermediate_size, hidden_size, bias, dtype, device)
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self._fused.silu_and_mul(self.gate_up_proj(hidden)))
+
+    def weight_slots(self) -> WeightSlots:
+        return {**self.gate_up_proj.weight_slots(), **prefixed("down_proj.", self.down_proj.weight_slots())}

@@ -1,0 +1,25 @@
+"""RMSNorm; `add` fuses the residual addition that precedes every norm after the first."""
+
+from __future__ import annotations
+
+import torch
+
+from infer_core.ports.op_ports import OpPorts
+from infer_worker.components.weights import WeightInit, WeightSlot, WeightSlots, empty
+
+
+class RMSNorm:
+    def __init__(self, ops: OpPorts, size: int, eps: float, dtype: torch.dtype, device: str) -> None:
+        self._fused = ops.fused
+        self.weight = empty((size,), dtype, device)
+        self.eps = eps
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fused.rms_norm(x, self.weight, self.eps)
+
+    def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual = x + residual`; returns `(norm(residual), residual)`."""
+        return self._fused.add_rms_norm(x, residual, self.weight, self.eps)
+
+    def weight_slots(self) -> WeightSlots:
+        return {"weight": WeightSlot(self.weight, WeightInit.ONES)}
