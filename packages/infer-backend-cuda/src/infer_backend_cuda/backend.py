@@ -49,6 +49,11 @@ class CudaBackend:
     name = "cuda"
     supports_graphs = True
 
+    @staticmethod
+    def available() -> bool:
+        """Whether this machine can run the backend (used by `backend = "auto"`)."""
+        return torch.cuda.is_available()
+
     def __init__(self, device: str | None = "cuda:0", dtype: DType | str | None = None) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError(

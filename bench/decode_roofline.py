@@ -1,0 +1,145 @@
+"""Decode step time against the HBM roofline, on the CUDA backend with dummy weights.
+
+Floor per step = (weight bytes + KV bytes the step reads) / measured copy bandwidth. Reports, per batch size,
+the median of the pure graph replay (GPU time, CUDA events) and of the served runner step (host prep + replay
++ the token copy back), and eager vs graph at the sizes in --eager-batches.
+
+    python bench/decode_roofline.py --model-dir bench/models/qwen3-4b --batches 1,8,32,64,128,256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from infer_core.dtypes import DType
+from infer_protocol.messages import SamplingParams
+from infer_worker.application.graph_runner import GraphModelRunner
+from infer_worker.application.model_runner import ModelRunner
+from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.infrastructure.backend_registry import create_backend
+from infer_worker.infrastructure.model_loader import load_model
+
+
+def weight_bytes(spec, itemsize: int = 2) -> int:  # noqa: ANN001 - a ModelSpec
+    h, d = spec.hidden_size, spec.head_dim
+    per_layer = (h * spec.num_heads * d + 2 * h * spec.num_kv_heads * d + spec.num_heads * d * h
+                 + 3 * h * spec.intermediate_size + 2 * h + (2 * d if spec.qk_norm else 0))
+    embed = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2)
+    return (spec.num_layers * per_layer + embed + h) * itemsize
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, read + write bytes per second (the ceiling a decode step can reach)."""
+    x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    times = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); y.copy_(x); b.record(); b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    del x, y
+    return 2 * 2 * 2**30 / statistics.median(times)
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model-dir", type=Path, default=Path("bench/models/qwen3-4b"))
+    ap.add_argument("--batches", default="1,8,32,64,128,256")
+    ap.add_argument("--eager-batches", default="1,64")
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=Path("decode_roofline.json"))
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    eager_batches = {int(b) for b in args.eager_batches.split(",") if b}
+
+    backend = create_backend("cuda", "cuda:0")
+    model, spec = load_model(args.model_dir, backend, DType.BFLOAT16, "dummy", 0)
+    bandwidth = copy_bandwidth()
+    wbytes = weight_bytes(spec)
+    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2
+    max_len = args.context + 3 * args.steps + 8
+    blocks_per_seq = math.ceil(max_len / args.block_size)
+    max_batch = max(batches)
+    caches = backend.allocate_kv_cache(spec.num_layers, max_batch * blocks_per_seq, args.block_size,
+                                       spec.num_kv_heads, spec.head_dim, DType.BFLOAT16)
+    graph = GraphModelRunner(model, backend, caches, args.block_size, blocks_per_seq, backend.device,
+                             capture_sizes=batches)
+    t0 = time.perf_counter()
+    graph.capture()
+    capture_s = time.perf_counter() - t0
+    eager = ModelRunner(model, backend, caches, args.block_size, blocks_per_seq, backend.device)
+    gen = torch.Generator().manual_seed(0)
+    results = []
+    for b in batches:
+        seqs = [Sequence(i, torch.randint(0, spec.vocab_size, (args.context,), generator=gen).tolist(), 0,
+                         list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), SamplingParams(temperature=0.0))
+                for i in range(b)]
+        for start in range(0, b, 16):  # prefill in groups: bounded activation memory
+            group = seqs[start:start + 16]
+            out = eager.execute([ScheduledSeq(s, s.num_tokens) for s in group])
+            for s, tok in zip(group, out.token_ids):
+                s.num_computed = s.num_tokens
+                s.token_ids.append(tok)
+
+        def decode(runner: ModelRunner) -> float:
+            t = time.perf_counter()
+            out = runner.execute([ScheduledSeq(s, 1) for s in seqs])
+            elapsed = time.perf_counter() - t
+            for s, tok in zip(seqs, out.token_ids):
+                s.num_computed += 1
+                s.token_ids.append(tok)
+            return elapsed
+
+        row = {"batch": b}
+        for name, runner in (("graph", graph), ("eager", eager)):
+            if name == "eager" and b not in eager_batches:
+                continue
+            for _ in range(3):
+                decode(runner)
+            times = [decode(runner) for _ in range(args.steps)]
+            row[f"{name}_step_ms"] = statistics.median(times) * 1e3
+        # Pure GPU time of one replay at this size (inputs as left by the last step).
+        size = min(s for s in graph.capture_sizes if s >= b)
+        g = graph._graphs[(size, True)]
+        gpu = []
+        for _ in range(args.steps):
+            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(); g.replay(); e.record(); e.synchronize()
+            gpu.append(a.elapsed_time(e))
+        ctx = statistics.mean(s.num_computed for s in seqs)
+        floor_ms = (wbytes + b * ctx * kv_per_token) / bandwidth * 1e3
+        row.update(replay_gpu_ms=statistics.median(gpu), floor_ms=floor_ms,
+                   replay_over_floor=statistics.median(gpu) / floor_ms, context=ctx)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    report = {
+        "gpu": torch.cuda.get_device_name(0), "model": str(args.model_dir), "dtype": "bfloat16",
+        "weight_bytes": wbytes, "copy_bandwidth_Bps": bandwidth, "capture_s": capture_s, "commit": commit(),
+        "torch": torch.__version__, "results": results,
+    }
+    args.out.write_text(json.dumps(report, indent=2))
+    print(f"{'batch':>5} {'floor':>8} {'replay':>8} {'graph step':>10} {'eager step':>10}  (ms, medians)")
+    for r in results:
+        print(f"{r['batch']:>5} {r['floor_ms']:>8.3f} {r['replay_gpu_ms']:>8.3f} {r['graph_step_ms']:>10.3f} "
+              f"{r.get('eager_step_ms', float('nan')):>10.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The headline online benchmark: Poisson arrivals against a running OpenAI-compatible server.
+
+Metrics use vLLM's definitions: TTFT = time to the first content chunk; ITL = gaps between successive content
+chunks; TPOT = (E2E - TTFT) / (output tokens - 1); E2E = request latency. Reported as mean/p50/p90/p99 with
+request and output-token throughput and failures, per QPS level, as JSON (plot with bench/plot_sweep.py).
+
+    python bench/serve_sweep.py --url http://127.0.0.1:8000 --model NAME --qps 1,2,4,8,16,32 --duration 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import string
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+
+@dataclass
+class RequestRecord:
+    ok: bool
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    error: str = ""
+
+
+def make_prompt(rng: random.Random) -> str:
+    """40-500 characters of plain words, as the reference harness uses."""
+    target = rng.randint(40, 500)
+    words: list[str] = []
+    while sum(len(w) + 1 for w in words) < target:
+        words.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))))
+    return " ".join(words)[:target]
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> RequestRecord:
+    body = {
+        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    last = start
+    rec = RequestRecord(ok=False)
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
+            if resp.status_code != 200:
+                rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return rec
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage") and not chunk.get("choices"):
+                    rec.output_tokens = chunk["usage"]["completion_tokens"]
+                    continue
+                if "error" in chunk:
+                    rec.error = str(chunk["error"])
+                    return rec
+                delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
+                if delta.get("content"):
+                    now = time.perf_counter()
+                    if rec.ttft == 0.0:
+                        rec.ttft = now - start
+                    else:
+                        rec.itl.append(now - last)
+                    last = now
+        rec.e2e = time.perf_counter() - start
+        rec.ok = rec.output_tokens > 0
+        if not rec.ok:
+            rec.error = "no usage chunk"
+    except httpx.HTTPError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}"
+    return rec
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": float("nan"), "p50": float("nan"), "p90": float("nan"), "p99": float("nan")}
+    ordered = sorted(values)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+    return {"mean": statistics.fmean(ordered), "p50": pct(50), "p90": pct(90), "p99": pct(99)}
+
+
+async def run_level(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        tasks: list[asyncio.Task[RequestRecord]] = []
+        start = time.perf_counter()
+        next_at = 0.0
+        while next_at < duration:
+            delay = start + next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one_request(client, url, model, make_prompt(rng), max_tokens)))
+            next_at += rng.expovariate(qps)
+        records = await asyncio.gather(*tasks)
+        wall = time.perf_counter() - start
+    ok = [r for r in records if r.ok]
+    ms = 1e3
+    tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    return {
+        "qps": qps,
+        "duration_s": duration,
+        "wall_s": wall,
+        "num_requests": len(records),
+        "failed": len(records) - len(ok),
+        "errors": sorted({r.error for r in records if not r.ok})[:5],
+        "request_throughput": len(ok) / wall,
+        "output_throughput": sum(r.output_tokens for r in ok) / wall,
+        "offered_output_throughput": qps * max_tokens,
+        "ttft_ms": {k: v * ms for k, v in summarize([r.ttft for r in ok]).items()},
+        "tpot_ms": {k: v * ms for k, v in summarize(tpot).items()},
+        "itl_ms": {k: v * ms for k, v in summarize([g for r in ok for g in r.itl]).items()},
+        "e2e_ms": {k: v * ms for k, v in summarize([r.e2e for r in ok]).items()},
+    }
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--qps", default="1,2,4,8,16,32")
+    ap.add_argument("--duration", type=float, default=60.0)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--label", default="rustinfer")
+    ap.add_argument("--out", type=Path, default=Path("serve_sweep.json"))
+    args = ap.parse_args()
+    levels = []
+    for qps in (float(q) for q in args.qps.split(",")):
+        level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed))
+        levels.append(level)
+        print(f"qps {qps:>5}: ITL p50 {level['itl_ms']['p50']:.2f} p99 {level['itl_ms']['p99']:.2f} ms | "
+              f"TPOT p50 {level['tpot_ms']['p50']:.2f} | TTFT p50 {level['ttft_ms']['p50']:.1f} "
+              f"p99 {level['ttft_ms']['p99']:.1f} ms | out {level['output_throughput']:.0f} tok/s | "
+              f"failed {level['failed']}", flush=True)
+    args.out.write_text(json.dumps({"label": args.label, "commit": commit(), "model": args.model,
+                                    "max_tokens": args.max_tokens, "levels": levels}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
