@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call (see shared/DEVICE.md): decode roofline bench, then the GPU test suite. Logs and JSON go to $OUT.
-# Usage on the device: source .whl/setup.sh && bash scripts/device_gpu_check.sh
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; bash scripts/device_gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
