@@ -75,6 +75,13 @@ def _choose_num_blocks(config: Config, backend: Any, model: Any, dtype: DType, g
     if backend.device == "cpu" or backend.device.startswith("cpu"):
         return min(useful, blocks_for_budget(geometry, config.cpu_kv_cache_bytes))
     progress("profiling memory with a worst-case forward")
+    return profile_num_blocks(config, backend, model, dtype, geometry, max_model_len, useful)
+
+
+def profile_num_blocks(config: Config, backend: Any, model: Any, dtype: DType, geometry: KvGeometry,
+                       max_model_len: int, useful: int) -> int:
+    """Run the worst-case step on a scratch cache, then give the KV cache what the peak leaves of
+    `mem_fraction_static` of the device."""
     tokens = min(config.max_batch_tokens, max_model_len * config.max_batch_seqs)
     scratch_blocks = math.ceil(tokens / config.block_size) + config.max_batch_seqs
     backend.reset_peak_memory()
