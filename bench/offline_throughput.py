@@ -1,0 +1,64 @@
+"""Offline throughput through the served engine (nano-vllm's workload): N sequences with input and output
+lengths uniform in [min_len, max_len], all submitted at once, ignore_eos; output tokens / wall time.
+
+    python bench/offline_throughput.py --url http://127.0.0.1:8000 --model qwen3-4b --num-seqs 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from pathlib import Path
+
+import httpx
+
+
+async def run(url: str, model: str, num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int,
+              fixed_in: int | None, fixed_out: int | None) -> dict:
+    rng = random.Random(seed)
+    jobs = []
+    for _ in range(num_seqs):
+        n_in = fixed_in or rng.randint(min_len, max_len)
+        n_out = fixed_out or rng.randint(min_len, max_len)
+        jobs.append(([rng.randrange(100, vocab) for _ in range(n_in)], n_out))
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+
+        async def one(prompt: list[int], n_out: int) -> int:
+            body = {"model": model, "prompt": prompt, "max_tokens": n_out, "temperature": 0, "ignore_eos": True}
+            resp = await client.post(f"{url}/v1/completions", json=body)
+            resp.raise_for_status()
+            return int(resp.json()["usage"]["completion_tokens"])
+
+        start = time.perf_counter()
+        outputs = await asyncio.gather(*(one(p, n) for p, n in jobs))
+        wall = time.perf_counter() - start
+    total_in = sum(len(p) for p, _ in jobs)
+    return {"num_seqs": num_seqs, "wall_s": wall, "input_tokens": total_in, "output_tokens": sum(outputs),
+            "output_tok_per_s": sum(outputs) / wall, "total_tok_per_s": (sum(outputs) + total_in) / wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--min-len", type=int, default=100)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--input-len", type=int, help="fixed input length (e.g. 512 for the HF peer's workload)")
+    ap.add_argument("--output-len", type=int, help="fixed output length (e.g. 256)")
+    ap.add_argument("--vocab", type=int, default=32000, help="prompt ids are drawn below this")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("offline_throughput.json"))
+    args = ap.parse_args()
+    result = asyncio.run(run(args.url, args.model, args.num_seqs, args.min_len, args.max_len, args.vocab, args.seed,
+                             args.input_len, args.output_len))
+    print(json.dumps(result, indent=2))
+    args.out.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
