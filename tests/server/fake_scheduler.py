@@ -5,7 +5,8 @@ IPC path, speaking the real wire messages with the real codecs.
 - Submit -> scripted token ids streamed back, one token per request per step, all requests of one server
   in one TokenBatch per step. A sequence finishes on a token in its stop_token_ids (after min_tokens) with
   "stop", or at max_tokens with "length", like the real scheduler. After the script runs out a filler
-  token repeats.
+  token repeats. With `sampling.logprobs` each token carries `fake_logprob(i)` and `sampling.top_logprobs`
+  alternatives, the sampled token first.
 - Abort -> the request is dropped; every Submit and Abort is recorded for the tests to inspect.
 """
 
@@ -31,6 +32,12 @@ from infer_protocol.messages import (
     TokenBatch,
     TokenOutput,
 )
+
+
+def fake_logprob(i: int) -> float:
+    """The logprob the fake scheduler reports for the i-th generated token of a request asking for them (its
+    j-th alternative is `(token + j) % vocab_size` with `fake_logprob(i) - j`)."""
+    return -0.125 * (1 + i % 4)
 
 
 @dataclass
@@ -174,7 +181,13 @@ class FakeScheduler:
                     finish = "stop"
                 elif run.generated >= sub.max_tokens:
                     finish = "length"
-                out = TokenOutput(rid, [token], finish_reason=finish, num_prompt_tokens=len(sub.prompt_token_ids))
+                lps, tops = None, None
+                if sub.sampling.logprobs:  # "greedy": the sampled token is the most likely one
+                    lp = fake_logprob(i)
+                    lps = [lp]
+                    tops = [[((token + j) % self.vocab_size, lp - j) for j in range(sub.sampling.top_logprobs)]]
+                out = TokenOutput(rid, [token], lps, finish, num_prompt_tokens=len(sub.prompt_token_ids),
+                                  top_logprobs=tops)
                 by_identity.setdefault(run.identity, []).append(out)
                 if finish is not None:
                     del self._running[rid]

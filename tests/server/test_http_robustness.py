@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from infer_protocol.messages import SchedulerStats
 from infer_server.tokenizer import Tokenizer
 from tests.server.conftest import ServerHarness
 from tests.server.sse_util import parse_sse
@@ -154,12 +155,37 @@ def test_lost_worker_fails_inflight_requests(make_server: MakeServer) -> None:
             task = asyncio.create_task(client.post("/v1/completions", json={"prompt": "HANG"}))
             while not s.fake.submits:
                 await asyncio.sleep(0.01)
+            s.fake.stats = SchedulerStats()  # like the real one: a scheduler without a worker holds no requests
             s.fake.ready = False
             return await task
 
     r = asyncio.run(main())
     assert r.status_code == 503 and _err(r)["code"] == "worker_lost"
     assert s.http.get("/ready").status_code == 503
+
+
+def test_draining_scheduler_finishes_inflight_requests(make_server: MakeServer) -> None:
+    """A scheduler that stops being ready while it still runs requests (SIGTERM: it drains) is left to finish
+    them; the server only refuses new ones."""
+    s = make_server(step_interval=0.01)
+    s.wait_ready()
+
+    async def main() -> tuple[httpx.Response, int, httpx.Response]:
+        async with httpx.AsyncClient(base_url=s.url, timeout=10) as client:
+            task = asyncio.create_task(client.post("/v1/completions", json={"prompt": "SLOW", "max_tokens": 4}))
+            while not s.fake.submits:
+                await asyncio.sleep(0.01)
+            s.fake.ready = False  # its stats still show running requests
+            await asyncio.sleep(0.3)  # several pongs
+            ready = (await client.get("/ready")).status_code
+            refused = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})
+            return await task, ready, refused
+
+    r, ready, refused = asyncio.run(main())
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 4
+    assert ready == 503
+    assert refused.status_code == 503 and _err(refused)["code"] == "model_not_ready"
 
 
 def test_body_limit_413(make_server: MakeServer) -> None:

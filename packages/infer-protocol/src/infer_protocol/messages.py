@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: penalties, min_tokens masking, top logprobs (SamplingParams, NewSeq, StepResult, TokenOutput)
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -20,7 +20,12 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     top_k: int = 0  # 0 = off
     min_p: float = 0.0
     seed: int = 0  # the server always fills one in (random when the client gave none)
-    logprobs: bool = False
+    logprobs: bool = False  # return the sampled token's logprob (of the raw distribution)
+    top_logprobs: int = 0  # and this many most likely alternatives per token (needs logprobs)
+    presence_penalty: float = 0.0  # OpenAI: subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence among the generated tokens
+    repetition_penalty: float = 1.0  # HF/vLLM: divides positive / multiplies negative logits of prompt+generated
+    min_tokens: int = 0  # stop tokens are masked (-inf) until this many tokens are generated
 
 
 # ---------------------------------------------------------------- server <-> scheduler
@@ -51,6 +56,10 @@ class TokenOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     finish_reason: str | None = None  # infer_core.plan.FinishReason value when the request ended
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    # per token of token_ids: the sampling.top_logprobs most likely (token id, logprob), most likely first
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    # on a request's first output only: seconds from its arrival at the scheduler to its first scheduled step
+    queue_time: float | None = None
 
 
 class TokenBatch(_Msg, tag="token_batch"):
@@ -113,6 +122,8 @@ class NewSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     block_ids: list[int]  # blocks covering the sequence so far
     sampling: SamplingParams
     num_generated: int = 0  # tokens at the end of token_ids that were sampled (for the sampling counter)
+    # the ids sampling.min_tokens masks until that many tokens are generated (sent only when min_tokens > 0)
+    stop_token_ids: list[int] = []
 
 
 class ContinueSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
@@ -141,6 +152,9 @@ class StepResult(_Msg, tag="step_result"):
     token_ids: list[int]
     logprobs: list[float] | None = None
     elapsed_ms: float = 0.0
+    # per sampled token: the (token id, logprob) alternatives its sequence asked for ([] when it asked none);
+    # None when no sequence of the step asked for any
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 class Ready(_Msg, tag="ready"):

@@ -6,7 +6,9 @@ one-step-ahead pipeline of DESIGN §5 plans k+1 before result k; see `Service(ov
 
 Stop rules, applied to each sampled token: a token in `stop_token_ids` once more than `min_tokens` tokens are
 out ("stop"; the server folds EOS into stop_token_ids, so `ignore_eos` disables them all); `max_tokens`
-tokens out, or the context reaching `max_model_len` ("length"). The stop token is part of `token_ids`.
+tokens out, or the context reaching `max_model_len` ("length"). The stop token is part of `token_ids`. (The worker
+also masks the stop ids until `sampling.min_tokens` tokens are out, from the ids each NewSeq carries, so the
+min_tokens rule here only matters for a Submit whose sampling.min_tokens is lower than its own.)
 """
 
 from __future__ import annotations
@@ -197,7 +199,8 @@ class Engine:
         if len(result.seq_ids) != len(result.token_ids):
             log.error("step %d: %d seq ids but %d tokens", result.step, len(result.seq_ids), len(result.token_ids))
         lps = logprobs if logprobs is not None else repeat(None)
-        for sid, tok, lp in zip(result.seq_ids, result.token_ids, lps, strict=False):
+        tops = result.top_logprobs if result.top_logprobs is not None else repeat(None)
+        for sid, tok, lp, top in zip(result.seq_ids, result.token_ids, lps, tops, strict=False):
             req = by_seq_get(sid)
             if req is None:
                 continue  # aborted while the step was in flight
@@ -212,8 +215,12 @@ class Engine:
             stops = req.stop_token_ids
             if stops and tok in stops and n > req.min_len:
                 reason = _STOP
-            out_append(TokenOutput(req.request_id, [tok], [lp] if lp is not None and req.want_logprobs else None,
-                                   reason, req.num_prompt_tokens, req.num_cached_tokens))
+            if req.want_logprobs and lp is not None:
+                out_append(TokenOutput(req.request_id, [tok], [lp], reason, req.num_prompt_tokens,
+                                       req.num_cached_tokens, None if top is None else [top]))
+            else:
+                out_append(TokenOutput(req.request_id, [tok], None, reason, req.num_prompt_tokens,
+                                       req.num_cached_tokens))
             if reason is not None:
                 req.finish_reason = FinishReason(reason)
                 done.append(req)

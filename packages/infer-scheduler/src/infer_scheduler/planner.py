@@ -168,9 +168,14 @@ class Planner:
             c = self.counters
             c.prefix_queries_tokens += len(req.token_ids)
             c.prefix_hits_tokens += num_cached
+            num_generated = req.num_output_tokens
+            # min_tokens masking needs the ids it masks (only while it is still due: a preempted request may
+            # be past it)
+            masked = sorted(req.stop_token_ids) if req.sampling.min_tokens > num_generated else []
             out.new_seqs.append(NewSeq(
                 seq_id=req.seq_id, token_ids=list(req.token_ids), num_computed=num_cached, num_tokens=n,
-                block_ids=list(req.block_ids), sampling=req.sampling, num_generated=req.num_output_tokens))
+                block_ids=list(req.block_ids), sampling=req.sampling, num_generated=num_generated,
+                stop_token_ids=masked))
             req.num_computed = num_cached + n
             req.scheduled_step = step
             out.prefilling.append(req)

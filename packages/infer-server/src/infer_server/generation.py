@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from infer_protocol.messages import RequestError
 
 from infer_server.errors import ApiError
+from infer_server.logprobs import TokenLogprob
 from infer_server.params import GenerationParams
 from infer_server.scheduler_client import SchedulerClient, SchedulerUnavailable
 from infer_server.stop_strings import StopStringMatcher
@@ -29,6 +30,8 @@ class Delta:
     text: str
     num_tokens: int  # tokens generated in this step
     finish_reason: str | None = None
+    # with logprobs: the tokens whose text this delta carries (first emitted, text held back included)
+    logprobs: list[TokenLogprob] | None = None
 
 
 def _request_error(err: RequestError) -> ApiError:
@@ -61,6 +64,8 @@ class Generation:
         self._stop_ids = frozenset(params.stop_token_ids)
         self._detok = tokenizer.detokenizer(params.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
         self._stops = StopStringMatcher(params.stop)
+        self._want_logprobs = params.sampling.logprobs
+        self._pending_logprobs: list[TokenLogprob] = []  # tokens whose text has not been emitted yet
         try:
             self._handle = client.submit(params.submit(request_id), timeout=timeout)
         except SchedulerUnavailable as exc:
@@ -96,16 +101,27 @@ class Generation:
         text = self._detok.add(visible)
         if finish is not None:
             text += self._detok.flush()
+        if self._want_logprobs and event.logprobs is not None:
+            tops = event.top_logprobs
+            self._pending_logprobs.extend(
+                TokenLogprob(t, lp, tops[i] if tops is not None and i < len(tops) else ())
+                for i, (t, lp) in enumerate(zip(visible, event.logprobs, strict=False)))
         out, hit = self._stops.push(text)
         if hit:
             self._finish("stop")
             self._handle.close()  # aborts it in the scheduler unless it finished there already
-            return Delta(self.index, out, len(ids), "stop")
+            return Delta(self.index, out, len(ids), "stop", self._take_logprobs())
         if finish is not None:
             out += self._stops.flush()
             self._finish(finish)
-            return Delta(self.index, out, len(ids), finish)
-        return Delta(self.index, out, len(ids), None)
+            return Delta(self.index, out, len(ids), finish, self._take_logprobs())
+        return Delta(self.index, out, len(ids), None, self._take_logprobs() if out else None)
+
+    def _take_logprobs(self) -> list[TokenLogprob] | None:
+        if not self._want_logprobs:
+            return None
+        taken, self._pending_logprobs = self._pending_logprobs, []
+        return taken
 
     def _finish(self, reason: str) -> None:
         self.finish_reason = reason

@@ -78,6 +78,10 @@ class ServerMetrics:
                               buckets=_TPOT_BUCKETS, registry=r)
         self.e2e = Histogram("rustinfer_e2e_request_latency_seconds", "Submit to last token",
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_time = Histogram("rustinfer_request_queue_time_seconds",
+                                    "Time a sequence waited in the scheduler's queue before its first step",
+                                    buckets=_LATENCY_BUCKETS, registry=r)
+        client.add_queue_time_listener(self.queue_time.observe)
         self.inflight = Gauge("rustinfer_num_requests_inflight", "Generation requests open in this server", registry=r)
         r.register(SchedulerCollector(client))
 

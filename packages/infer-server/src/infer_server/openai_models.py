@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs (and vLLM's default max_logprobs)
 
 
 class _Strict(BaseModel):
@@ -61,10 +62,10 @@ class GenerationFields(_Strict):
     skip_special_tokens: bool = True
     return_token_ids: bool = False  # vLLM's extension: each choice carries its generated token ids
     user: str | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)  # OpenAI, over generated tokens
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)  # OpenAI, over generated tokens
+    repetition_penalty: float | None = Field(default=None, gt=0.0)  # HF/vLLM, over prompt + generated tokens
     # known, not implemented: only the neutral value is accepted (checked in params.py)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
 
 
@@ -72,9 +73,9 @@ class ChatCompletionRequest(GenerationFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     add_generation_prompt: bool = True
-    # known, not implemented
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # known, not implemented
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -85,9 +86,9 @@ class ChatCompletionRequest(GenerationFields):
 
 class CompletionRequest(GenerationFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    # known, not implemented
     echo: bool | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    # known, not implemented
     best_of: int | None = None
     suffix: str | None = None
 

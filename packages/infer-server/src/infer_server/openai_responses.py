@@ -48,15 +48,16 @@ class ResponseShape:
         return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
 
-    def text_chunk(self, index: int, text: str) -> dict[str, Any]:
+    def text_chunk(self, index: int, text: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.kind == "chat":
-            return self._chunk({"index": index, "delta": {"content": text}, "logprobs": None, "finish_reason": None})
-        return self._chunk({"index": index, "text": text, "logprobs": None, "finish_reason": None})
+            return self._chunk({"index": index, "delta": {"content": text}, "logprobs": logprobs,
+                                "finish_reason": None})
+        return self._chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None})
 
-    def finish_chunk(self, index: int, finish_reason: str) -> dict[str, Any]:
+    def finish_chunk(self, index: int, finish_reason: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.kind == "chat":
-            return self._chunk({"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason})
-        return self._chunk({"index": index, "text": "", "logprobs": None, "finish_reason": finish_reason})
+            return self._chunk({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": finish_reason})
+        return self._chunk({"index": index, "text": "", "logprobs": logprobs, "finish_reason": finish_reason})
 
     def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
         return {
@@ -76,14 +77,16 @@ class ResponseShape:
         finish_reasons: list[str | None],
         completion_tokens: int,
         token_ids: list[list[int]] | None = None,
+        logprobs: list[dict[str, Any] | None] | None = None,
     ) -> dict[str, Any]:
         choices: list[dict[str, Any]] = []
         for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True)):
+            lp = logprobs[i] if logprobs is not None else None
             if self.kind == "chat":
-                choice = {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                choice = {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
                           "finish_reason": reason}
             else:
-                choice = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
+                choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
             if self.return_token_ids and token_ids is not None:
                 choice["token_ids"] = token_ids[i]
             choices.append(choice)

@@ -54,12 +54,6 @@ def check_model(requested: str | None, assets: ModelAssets) -> None:
 
 
 def _check_common(req: GenerationFields) -> None:
-    if req.presence_penalty not in (None, 0.0):
-        raise unsupported("presence_penalty", "only 0 is accepted")
-    if req.frequency_penalty not in (None, 0.0):
-        raise unsupported("frequency_penalty", "only 0 is accepted")
-    if req.repetition_penalty not in (None, 1.0):
-        raise unsupported("repetition_penalty", "only 1 is accepted")
     if req.logit_bias:
         raise unsupported("logit_bias")
     if req.stream_options is not None:
@@ -73,10 +67,8 @@ def _check_common(req: GenerationFields) -> None:
 
 def check_chat_request(req: ChatCompletionRequest) -> None:
     _check_common(req)
-    if req.logprobs:
-        raise unsupported("logprobs")
-    if req.top_logprobs:
-        raise unsupported("top_logprobs")
+    if req.top_logprobs and not req.logprobs:
+        raise invalid_request("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
     if req.tools:
         raise unsupported("tools")
     if req.tool_choice not in (None, "none"):
@@ -91,10 +83,8 @@ def check_chat_request(req: ChatCompletionRequest) -> None:
 
 def check_completion_request(req: CompletionRequest) -> None:
     _check_common(req)
-    if req.echo:
-        raise unsupported("echo")
-    if req.logprobs is not None:
-        raise unsupported("logprobs")
+    if req.echo and req.logprobs is not None:
+        raise unsupported("echo", "together with 'logprobs' (the prompt tokens' logprobs are not computed)")
     if req.best_of is not None and req.best_of != req.n:
         raise unsupported("best_of", "only best_of equal to n is accepted")
     if req.suffix:
@@ -155,6 +145,19 @@ def completion_prompt_ids(req: CompletionRequest, assets: ModelAssets) -> list[i
     return ids
 
 
+def echo_text(req: CompletionRequest, assets: ModelAssets, prompt_ids: list[int]) -> str | None:
+    """The prompt text `echo` prepends to each choice (None without echo): the prompt string as sent, or the
+    decoded token ids for a token prompt."""
+    if not req.echo:
+        return None
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return prompt
+    if prompt and isinstance(prompt[0], str):
+        return str(prompt[0])
+    return assets.tokenizer.decode(prompt_ids, skip_special_tokens=req.skip_special_tokens)
+
+
 def check_token_ids(ids: Sequence[int], assets: ModelAssets, param: str) -> None:
     vocab = assets.vocab_size
     for t in ids:
@@ -203,8 +206,10 @@ def build_params(
     *,
     what: str,
     param: str,
+    logprobs: int | None = None,
 ) -> list[GenerationParams]:
-    """One GenerationParams per choice (n), or a 400 naming the offending field."""
+    """One GenerationParams per choice (n), or a 400 naming the offending field. `logprobs`: None = no
+    logprobs, k = the sampled token's logprob and the k most likely alternatives per token."""
     limit = assets.max_model_len
     resolved = resolve_max_tokens(len(prompt_ids), max_tokens, limit, what=what, param=param)
     if req.min_tokens > resolved:
@@ -226,6 +231,12 @@ def build_params(
             top_k=top_k,
             min_p=0.0 if req.min_p is None else req.min_p,
             seed=seed,
+            logprobs=logprobs is not None,
+            top_logprobs=logprobs or 0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            min_tokens=req.min_tokens,
         )
         out.append(
             GenerationParams(

@@ -18,6 +18,7 @@ from infer_server.params import (
     check_completion_request,
     check_model,
     completion_prompt_ids,
+    echo_text,
     template_messages,
 )
 from infer_server.serving import serve_generation
@@ -52,11 +53,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     check_chat_request(body)
     prompt_ids = render_chat_prompt(assets, body.messages, body.add_generation_prompt)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages",
+                          logprobs=logprobs)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await serve_generation(state, request, kind="chat", params=params, model=assets.served_name,
                                   stream=body.stream, include_usage=include_usage,
-                                  return_token_ids=body.return_token_ids)
+                                  return_token_ids=body.return_token_ids, logprobs=logprobs is not None)
 
 
 @router.post("/v1/completions")
@@ -66,11 +69,13 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     check_model(body.model, assets)
     check_completion_request(body)
     prompt_ids = completion_prompt_ids(body, assets)
-    params = build_params(body, prompt_ids, body.max_tokens, assets, state.config, what="prompt", param="prompt")
+    params = build_params(body, prompt_ids, body.max_tokens, assets, state.config, what="prompt", param="prompt",
+                          logprobs=body.logprobs)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await serve_generation(state, request, kind="completion", params=params, model=assets.served_name,
                                   stream=body.stream, include_usage=include_usage,
-                                  return_token_ids=body.return_token_ids)
+                                  return_token_ids=body.return_token_ids, logprobs=body.logprobs is not None,
+                                  echo=echo_text(body, assets, prompt_ids))
 
 
 @router.get("/v1/models")

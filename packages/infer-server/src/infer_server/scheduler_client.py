@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 Event: TypeAlias = TokenOutput | RequestError
 PongListener: TypeAlias = Callable[[Pong], None]
+QueueTimeListener: TypeAlias = Callable[[float], None]
 
 
 class SchedulerUnavailable(RuntimeError):
@@ -107,10 +108,12 @@ class SchedulerClient:
         self._encode = server_to_scheduler().encode
         self._decode = scheduler_to_server().decode
         self._listeners: list[PongListener] = []
+        self._queue_time_listeners: list[QueueTimeListener] = []
         self._last_pong: Pong | None = None
         self._last_pong_at = 0.0
         self._last_message_at = 0.0
         self._was_ready = False
+        self._draining = False  # not ready, but the scheduler still finishes what it holds
         self._started_at = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
@@ -201,6 +204,10 @@ class SchedulerClient:
     def add_pong_listener(self, listener: PongListener) -> None:
         self._listeners.append(listener)
 
+    def add_queue_time_listener(self, listener: QueueTimeListener) -> None:
+        """Called with each request's queue time (scheduler arrival -> first scheduled step), as it arrives."""
+        self._queue_time_listeners.append(listener)
+
     # ------------------------------------------------------------------ requests
 
     def submit(self, msg: Submit, *, timeout: float | None = None) -> RequestHandle:
@@ -264,6 +271,9 @@ class SchedulerClient:
         if isinstance(msg, TokenBatch):
             handles = self._handles
             for out in msg.outputs:
+                if out.queue_time is not None:
+                    for on_queue_time in self._queue_time_listeners:
+                        on_queue_time(out.queue_time)
                 handle = handles.get(out.request_id)
                 if handle is None:
                     continue
@@ -287,12 +297,21 @@ class SchedulerClient:
             log.error("scheduler protocol version %d != server protocol version %d", pong.version, PROTOCOL_VERSION)
         self._last_pong = pong
         self._last_pong_at = time.monotonic()
+        held = pong.stats.num_running + pong.stats.num_waiting
         if pong.ready and pong.version == PROTOCOL_VERSION:
             if not self._was_ready:
                 log.info("scheduler ready (%s)", pong.model.model_dir if pong.model else "no model info")
             self._was_ready = True
+            self._draining = False
+        elif self._was_ready and pong.version == PROTOCOL_VERSION and held > 0:
+            # Not ready but still running requests: the scheduler is draining (SIGTERM). It answers every
+            # request it holds, so none is failed here; new ones are refused while it is not ready.
+            if not self._draining:
+                self._draining = True
+                log.warning("scheduler stopped admitting requests (%s); %d still running", pong.status, held)
         elif self._was_ready:
             self._was_ready = False
+            self._draining = False
             reason = pong.status or "the scheduler lost its worker"
             log.error("scheduler no longer ready: %s", reason)
             self._fail_all("worker_lost", f"the engine stopped serving: {reason}", 503)

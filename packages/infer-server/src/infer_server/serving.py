@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from infer_server.errors import ApiError
 from infer_server.generation import Generation, iterate, start_generations
+from infer_server.logprobs import LogprobsFormatter, TokenLogprob
 from infer_server.metrics import ServerMetrics
 from infer_server.openai_responses import Kind, ResponseShape
 from infer_server.params import GenerationParams
@@ -71,7 +72,11 @@ async def serve_generation(
     stream: bool,
     include_usage: bool,
     return_token_ids: bool = False,
+    logprobs: bool = False,
+    echo: str | None = None,
 ) -> Response:
+    """`logprobs`: format the tokens' logprobs into each choice (the sampling params asked the engine for
+    them); `echo`: the prompt text to put before each completion's text."""
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     shape = ResponseShape(
         kind=kind,
@@ -91,27 +96,34 @@ async def serve_generation(
     except BaseException:
         state.release()
         raise
+    fmt = LogprobsFormatter(kind, assets.tokenizer, len(params)) if logprobs else None
     if stream:
-        return EventStreamResponse(_events(state, shape, gens))
+        return EventStreamResponse(_events(state, shape, gens, fmt, echo))
     try:
-        return await _respond(state, request, shape, gens)
+        return await _respond(state, request, shape, gens, fmt, echo)
     finally:
         state.release()
 
 
-async def _events(state: ServerState, shape: ResponseShape, gens: list[Generation]) -> AsyncGenerator[bytes, None]:
+async def _events(state: ServerState, shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,
+                  echo: str | None) -> AsyncGenerator[bytes, None]:
     error_code: str | None = "client_disconnected"
     try:
         try:
             if shape.kind == "chat":
                 for i in range(shape.n):
                     yield sse_event(shape.role_chunk(i))
+            elif echo:
+                for i in range(shape.n):
+                    yield sse_event(shape.text_chunk(i, echo))
             async with aclosing(iterate(gens)) as deltas:
                 async for delta in deltas:
+                    lp = fmt.format(delta.index, delta.logprobs) if fmt is not None and delta.logprobs else None
                     if delta.text:
-                        yield sse_event(shape.text_chunk(delta.index, delta.text))
+                        yield sse_event(shape.text_chunk(delta.index, delta.text, lp))
+                        lp = None
                     if delta.finish_reason is not None:
-                        yield sse_event(shape.finish_chunk(delta.index, delta.finish_reason))
+                        yield sse_event(shape.finish_chunk(delta.index, delta.finish_reason, lp))
             if shape.include_usage:
                 yield sse_event(shape.usage_chunk(sum(g.num_tokens for g in gens)))
             error_code = None
@@ -127,23 +139,29 @@ async def _events(state: ServerState, shape: ResponseShape, gens: list[Generatio
         _record(state.metrics, shape.kind, gens, error_code)
 
 
-async def _collect(shape: ResponseShape, gens: list[Generation]) -> bytes:
-    parts: list[list[str]] = [[] for _ in range(shape.n)]
+async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,
+                   echo: str | None) -> bytes:
+    parts: list[list[str]] = [[echo] if echo else [] for _ in range(shape.n)]
     reasons: list[str | None] = [None] * shape.n
+    entries: list[list[TokenLogprob]] = [[] for _ in range(shape.n)]
     async with aclosing(iterate(gens)) as deltas:
         async for delta in deltas:
             if delta.text:
                 parts[delta.index].append(delta.text)
+            if delta.logprobs:
+                entries[delta.index].extend(delta.logprobs)
             if delta.finish_reason is not None:
                 reasons[delta.index] = delta.finish_reason
+    logprobs = None if fmt is None else [fmt.format(i, e) for i, e in enumerate(entries)]
     body = shape.full_response(["".join(p) for p in parts], reasons, sum(g.num_tokens for g in gens),
-                               [g.token_ids for g in gens])
+                               [g.token_ids for g in gens], logprobs)
     return msgspec.json.encode(body)
 
 
-async def _respond(state: ServerState, request: Request, shape: ResponseShape, gens: list[Generation]) -> Response:
+async def _respond(state: ServerState, request: Request, shape: ResponseShape, gens: list[Generation],
+                   fmt: LogprobsFormatter | None, echo: str | None) -> Response:
     error_code: str | None = "client_disconnected"
-    work = asyncio.create_task(_collect(shape, gens))
+    work = asyncio.create_task(_collect(shape, gens, fmt, echo))
     watcher = asyncio.create_task(_wait_disconnect(request))
     try:
         await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)

@@ -40,6 +40,9 @@ class Tokenizer:
         self._hf = hf
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self._byte_level: bool | None = None
+        self._added_ids: frozenset[int] = frozenset()
+        self._token_bytes: dict[int, bytes] = {}
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> Tokenizer:
@@ -69,10 +72,58 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self._hf.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for, on its own (cached): a byte-level BPE piece mapped back to its bytes,
+        a `<0xNN>` byte-fallback piece as that byte, SentencePiece's '▁' as a space; special tokens as their
+        text. A token may hold part of a UTF-8 character (logprobs report such bytes as they are)."""
+        cached = self._token_bytes.get(token_id)
+        if cached is not None:
+            return cached
+        piece = self._hf.id_to_token(token_id)
+        if piece is None:
+            out = b""
+        else:
+            if self._byte_level is None:
+                decoder = self._hf.decoder
+                state = decoder.__getstate__() if decoder is not None else b""
+                self._byte_level = b'"type":"ByteLevel"' in state
+                self._added_ids = frozenset(self._hf.get_added_tokens_decoder())
+            # added tokens (specials included) are stored as their literal text, not in the byte alphabet
+            out = piece.encode("utf-8") if token_id in self._added_ids else _piece_bytes(piece, self._byte_level)
+        self._token_bytes[token_id] = out
+        return out
+
     def detokenizer(
         self, prompt_token_ids: Sequence[int] = (), *, skip_special_tokens: bool = True
     ) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, prompt_token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet inverted: the printable character standing for each byte -> the byte."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    chars = list(keep)
+    extra = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(keep, chars, strict=True)}
+
+
+_BYTE_DECODER = _byte_decoder()
+
+
+def _piece_bytes(piece: str, byte_level: bool) -> bytes:
+    if byte_level and all(c in _BYTE_DECODER for c in piece):
+        return bytes(_BYTE_DECODER[c] for c in piece)
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        try:
+            return bytes([int(piece[3:5], 16)])
+        except ValueError:
+            pass
+    return piece.replace("\u2581", " ").encode("utf-8")
 
 
 def read_tokenizer_config(model_dir: str | Path) -> dict[str, Any]:

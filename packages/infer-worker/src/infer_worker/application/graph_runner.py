@@ -1,7 +1,8 @@
 """CUDA-graph decode (nano-vllm style): one graph per capture size over address-stable buffers; a decode
 batch is copied into the buffers, padded to the next captured size (padding rows: slot -1, context 0, greedy)
 and replayed. Attention, norms, RoPE, the KV store and sampling all run inside the graph. Mixed or larger
-batches fall back to the eager path of ModelRunner."""
+batches, and batches with a row that needs logits processing (penalties, min_tokens masking, top logprobs),
+fall back to the eager path of ModelRunner."""
 
 from __future__ import annotations
 
@@ -101,7 +102,9 @@ class GraphModelRunner(ModelRunner):
         n = len(scheduled)
         if not self._graphs or n == 0 or n > self.capture_sizes[-1]:
             return super().execute(scheduled)
-        if any(s.num_new != 1 or s.seq.num_computed + 1 != s.seq.num_tokens for s in scheduled):
+        # Not a pure decode, or a row needs logits processing (penalties, min_tokens, top logprobs): eager.
+        if any(s.num_new != 1 or s.seq.num_computed + 1 != len(s.seq.token_ids)
+               or len(s.seq.token_ids) < s.seq.process_until for s in scheduled):
             return super().execute(scheduled)
         step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
         size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]

@@ -1,4 +1,5 @@
 """Runs one scheduled step: host bookkeeping in numpy -> one ragged forward -> logits of the sampling rows
+-> logits processing (penalties, min_tokens, top logprobs; only when a row needs it, see logits_processing.py)
 -> sampler. The runner never mutates sequences; the caller appends the sampled tokens and advances
 `num_computed`.
 """
@@ -16,6 +17,7 @@ from infer_core.ports.backend import LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 from infer_protocol.messages import SamplingParams
+from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.domain.sequence import SampledTokens, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM, KvCaches
 
@@ -162,11 +164,21 @@ class ModelRunner:
         if not step.sampling_seqs:  # every sequence is mid-prefill: nothing to sample
             return SampledTokens([], [], [])
         logits = self.model.compute_logits(hidden[self._tensor(step.sample_rows)])
-        out = self._sampler.sample(logits, self.sampling_batch(step.sampling_seqs))
+        seqs = step.sampling_seqs
+        plan = plan_processing(seqs)
+        if plan is None:  # the fast path: no penalties, no min_tokens mask, no top logprobs
+            out = self._sampler.sample(logits, self.sampling_batch(seqs))
+            return SampledTokens(
+                seq_ids=[s.seq_id for s in seqs],
+                token_ids=out.token_ids.tolist(),
+                logprobs=out.logprobs.tolist(),
+            )
+        out = self._sampler.sample(process_logits(logits, plan, self._tensor), self.sampling_batch(seqs))
         return SampledTokens(
-            seq_ids=[s.seq_id for s in step.sampling_seqs],
+            seq_ids=[s.seq_id for s in seqs],
             token_ids=out.token_ids.tolist(),
-            logprobs=out.logprobs.tolist(),
+            logprobs=raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor).tolist(),
+            top_logprobs=top_logprobs(logits, plan, len(seqs), self._tensor),
         )
 
     def dummy_run(self, num_tokens: int, num_seqs: int = 1) -> SampledTokens:

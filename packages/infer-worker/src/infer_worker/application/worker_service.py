@@ -49,6 +49,7 @@ class WorkerService:
             token_ids=sampled.token_ids,
             logprobs=sampled.logprobs,
             elapsed_ms=elapsed_ms,
+            top_logprobs=sampled.top_logprobs,
         )
 
     def _admit(self, new: NewSeq) -> ScheduledSeq:
@@ -58,6 +59,8 @@ class WorkerService:
             num_computed=new.num_computed,
             block_ids=list(new.block_ids),
             sampling=new.sampling,
+            prompt_len=len(new.token_ids) - new.num_generated,
+            stop_token_ids=tuple(new.stop_token_ids),
         )
         self._seqs[new.seq_id] = seq
         return ScheduledSeq(seq, new.num_tokens)

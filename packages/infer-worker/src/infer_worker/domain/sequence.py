@@ -15,10 +15,37 @@ class Sequence:
     num_computed: int  # leading tokens whose KV is in the cache
     block_ids: list[int]  # the pages holding this sequence's KV, in order
     sampling: SamplingParams
+    prompt_len: int = -1  # leading tokens of token_ids that are the prompt (-1: all given at construction)
+    stop_token_ids: tuple[int, ...] = ()  # what sampling.min_tokens masks until that many tokens are out
+    # Sequences with len(token_ids) below this need the logits-processing step (penalties, min_tokens,
+    # top logprobs) before sampling; 0 for most, so the fast path costs one comparison per row.
+    process_until: int = 0
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 0:
+            self.prompt_len = len(self.token_ids)
+        p = self.sampling
+        if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0 or (
+                p.logprobs and p.top_logprobs > 0):
+            self.process_until = _FOREVER
+        elif p.min_tokens > 0 and self.stop_token_ids:
+            self.process_until = self.prompt_len + p.min_tokens
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def needs_processing(self) -> bool:
+        """The next sample needs the logits-processing step (the fast path cannot serve it)."""
+        return len(self.token_ids) < self.process_until
+
+
+_FOREVER = 2**62
 
 
 class ScheduledSeq(NamedTuple):
@@ -39,3 +66,5 @@ class SampledTokens(NamedTuple):
     seq_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]
+    # per row, the (token id, logprob) alternatives it asked for ([] if none); None when no row asked
+    top_logprobs: list[list[tuple[int, float]]] | None = None

@@ -1,0 +1,125 @@
+"""Penalties, min_tokens, logprobs and echo end to end: the three real processes serving the embedded SmolLM2
+on the CPU backend, checked against themselves, against HF transformers, and across batch neighbours."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.cluster import ServedCluster
+from tests.e2e.sse import stream_events
+
+MODEL = "SmolLM2-135M-Instruct"
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+REPEATING = "The cat sat on the mat. The cat sat on the mat. The cat"  # greedy SmolLM2 keeps repeating it
+
+
+def _post(cluster: ServedCluster, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    resp = httpx.post(f"{cluster.url}{path}", json={"model": MODEL} | body, timeout=300)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_greedy_chat_logprobs(smol_cluster: ServedCluster) -> None:
+    body = {"messages": FRANCE, "temperature": 0, "max_tokens": 12}
+    plain = _post(smol_cluster, "/v1/chat/completions", body)["choices"][0]
+    choice = _post(smol_cluster, "/v1/chat/completions", body | {"logprobs": True, "top_logprobs": 5})["choices"][0]
+    assert choice["message"]["content"] == plain["message"]["content"]  # asking for logprobs changes no token
+    assert plain["logprobs"] is None
+    content = choice["logprobs"]["content"]
+    assert b"".join(bytes(e["bytes"]) for e in content).decode() == choice["message"]["content"]
+    for entry in content:
+        tops = entry["top_logprobs"]
+        assert len(tops) == 5
+        assert entry["logprob"] <= 0
+        assert tops[0]["token"] == entry["token"]  # greedy: the sampled token is the most likely one
+        assert tops[0]["logprob"] == pytest.approx(entry["logprob"], abs=1e-4)
+        assert [t["logprob"] for t in tops] == sorted((t["logprob"] for t in tops), reverse=True)
+
+
+def test_streamed_completion_logprobs_equal_the_non_streamed(smol_cluster: ServedCluster) -> None:
+    body = {"model": MODEL, "prompt": "The capital of France is", "temperature": 0, "max_tokens": 6, "logprobs": 2}
+    full = _post(smol_cluster, "/v1/completions", body)["choices"][0]
+    with httpx.Client() as client:
+        events = stream_events(client, f"{smol_cluster.url}/v1/completions", body | {"stream": True})
+    merged: dict[str, list[Any]] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in events[:-1]:
+        lp = e["choices"][0]["logprobs"] if e["choices"] else None
+        if lp is not None:
+            for key in merged:
+                merged[key] += lp[key]
+    assert "".join(full["logprobs"]["tokens"]) == full["text"]
+    assert merged["tokens"] == full["logprobs"]["tokens"] and merged["text_offset"] == full["logprobs"]["text_offset"]
+    assert merged["token_logprobs"] == pytest.approx(full["logprobs"]["token_logprobs"], abs=1e-4)
+    for token, lp, top in zip(full["logprobs"]["tokens"], full["logprobs"]["token_logprobs"],
+                              full["logprobs"]["top_logprobs"]):
+        assert 2 <= len(top) <= 3 and top[token] == pytest.approx(lp, abs=1e-4) and max(top.values()) == pytest.approx(lp, abs=1e-4)
+
+
+def test_repetition_penalty_equals_hf_transformers(smol_cluster: ServedCluster, embedded_model_dir: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    tok = transformers.AutoTokenizer.from_pretrained(embedded_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32)
+    prompt_ids = tok(REPEATING)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=16, do_sample=False, repetition_penalty=1.3)
+    expected = out[0, len(prompt_ids):].tolist()
+    body = {"prompt": prompt_ids, "temperature": 0, "max_tokens": 16, "return_token_ids": True, "ignore_eos": True}
+    plain = _post(smol_cluster, "/v1/completions", body)["choices"][0]
+    penalised = _post(smol_cluster, "/v1/completions", body | {"repetition_penalty": 1.3})["choices"][0]
+    assert plain["text"].startswith(" sat on the mat. The cat sat on the mat.")  # it repeats without the penalty
+    assert penalised["token_ids"] == expected
+    assert penalised["token_ids"] != plain["token_ids"]
+
+
+def test_min_tokens_holds_back_eos(smol_cluster: ServedCluster) -> None:
+    body = {"messages": FRANCE, "temperature": 0, "max_tokens": 24, "return_token_ids": True}
+    free = _post(smol_cluster, "/v1/chat/completions", body)
+    n_free = free["usage"]["completion_tokens"]
+    assert free["choices"][0]["finish_reason"] == "stop" and n_free < 16
+    eos = free["choices"][0]["token_ids"][-1]
+    held = _post(smol_cluster, "/v1/chat/completions", body | {"min_tokens": 16})
+    ids = held["choices"][0]["token_ids"]
+    assert held["usage"]["completion_tokens"] >= 16
+    assert eos not in ids[:16]
+    assert ids[: n_free - 1] == free["choices"][0]["token_ids"][:-1]  # the same answer up to where EOS was masked
+
+
+def test_echo_prepends_the_prompt(smol_cluster: ServedCluster) -> None:
+    body = {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 4}
+    plain = _post(smol_cluster, "/v1/completions", body)["choices"][0]["text"]
+    echoed = _post(smol_cluster, "/v1/completions", body | {"echo": True})["choices"][0]["text"]
+    assert echoed == "The capital of France is" + plain
+    resp = httpx.post(f"{smol_cluster.url}/v1/completions", json={"model": MODEL} | body | {"echo": True, "logprobs": 1})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "echo"
+
+
+SEEDED = {"prompt": "Once upon a time", "temperature": 0.8, "seed": 7, "max_tokens": 12, "return_token_ids": True,
+          "ignore_eos": True}
+NEIGHBOURS = [
+    {"prompt": "The weather today", "temperature": 1.0, "seed": 1, "presence_penalty": 1.0},
+    {"prompt": "My favourite food is", "temperature": 0.7, "top_p": 0.9, "frequency_penalty": 0.5},
+    {"prompt": "In 1492", "temperature": 0, "repetition_penalty": 1.2},
+    {"prompt": "Dear diary,", "temperature": 0.9, "top_k": 20, "logprobs": 3},
+    {"prompt": "def fib(n):", "temperature": 0.5, "min_tokens": 10},
+    {"prompt": "Once upon a time", "temperature": 0.8, "seed": 8},
+]
+
+
+def test_seeded_sampling_is_independent_of_batch_neighbours(smol_cluster: ServedCluster) -> None:
+    alone = _post(smol_cluster, "/v1/completions", SEEDED)["choices"][0]["token_ids"]
+    with cf.ThreadPoolExecutor(len(NEIGHBOURS) + 1) as pool:
+        others = [pool.submit(_post, smol_cluster, "/v1/completions",
+                              n | {"max_tokens": 14, "ignore_eos": True}) for n in NEIGHBOURS]
+        batched = pool.submit(_post, smol_cluster, "/v1/completions", SEEDED)
+        assert batched.result()["choices"][0]["token_ids"] == alone
+        for f in others:
+            assert f.result()["usage"]["completion_tokens"] == 14
+    again = _post(smol_cluster, "/v1/completions", SEEDED | {"seed": 8})["choices"][0]["token_ids"]
+    assert again != alone  # the seed matters
