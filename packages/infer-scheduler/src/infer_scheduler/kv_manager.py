@@ -33,7 +33,10 @@ class KvCacheManager:
 
     @property
     def num_cached(self) -> int:
-        return self.cache.num_cached_blocks if self.cache is not None else 0
+        """Blocks held by the radix cache alone (unlocked, evictable): free + cached + held by requests = total.
+
+        Blocks of a locked path are also in a running request's table and count as in use, not as cached."""
+        return self.cache.num_evictable_blocks if self.cache is not None else 0
 
     @property
     def num_available(self) -> int:
