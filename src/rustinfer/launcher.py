@@ -1,5 +1,5 @@
 """`rustinfer serve`: start scheduler, worker and server on one config, wait until ready, and keep the three
-alive together — when one dies, or on Ctrl-C / SIGTERM, all three are torn down."""
+alive together — when one dies, or on Ctrl-C / SIGTERM, all three are torn down (SIGTERM: after draining)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import httpx
 from infer_protocol.config import Config, ConfigError, dump_config, load_config
 
 PROCESSES = ("scheduler", "worker", "server")
+_STOP_GRACE_SECS = 3.0  # past shutdown_timeout_secs, for the processes to act on their own deadline
 
 
 def _command(role: str, config_path: str) -> list[str]:
@@ -52,11 +53,24 @@ class Cluster:
         return None
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
+        """Drain, then stop: SIGTERM to the server and the scheduler, which both let the requests in flight
+        finish (up to shutdown_timeout_secs); the scheduler then tells the worker to exit (a worker signalled
+        at once would abandon the drain). The worker gets SIGTERM only once the scheduler is gone; whatever
+        still runs a few seconds past the drain deadline is killed."""
+        deadline = time.monotonic() + self.config.shutdown_timeout_secs + _STOP_GRACE_SECS
+        for role in ("server", "scheduler"):
+            proc = self.procs.get(role)
+            if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.config.shutdown_timeout_secs
-        for proc in self.procs.values():
+        for role in ("scheduler", "worker", "server"):
+            proc = self.procs.get(role)
+            if proc is None:
+                continue
+            if role == "worker" and proc.poll() is None:
+                try:  # the scheduler's Shutdown normally stops it
+                    proc.wait(timeout=min(_STOP_GRACE_SECS, max(0.1, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -97,7 +111,8 @@ def _wait_ready(cluster: Cluster, stopping: list[int]) -> int:
                 print(f"rustinfer: not ready after {cluster.config.ready_timeout_secs:.0f} s", file=sys.stderr)
                 return 1
             time.sleep(0.25)
-    return 130
+    # stopped on request before it was ready (maybe just before this loop saw it): SIGTERM is a clean stop
+    return 130 if signal.SIGINT in stopping else 0
 
 
 def serve(config: Config) -> int:
@@ -108,7 +123,7 @@ def serve(config: Config) -> int:
     cluster.start()
     try:
         code = _wait_ready(cluster, stopping)
-        if code:
+        if code or stopping:
             return code
         print(f"rustinfer: ready — OpenAI-compatible API at {cluster.url}/v1 (Ctrl-C to stop)", flush=True)
         while not stopping:

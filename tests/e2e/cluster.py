@@ -1,9 +1,10 @@
-"""Start the three real processes (through `rustinfer serve`) on a config of the test's own, over real ZMQ
-IPC sockets in a private directory, and stop them afterwards."""
+"""Start the three real processes (through `rustinfer serve`, or directly with `DirectCluster`) on a config of
+the test's own, over real ZMQ IPC sockets in a private directory, and stop them afterwards."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -110,3 +111,81 @@ class ServedCluster:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return self.proc.returncode
+
+
+ROLES = ("scheduler", "worker", "server")
+
+
+class DirectCluster(ServedCluster):
+    """The three processes started directly (`rustinfer-scheduler/-worker/-server --config FILE`), without the
+    launcher: a test can kill or signal one of them and watch the others, which the launcher would tear down.
+    Each runs in its own session; `restart(role)` starts a fresh process of a role after it exited."""
+
+    def __init__(self, workdir: Path, **fields: Any) -> None:
+        super().__init__(workdir, **fields)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def _spawn(self, role: str) -> None:
+        exe = Path(sys.executable).parent / f"rustinfer-{role}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RUSTINFER_")}
+        log = open(self.workdir / f"{role}.log", "ab")
+        self.procs[role] = subprocess.Popen([str(exe), "--config", str(self.config_path)], stdout=log,
+                                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        log.close()
+
+    def start(self, timeout: float = 600.0) -> "DirectCluster":
+        for role in ROLES:
+            self._spawn(role)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for role, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{role} exited with {proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"cluster not ready after {timeout} s:\n{self.log()}")
+
+    def restart(self, role: str, timeout: float = 120.0) -> None:
+        proc = self.procs[role]
+        assert proc.poll() is not None, f"{role} is still running"
+        self._spawn(role)
+        self.wait_ready(timeout)
+
+    def pids(self) -> dict[str, int]:
+        return {role: p.pid for role, p in self.procs.items() if p.poll() is None}
+
+    def log(self) -> str:
+        parts = []
+        for role in ROLES:
+            path = self.workdir / f"{role}.log"
+            if path.exists():
+                parts.append(f"--- {role}\n" + path.read_text(errors="replace")[-3000:])
+        return "\n".join(parts)
+
+    def stop(self) -> int | None:
+        """SIGTERM to every process still running (server first), SIGKILL to any left after 30 s."""
+        for role in ("server", "scheduler", "worker"):
+            proc = self.procs.get(role)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        return None

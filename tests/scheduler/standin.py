@@ -104,9 +104,11 @@ class StandInWorker(threading.Thread):
 class FakeServer:
     """The server side of the `sched` channel: a DEALER with a decoding receive."""
 
-    def __init__(self, config: Config, identity: bytes | None = None) -> None:
+    def __init__(self, config: Config, identity: bytes | None = None, *, immediate: bool = False) -> None:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if immediate:  # as infer_server's client: unread messages are dropped when the scheduler goes away
+            self.sock.setsockopt(zmq.IMMEDIATE, 1)
         if identity is not None:
             self.sock.setsockopt(zmq.IDENTITY, identity)
         self.sock.connect(config.ipc_path("sched"))

@@ -9,6 +9,7 @@ import tempfile
 import threading
 import time
 
+import msgspec
 import pytest
 
 from infer_protocol.config import Config
@@ -154,10 +155,13 @@ def test_invalid_requests_are_refused_with_an_error(config, service, servers, wo
     srv.send(make_submit(list(range(300)), max_tokens=1, rid="long"))  # max_model_len 256
     srv.send(make_submit(list(range(1, 20)), max_tokens=40, rid="big"))  # 58 tokens > 32 slots
     srv.send(make_submit([5000], max_tokens=1, rid="oov"))  # vocab 1000
-    _, errors = collect(srv, {"long", "big", "oov"})
+    huge_k = make_submit([1, 2], max_tokens=1, rid="huge_k")
+    srv.send(msgspec.structs.replace(huge_k, sampling=msgspec.structs.replace(huge_k.sampling, top_k=2**40)))
+    _, errors = collect(srv, {"long", "big", "oov", "huge_k"})
     codes = {e.request_id: (e.code, e.status) for e in errors}
     assert codes == {"long": ("context_length_exceeded", 400), "big": ("context_length_exceeded", 400),
-                     "oov": ("invalid_request", 400)}
+                     "oov": ("invalid_request", 400), "huge_k": ("invalid_request", 400)}
+    assert srv.ping().ready  # nothing reached the worker
 
 
 def test_abort_mid_stream_and_serving_while_a_step_is_in_flight(config, service, servers, workers):
@@ -232,3 +236,54 @@ def test_stop_drains_and_sends_shutdown_to_the_worker(config, servers, workers):
     assert not t.is_alive()
     assert w.shutdown_received.wait(2)
     assert not os.path.exists(config.ipc_path("sched")[len("ipc://"):])
+
+
+def test_draining_pong_and_final_outputs_reach_a_slow_immediate_server(config, servers, workers):
+    """While draining, Pongs say so; and the scheduler stays connected a moment after the drain: an IMMEDIATE
+    DEALER (infer_server's) drops the messages it has not read yet once its peer disconnects."""
+    svc = Service(config)
+    t = threading.Thread(target=svc.run, daemon=True)
+    t.start()
+    workers(config, step_delay=0.01)
+    srv = FakeServer(config, immediate=True)
+    try:
+        wait_for(lambda: srv.ping().ready)
+        srv.send(make_submit([1, 2, 3], max_tokens=10, rid="drain"))
+        first = srv.recv()
+        assert isinstance(first, TokenBatch)
+        svc.stop()
+        pong = srv.ping()
+        assert not pong.ready and pong.status.startswith("shutting down")
+        time.sleep(0.3)  # the drain ends meanwhile; this server reads late
+        outs, errors = collect(srv, {"drain"})
+        assert not errors
+        assert len(first.outputs[0].token_ids) + sum(len(o.token_ids) for o in outs["drain"]) == 10
+        t.join(5)
+        assert not t.is_alive()
+    finally:
+        srv.close()
+
+
+def test_queue_time_comes_with_the_first_output(config, servers, workers):
+    cfg = msgspec.structs.replace(config, max_batch_seqs=1)
+    svc = Service(cfg)
+    t = threading.Thread(target=svc.run, daemon=True)
+    t.start()
+    workers(cfg, step_delay=0.03)
+    srv = servers()
+    try:
+        wait_for(lambda: srv.ping().ready)
+        srv.send(make_submit([1, 2, 3], max_tokens=6, rid="first"))
+        srv.send(make_submit([4, 5, 6], max_tokens=2, rid="second"))  # one sequence per step: it waits
+        outs, errors = collect(srv, {"first", "second"})
+        assert not errors
+        for rid in ("first", "second"):
+            assert outs[rid][0].queue_time is not None
+            assert all(o.queue_time is None for o in outs[rid][1:])
+        assert outs["first"][0].queue_time < 0.15
+        assert outs["second"][0].queue_time >= 5 * 0.03  # behind the first request's 6 steps
+        assert not svc._arrived and not svc._unscheduled and not svc._queue_time
+    finally:
+        svc.stop()
+        svc.stop()
+        t.join(5)

@@ -206,6 +206,46 @@ def test_body_limit_413(make_server: MakeServer) -> None:
     assert s.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
 
 
+@pytest.mark.parametrize(("path", "raw", "param"), [
+    ("/v1/completions", '{"prompt": "hi \\ud800 there", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", '{"model": "\\udfff", "prompt": "hi", "max_tokens": 2}', "model"),
+    ("/v1/completions", '{"prompt": "hi", "max_tokens": 2, "stop": ["ok", "\\ud83d"]}', "stop"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud83dx"}]}', "messages"),
+    ("/tokenize", '{"prompt": "\\ud800"}', "prompt"),
+    ("/tokenize", '{"prompt": "x", "\\ud800": 1}', None),
+    ("/tokenize", '{"messages": [{"\\ud800": {"x": "\\udc00"}}]}', "messages"),
+])
+def test_lone_surrogates_are_400(make_server: MakeServer, path: str, raw: str, param: str | None) -> None:
+    """JSON may escape a lone UTF-16 surrogate; such a string is not Unicode (the tokenizer and the JSON
+    encoder both fail on it), so it is refused, naming the field, instead of failing with a 500."""
+    s = make_server()
+    s.wait_ready()
+    r = s.http.post(path, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert _err(r)["code"] == "invalid_value" and _err(r)["param"] == param
+    # an escaped surrogate pair is an ordinary character
+    ok = s.http.post("/tokenize", content='{"prompt": "\\ud83d\\ude42 \\\\ud800"}',
+                     headers={"content-type": "application/json"})
+    assert ok.status_code == 200 and ok.json()["count"] > 0
+
+
+def test_body_nested_too_deeply_is_invalid_json(make_server: MakeServer) -> None:
+    s = make_server()
+    s.wait_ready()
+    r = s.http.post("/v1/completions", content="[" * 100_000 + "]" * 100_000,
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and _err(r)["code"] == "invalid_json"
+
+
+def test_top_k_beyond_the_vocabulary_is_off(make_server: MakeServer) -> None:
+    """top_k >= vocab keeps every token: it is sent as 0 (off), never as a number the engine cannot hold."""
+    s = make_server()
+    s.wait_ready()
+    r = s.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "top_k": 10**11})
+    assert r.status_code == 200, r.text
+    assert [sub.sampling.top_k for sub in s.fake.submits] == [0]
+
+
 def test_model_without_chat_template(make_server: MakeServer, tmp_path: Path, tokenizer: Tokenizer) -> None:
     s = make_server(start_scheduler=False)
     s.fake.model_dir = str(write_model_dir(tmp_path / "no-template", chat_template=None))

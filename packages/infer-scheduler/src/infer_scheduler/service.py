@@ -90,6 +90,10 @@ class Service:
         self._last_worker_msg = 0.0
         self._pending: list[Submit] = []  # submissions before the worker is ready
         self._owner: dict[str, bytes] = {}  # request id -> the server's identity
+        # queue time (arrival -> first scheduled step), sent with a request's first output
+        self._arrived: dict[str, tuple[float, int]] = {}  # not yet scheduled: request id -> (arrival, seq id or -1)
+        self._unscheduled: dict[int, str] = {}  # seq id -> request id, for those in the engine
+        self._queue_time: dict[str, float] = {}  # scheduled, first output not sent yet
         self._out: dict[bytes, list[TokenOutput]] = defaultdict(list)
         self._draining_since: float | None = None
         self._unsent: bytes | None = None  # an encoded plan the PUSH socket could not take yet
@@ -149,6 +153,7 @@ class Service:
                 self._step()
                 self._flush()
             self._shutdown_worker()
+            self._linger()
         finally:
             self.close()
 
@@ -175,6 +180,18 @@ class Service:
             self._flush()
             return True
         return False
+
+    def _linger(self) -> None:
+        """After the drain, keep answering the servers a moment before closing: a server's DEALER is IMMEDIATE,
+        and such a socket drops the messages it has not read yet when its peer disconnects, so closing right
+        after the last flush could lose the final outputs of the drained requests. Submissions in this window
+        are refused (shutting_down) like during the drain."""
+        cfg = self.config
+        end = time.monotonic() + min(cfg.shutdown_timeout_secs, max(0.5, 2 * cfg.heartbeat_interval_secs))
+        while (left := end - time.monotonic()) > 0:
+            if self.router.poll(max(1, int(left * 1000)), zmq.POLLIN):
+                self._drain(self.router, self._on_server_frames)
+                self._flush()
 
     def _shutdown_worker(self) -> None:
         """Tell the worker to exit (waiting up to 0.5 s for the plan pipe, which may still be connecting)."""
@@ -210,7 +227,8 @@ class Service:
             stats = self.engine.stats()
         else:
             stats = SchedulerStats(num_waiting=len(self._pending))
-        return Pong(ready=self.ready and not self.stopping, stats=stats, model=self.model, status=self.status)
+        status = f"shutting down (draining {len(self._owner)} requests)" if self.stopping else self.status
+        return Pong(ready=self.ready and not self.stopping, stats=stats, model=self.model, status=status)
 
     def _on_submit(self, ident: bytes, msg: Submit) -> None:
         rid = msg.request_id
@@ -222,6 +240,9 @@ class Service:
             err = RequestError(request_id=rid, code="worker_lost", message=f"no worker: {self.status}", status=503)
         elif rid in self._owner:
             err = RequestError(request_id=rid, code="invalid_request", message=f"request id {rid!r} is in flight")
+        elif not 0 <= msg.sampling.top_k < 2**31:  # the worker's batch holds top_k as int32: it would fail the step
+            err = RequestError(request_id=rid, code="invalid_request",
+                               message=f"top_k {msg.sampling.top_k} is out of range [0, 2**31)")
         elif self.engine is None:
             self._pending.append(msg)
         else:
@@ -230,6 +251,8 @@ class Service:
             self._send(ident, err)
         else:
             self._owner[rid] = ident
+            self._arrived[rid] = (time.monotonic(), -1)
+            self._track(rid)
 
     def _on_abort(self, rid: str) -> None:
         out: TokenOutput | None = None
@@ -251,9 +274,39 @@ class Service:
             ident = owner.get(out.request_id)
             if ident is None:
                 continue
+            if self._queue_time and out.token_ids:
+                queue_time = self._queue_time.pop(out.request_id, None)
+                if queue_time is not None:
+                    out = msgspec.structs.replace(out, queue_time=queue_time)
             self._out[ident].append(out)
             if out.finish_reason is not None:
                 del owner[out.request_id]
+                self._forget_timing(out.request_id)
+
+    # ------------------------------------------------------------------ queue time
+
+    def _track(self, rid: str) -> None:
+        """Note the engine's sequence id of a request that just entered the engine."""
+        entry = self._arrived.get(rid)
+        req = self.engine.requests.get(rid) if self.engine is not None else None
+        if entry is not None and req is not None:
+            self._arrived[rid] = (entry[0], req.seq_id)
+            self._unscheduled[req.seq_id] = rid
+
+    def _scheduled(self, new_seq_ids: list[int]) -> None:
+        now = time.monotonic()
+        for seq_id in new_seq_ids:
+            rid = self._unscheduled.pop(seq_id, None)  # None: a preempted sequence, scheduled before
+            if rid is not None:
+                entry = self._arrived.pop(rid, None)
+                if entry is not None:
+                    self._queue_time[rid] = now - entry[0]
+
+    def _forget_timing(self, rid: str) -> None:
+        entry = self._arrived.pop(rid, None)
+        if entry is not None and entry[1] >= 0:
+            self._unscheduled.pop(entry[1], None)
+        self._queue_time.pop(rid, None)
 
     def _flush(self) -> None:
         if not self._out:
@@ -299,6 +352,7 @@ class Service:
                 log.warning("worker error (step %d): %s", msg.step, msg.message)
                 if self.engine is not None and msg.step >= 0:  # that step will send no result
                     for err in self.engine.fail_step(msg.step, f"the worker failed this step: {msg.message}"):
+                        self._forget_timing(err.request_id)
                         ident = self._owner.pop(err.request_id, None)
                         if ident is not None:
                             self._send(ident, err)
@@ -323,9 +377,12 @@ class Service:
         for sub in pending:
             err = self.engine.submit(sub)
             if err is not None:
+                self._forget_timing(sub.request_id)
                 ident = self._owner.pop(sub.request_id, None)
                 if ident is not None:
                     self._send(ident, err)
+            else:
+                self._track(sub.request_id)
 
     def _check_worker(self) -> None:
         if self.engine is None:
@@ -355,6 +412,9 @@ class Service:
             if ident is not None:
                 self._send(ident, err)
         self._owner.clear()
+        self._arrived.clear()
+        self._unscheduled.clear()
+        self._queue_time.clear()
 
     def _step(self) -> None:
         engine = self.engine
@@ -364,6 +424,8 @@ class Service:
             plan = engine.plan_step()
             if plan is None:
                 return
+            if self._unscheduled and plan.new_seqs:
+                self._scheduled([ns.seq_id for ns in plan.new_seqs])
             self._unsent = self._to_worker.encode(plan)
         if self._unsent is not None:
             try:

@@ -135,7 +135,8 @@ async def _handle_validation_error(_request: Request, exc: Exception) -> Respons
 async def _handle_http_exception(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status)
+    # 400: a body FastAPI could not parse (e.g. nested too deeply)
+    code = {400: "invalid_json", 404: "not_found", 405: "method_not_allowed"}.get(status)
     err = ApiError(status, str(exc.detail), code=code)
     response = err.response()
     if exc.headers:

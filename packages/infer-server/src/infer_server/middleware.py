@@ -2,12 +2,17 @@
 
 - RequestIdMiddleware: echoes the client's `x-request-id` (or a fresh one) on every response.
 - HttpMetricsMiddleware: counts responses by method, endpoint and status.
-- BodyLimitMiddleware: refuses request bodies over `max_request_body_bytes` with 413.
+- BodyLimitMiddleware: refuses request bodies over `max_request_body_bytes` with 413, and JSON bodies whose
+  strings are not valid Unicode (a lone UTF-16 surrogate escape such as "\\ud800") with 400: the tokenizer
+  and the JSON encoder cannot take such a string.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -19,6 +24,45 @@ KNOWN_ENDPOINTS = frozenset({
     "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/ready", "/metrics",
     "/tokenize", "/detokenize",
 })
+
+
+# a JSON escape in the surrogate range: only then can a parsed string hold a lone surrogate
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate_path(value: Any, path: str = "") -> str | None:
+    """The path of the first string (or key) in a parsed JSON value that is not valid Unicode, else None."""
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "body"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                stack.append((key, where or "body"))
+                stack.append((child, f"{where}.{key}" if where else str(key)))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+    return None
+
+
+def _invalid_unicode(body: bytes) -> ApiError | None:
+    if not _SURROGATE_ESCAPE.search(body):
+        return None
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # the app answers the malformed JSON itself
+    where = _lone_surrogate_path(parsed)
+    if where is None:
+        return None
+    where = where.encode("utf-8", "backslashreplace").decode("utf-8")  # a key on the path may be the culprit
+    param = where.split(".")[0].split("[")[0] if where != "body" else None
+    return ApiError(400, f"Invalid value for '{where}': a string holds a lone UTF-16 surrogate, which is not valid "
+                    "Unicode.", param=param, code="invalid_value")
 
 
 def request_id_of(scope: Scope) -> str:
@@ -124,6 +168,12 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
+        invalid = _invalid_unicode(body)
+        if invalid is not None:
+            response = invalid.response()
+            await send({"type": "http.response.start", "status": 400, "headers": response.raw_headers})
+            await send({"type": "http.response.body", "body": response.body, "more_body": False})
+            return
         replayed = False
 
         async def replay() -> Message:

@@ -222,6 +222,8 @@ def build_params(
         stop_ids += [e for e in assets.eos_token_ids if e not in client_stop_ids]
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    if top_k >= (assets.vocab_size or 2**31):
+        top_k = 0  # keeps every token, like off (and a huge k would not fit the engine's int32)
     out = []
     for i in range(req.n):
         seed = random.getrandbits(63) if req.seed is None else (req.seed + i) % _SEED_MOD

@@ -1,0 +1,453 @@
+"""Fault injection against the three real processes on a tiny random checkpoint: a worker killed mid-stream,
+200 randomly disconnecting clients, overload (429), request timeouts (504 / error event), SIGTERM draining of
+the server and of the scheduler, the body size limit (413) and `x-request-id`.
+
+Every wait is bounded: a test that would hang fails instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.cluster import DirectCluster, ServedCluster
+
+MODEL = "tiny"
+# greedy (the CPU reference sampler's fast path), past EOS: a request runs exactly max_tokens steps
+LONG = {"model": MODEL, "prompt": [1, 450, 7042, 282], "temperature": 0, "ignore_eos": True}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def scrape(url: str) -> dict[str, float]:
+    """`/metrics` as {"name{labels}": value}, the labels as prometheus_client prints them (sorted by name)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def wait_for(what: str, predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def kv_settled(url: str) -> bool:
+    m = scrape(url)
+    return (m["rustinfer_num_requests_running"] == 0 and m["rustinfer_num_requests_waiting"] == 0
+            and m["rustinfer_num_requests_inflight"] == 0
+            and m["rustinfer_kv_cache_free_blocks"] + m["rustinfer_kv_cache_cached_blocks"]
+            == m["rustinfer_kv_cache_total_blocks"] > 0)
+
+
+@dataclass
+class Call:
+    """One request run on a thread: the status, the JSON body or the SSE payloads with their arrival times."""
+
+    status: int | None = None
+    body: Any = None
+    events: list[tuple[float, Any]] = field(default_factory=list)
+    error: BaseException | None = None
+    first_token: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    @property
+    def payloads(self) -> list[Any]:
+        return [e for _, e in self.events]
+
+    def join(self, timeout: float) -> None:
+        assert self.thread is not None
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"request still open after {timeout} s"
+        if self.error is not None:
+            raise self.error
+
+
+def start_call(url: str, path: str, body: dict[str, Any], *, stream: bool, timeout: float = 90) -> Call:
+    call = Call()
+
+    def run() -> None:
+        try:
+            with httpx.Client(timeout=timeout) as client:
+                if not stream:
+                    resp = client.post(f"{url}{path}", json=body)
+                    call.status, call.body = resp.status_code, resp.json()
+                    return
+                with client.stream("POST", f"{url}{path}", json=body | {"stream": True}) as resp:
+                    call.status = resp.status_code
+                    for line in resp.iter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        data = line[6:]
+                        payload = data if data == "[DONE]" else json.loads(data)
+                        call.events.append((time.monotonic(), payload))
+                        if isinstance(payload, dict) and payload.get("choices"):
+                            call.first_token.set()
+        except BaseException as exc:  # reported by join()
+            call.error = exc
+        finally:
+            call.first_token.set()
+
+    call.thread = threading.Thread(target=run, daemon=True)
+    call.thread.start()
+    return call
+
+
+def assert_error_then_done(call: Call, code: str) -> None:
+    payloads = call.payloads
+    assert call.status == 200
+    assert payloads[-1] == "[DONE]", payloads[-3:]
+    error = payloads[-2]
+    assert isinstance(error, dict) and "error" in error, payloads[-3:]
+    assert error["error"]["code"] == code, error
+    assert not any(isinstance(p, dict) and "error" in p for p in payloads[:-2])
+
+
+# ------------------------------------------------------------------ a worker killed mid-stream
+
+
+def test_worker_killed_mid_stream(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cluster = DirectCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=1024, block_size=4,
+                            worker_timeout_secs=2.0)
+    cluster.start(timeout=300)
+    try:
+        url = cluster.url
+        streams = [start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True) for _ in range(2)]
+        streams.append(start_call(url, "/v1/chat/completions",
+                                  {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0,
+                                   "ignore_eos": True, "max_tokens": 3000}, stream=True))
+        plain = [start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=False) for _ in range(2)]
+        for s in streams:
+            assert s.first_token.wait(60), "no token streamed"
+        wait_for("5 requests in flight", lambda: scrape(url)["rustinfer_num_requests_inflight"] == 5, 30)
+        assert all(not any(p == "[DONE]" for p in s.payloads) for s in streams), "a stream ended before the kill"
+
+        os.kill(cluster.pids()["worker"], signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        for call in streams + plain:
+            call.join(timeout=30)
+        for s in streams:
+            assert_error_then_done(s, "worker_lost")
+            assert s.payloads[-2]["error"]["type"] == "server_error"
+        for p in plain:
+            assert p.status == 503, p.body
+            assert p.body["error"]["code"] == "worker_lost" and p.body["error"]["type"] == "server_error"
+        assert time.monotonic() - killed_at < 30
+
+        wait_for("/ready 503", lambda: httpx.get(f"{url}/ready", timeout=5).status_code == 503, 15)
+        assert "worker" in httpx.get(f"{url}/ready", timeout=5).json()["detail"]
+        resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=10)
+        assert resp.status_code == 503 and resp.json()["error"]["type"] == "server_error"
+        metrics = scrape(url)
+        assert metrics["rustinfer_scheduler_ready"] == 0
+        assert metrics["rustinfer_num_requests_inflight"] == 0
+        lost = sum(v for k, v in metrics.items()
+                   if k.startswith("rustinfer_request_errors_total") and 'code="worker_lost"' in k)
+        assert lost == 5
+        alive = cluster.pids()
+        assert "server" in alive and "scheduler" in alive and "worker" not in alive
+    finally:
+        cluster.stop()
+
+
+# ------------------------------------------------------------------ 200 random disconnects
+
+
+async def _one_flaky_request(client: httpx.AsyncClient, url: str, rng: random.Random, stats: dict[str, int]) -> None:
+    prefix = rng.choice([[1, 450, 7042, 282, 4649, 314, 22, 33], [1, 22, 33, 44, 55, 66, 77, 88], [1, 9, 8, 7]])
+    prompt = prefix + [rng.randrange(100, 40000) for _ in range(rng.randrange(0, 12))]
+    max_tokens = rng.randrange(2, 40)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    mode = rng.random()
+    if mode < 0.15:  # non-streaming, the client gives up after a random time
+        try:
+            await client.post(f"{url}/v1/completions", json=body, timeout=rng.uniform(0.01, 0.5))
+            stats["completed"] += 1
+        except httpx.TimeoutException:
+            stats["gave_up"] += 1
+        return
+    close_after = rng.randrange(0, max_tokens + 4) if mode < 0.9 else None  # else: read to the end
+    async with client.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}, timeout=60) as resp:
+        assert resp.status_code == 200
+        seen = 0
+        async for line in resp.aiter_lines():
+            if close_after is not None and seen >= close_after:
+                stats["closed"] += 1
+                return  # leaving the block closes the connection mid-stream
+            if line.startswith("data: "):
+                seen += 1
+        stats["completed"] += 1
+
+
+def test_random_disconnects_free_every_block(tiny_cluster: ServedCluster) -> None:
+    url = tiny_cluster.url
+    wait_for("an idle cluster", lambda: kv_settled(url), 30)
+    before = scrape(url)
+    rng = random.Random(6)
+    stats = {"completed": 0, "closed": 0, "gave_up": 0}
+
+    async def main() -> None:
+        limits = httpx.Limits(max_connections=24, max_keepalive_connections=0)
+        async with httpx.AsyncClient(limits=limits) as client:
+            sem = asyncio.Semaphore(24)
+
+            async def guarded(i: int) -> None:
+                async with sem:
+                    await asyncio.sleep(rng.uniform(0, 0.02))
+                    await _one_flaky_request(client, url, random.Random(i), stats)
+
+            await asyncio.wait_for(asyncio.gather(*(guarded(i) for i in range(200))), timeout=150)
+
+    asyncio.run(main())
+    assert sum(stats.values()) == 200
+    assert stats["closed"] > 50 and stats["completed"] > 10, stats
+    wait_for("every KV block free or cached", lambda: kv_settled(url), 30)
+    after = scrape(url)
+    assert after["rustinfer_kv_cache_free_blocks"] + after["rustinfer_kv_cache_cached_blocks"] == \
+        after["rustinfer_kv_cache_total_blocks"]
+    aborted = 'rustinfer_request_success_total{endpoint="/v1/completions",finish_reason="abort"}'
+    assert after.get(aborted, 0) - before.get(aborted, 0) > 0
+    # and the cluster still serves
+    resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 3}, timeout=30)
+    assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 3
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def test_metrics_cover_the_request_lifecycle(tiny_cluster: ServedCluster) -> None:
+    url = tiny_cluster.url
+    before = scrape(url)
+    prompt = [1, 450, 7042, 282, 4649]
+    ok = httpx.post(f"{url}/v1/completions", json=LONG | {"prompt": prompt, "max_tokens": 5}, timeout=30)
+    assert ok.status_code == 200
+    bad = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 0}, timeout=30)
+    assert bad.status_code == 400
+    with httpx.Client(timeout=30) as client:
+        with client.stream("POST", f"{url}/v1/completions",
+                           json=LONG | {"prompt": prompt, "max_tokens": 200, "stream": True}) as resp:
+            next(resp.iter_lines())  # then leave: aborted
+    wait_for("the aborted request released", lambda: kv_settled(url), 20)
+    after = scrape(url)
+
+    def grew(key: str, by: float = 1) -> None:
+        assert after.get(key, 0) - before.get(key, 0) >= by, (key, before.get(key), after.get(key))
+
+    grew('rustinfer_http_requests_total{endpoint="/v1/completions",method="POST",status="200"}', 2)
+    grew('rustinfer_http_requests_total{endpoint="/v1/completions",method="POST",status="400"}')
+    grew('rustinfer_request_success_total{endpoint="/v1/completions",finish_reason="length"}')
+    grew('rustinfer_request_success_total{endpoint="/v1/completions",finish_reason="abort"}')
+    grew("rustinfer_prompt_tokens_total", 2 * len(prompt))
+    grew("rustinfer_generation_tokens_total", 6)
+    for histogram in ("time_to_first_token_seconds", "time_per_output_token_seconds",
+                      "e2e_request_latency_seconds", "request_queue_time_seconds"):
+        grew(f"rustinfer_{histogram}_count")
+        assert after[f'rustinfer_{histogram}_bucket{{le="+Inf"}}'] == after[f"rustinfer_{histogram}_count"]
+    assert after["rustinfer_scheduler_ready"] == 1
+    assert after["rustinfer_kv_cache_total_blocks"] == 128
+    grew("rustinfer_scheduler_steps_total", 6)
+    grew("rustinfer_prefix_cache_queries_tokens_total", len(prompt))
+    for gauge in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_ratio", "kv_cache_free_blocks",
+                  "kv_cache_cached_blocks", "num_preemptions_total", "prefix_cache_hits_tokens_total"):
+        assert f"rustinfer_{gauge}" in after
+
+
+# ------------------------------------------------------------------ overload and timeouts
+
+
+@pytest.fixture(scope="module")
+def limited_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServedCluster]:
+    cluster = ServedCluster(tmp_path_factory.mktemp("limited"), model=str(tiny_model_dir), model_name=MODEL,
+                            num_blocks=1024, block_size=4, max_inflight_requests=2, request_timeout_secs=5.0)
+    cluster.start(timeout=300)
+    yield cluster
+    cluster.stop()
+
+
+def test_overload_429_and_stream_timeout(limited_cluster: ServedCluster) -> None:
+    url = limited_cluster.url
+    streams = [start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True) for _ in range(2)]
+    for s in streams:
+        assert s.first_token.wait(30)
+    for path, body in (("/v1/completions", LONG | {"max_tokens": 2}),
+                       ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})):
+        resp = httpx.post(f"{url}{path}", json=body, timeout=10)
+        assert resp.status_code == 429, resp.text
+        assert resp.json()["error"]["code"] == "rate_limit_exceeded"
+        assert resp.json()["error"]["type"] == "rate_limit_error"
+    # both streams end at request_timeout_secs with an error event, then [DONE]
+    for s in streams:
+        s.join(timeout=30)
+        assert_error_then_done(s, "timeout")
+        assert s.events[-1][0] - s.events[0][0] < 20
+    wait_for("the timed-out requests released", lambda: kv_settled(url), 20)
+    resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=30)
+    assert resp.status_code == 200
+
+
+def test_non_streaming_timeout_is_504(limited_cluster: ServedCluster) -> None:
+    url = limited_cluster.url
+    started = time.monotonic()
+    resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 3000}, timeout=30)
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"]["code"] == "timeout" and resp.json()["error"]["type"] == "server_error"
+    assert 4.5 < time.monotonic() - started < 20
+    wait_for("the timed-out request aborted", lambda: kv_settled(url), 20)
+    m = scrape(url)
+    assert m['rustinfer_http_requests_total{endpoint="/v1/completions",method="POST",status="504"}'] >= 1
+
+
+# ------------------------------------------------------------------ body limit, request ids
+
+
+def test_body_over_the_limit_is_413(tiny_cluster: ServedCluster) -> None:
+    url = tiny_cluster.url
+    limit = 4 * 1024 * 1024  # the default max_request_body_bytes
+    big = {"model": MODEL, "prompt": "a" * (limit + 10), "max_tokens": 1}
+    resp = httpx.post(f"{url}/v1/completions", json=big, headers={"x-request-id": "big-1"}, timeout=30)
+    assert resp.status_code == 413
+    assert resp.json()["error"]["code"] == "request_too_large"
+    assert resp.headers["x-request-id"] == "big-1"
+
+    def chunks() -> Iterator[bytes]:  # no content-length: the limit applies while reading
+        raw = json.dumps(big).encode()
+        for i in range(0, len(raw), 1 << 20):
+            yield raw[i:i + (1 << 20)]
+
+    resp = httpx.post(f"{url}/tokenize", content=chunks(), headers={"content-type": "application/json"}, timeout=30)
+    assert resp.status_code == 413 and resp.json()["error"]["code"] == "request_too_large"
+    # a body under the limit is served
+    ok = httpx.post(f"{url}/tokenize", json={"model": MODEL, "prompt": "ab " * 1000}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["count"] > 0
+    assert scrape(url)['rustinfer_http_requests_total{endpoint="/v1/completions",method="POST",status="413"}'] >= 1
+
+
+def test_request_id_is_echoed(tiny_cluster: ServedCluster) -> None:
+    url = tiny_cluster.url
+    body = LONG | {"max_tokens": 2}
+    cases = [
+        ("POST", "/v1/completions", body, 200),
+        ("POST", "/v1/completions", body | {"max_tokens": 0}, 400),
+        ("POST", "/v1/completions", body | {"model": "nope"}, 404),
+        ("GET", "/v1/no-such-route", None, 404),
+        ("GET", "/v1/models", None, 200),
+        ("GET", "/metrics", None, 200),
+    ]
+    with httpx.Client(timeout=30) as client:
+        for i, (method, path, payload, status) in enumerate(cases):
+            rid = f"client-id-{i}"
+            resp = client.request(method, f"{url}{path}", json=payload, headers={"x-request-id": rid})
+            assert resp.status_code == status, (path, resp.text)
+            assert resp.headers["x-request-id"] == rid
+        with client.stream("POST", f"{url}/v1/completions", json=body | {"stream": True},
+                           headers={"x-request-id": "stream-id"}) as resp:
+            assert resp.headers["x-request-id"] == "stream-id"
+            resp.read()
+        fresh = client.get(f"{url}/health").headers["x-request-id"]
+        assert len(fresh) == 32 and int(fresh, 16) >= 0
+        bad = client.get(f"{url}/health", headers={"x-request-id": "x" * 300}).headers["x-request-id"]
+        assert bad != "x" * 300 and len(bad) == 32
+
+
+# ------------------------------------------------------------------ SIGTERM drains
+
+
+def test_sigterm_to_rustinfer_serve_drains(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`rustinfer serve` forwards SIGTERM so that requests in flight finish: server and scheduler drain, the
+    scheduler stops the worker, and the launcher exits 0."""
+    cluster = ServedCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=1024, block_size=4,
+                            shutdown_timeout_secs=30.0)
+    cluster.start(timeout=300)
+    try:
+        url = cluster.url
+        children = cluster.pids()
+        stream = start_call(url, "/v1/completions", LONG | {"max_tokens": 80}, stream=True)
+        plain = start_call(url, "/v1/completions", LONG | {"max_tokens": 80}, stream=False)
+        assert stream.first_token.wait(60)
+        wait_for("2 requests in flight", lambda: scrape(url)["rustinfer_num_requests_inflight"] == 2, 30, 0.02)
+        assert cluster.proc is not None
+        cluster.proc.send_signal(signal.SIGTERM)
+        signalled_at = time.monotonic()
+        for call in (stream, plain):
+            call.join(timeout=60)
+        assert plain.status == 200 and plain.body["usage"]["completion_tokens"] == 80, plain.body
+        assert stream.payloads[-1] == "[DONE]" and stream.payloads[-2]["choices"][0]["finish_reason"] == "length"
+        assert stream.events[-1][0] > signalled_at, "the stream had finished before the signal"
+        assert cluster.proc.wait(timeout=40) == 0, cluster.log()
+        wait_for("every child gone", lambda: not any(Path(f"/proc/{pid}").exists() for pid in children.values()), 10)
+    finally:
+        cluster.stop()
+
+
+def test_sigterm_drains_server_then_scheduler(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cluster = DirectCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=1024, block_size=4,
+                            shutdown_timeout_secs=30.0)
+    cluster.start(timeout=300)
+    try:
+        url = cluster.url
+
+        def in_flight(n_tokens: int) -> tuple[Call, list[Call]]:
+            stream = start_call(url, "/v1/completions", LONG | {"max_tokens": n_tokens}, stream=True)
+            plain = [start_call(url, "/v1/completions", LONG | {"max_tokens": n_tokens}, stream=False)
+                     for _ in range(2)]
+            assert stream.first_token.wait(60)
+            wait_for("3 requests in flight", lambda: scrape(url)["rustinfer_num_requests_inflight"] == 3, 30, 0.02)
+            return stream, plain
+
+        def assert_complete(stream: Call, plain: list[Call], n_tokens: int, signalled_at: float) -> None:
+            for call in [stream, *plain]:
+                call.join(timeout=60)
+            for p in plain:
+                assert p.status == 200, p.body
+                assert p.body["usage"]["completion_tokens"] == n_tokens
+                assert p.body["choices"][0]["finish_reason"] == "length"
+            payloads = stream.payloads
+            assert payloads[-1] == "[DONE]" and not any(isinstance(p, dict) and "error" in p for p in payloads)
+            assert payloads[-2]["choices"][0]["finish_reason"] == "length"
+            assert stream.events[-1][0] > signalled_at, "the stream had finished before the signal"
+
+        # 1. the server: in-flight requests complete, then it exits 0
+        stream, plain = in_flight(80)
+        server = cluster.procs["server"]
+        server.send_signal(signal.SIGTERM)
+        signalled_at = time.monotonic()
+        assert_complete(stream, plain, 80, signalled_at)
+        assert server.wait(timeout=30) == 0
+
+        # 2. a fresh server joins the running scheduler and worker
+        cluster.restart("server", timeout=60)
+
+        # 3. the scheduler: it finishes what it runs, refuses new work, stops the worker, exits 0
+        stream, plain = in_flight(80)
+        scheduler = cluster.procs["scheduler"]
+        scheduler.send_signal(signal.SIGTERM)
+        signalled_at = time.monotonic()
+        refused = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=30)
+        assert refused.status_code == 503, refused.text
+        assert_complete(stream, plain, 80, signalled_at)
+        assert scheduler.wait(timeout=30) == 0
+        assert cluster.procs["worker"].wait(timeout=30) == 0
+        wait_for("/ready 503", lambda: httpx.get(f"{url}/ready", timeout=5).status_code == 503, 15)
+        assert cluster.procs["server"].poll() is None
+    finally:
+        cluster.stop()
