@@ -4,20 +4,9 @@
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 QPS=${QPS:-1,4,16}; DURATION=${DURATION:-20}
-python3 -c "from rustinfer.launcher import main; main()" serve --config bench/serve_h200.toml > "$OUT/serve.log" 2>&1 &
-pid=$!
-python3 - <<'PY'
-import time, httpx
-for _ in range(240):
-    try:
-        if httpx.get("http://127.0.0.1:8000/ready", timeout=2).status_code == 200:
-            print("ready"); break
-    except httpx.HTTPError:
-        pass
-    time.sleep(1)
-PY
+source "$(dirname "$0")/device_engine.sh"
 timeout "${SWEEP_TIMEOUT:-240}" python3 bench/serve_sweep.py --model qwen3-4b --qps "$QPS" --duration "$DURATION" \
   --out "$OUT/serve_sweep.json" 2>&1 | tail -8
 python3 -c "import httpx; print(httpx.get('http://127.0.0.1:8000/metrics').text[-1500:])" > "$OUT/metrics.txt" 2>&1
-kill -TERM $pid; wait $pid; echo "serve rc=$?"
+kill -TERM $ENGINE_PID; wait $ENGINE_PID; echo "serve rc=$?"
 tail -25 "$OUT/serve.log"
