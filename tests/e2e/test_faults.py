@@ -247,6 +247,11 @@ def test_metrics_cover_the_request_lifecycle(tiny_cluster: ServedCluster) -> Non
         with client.stream("POST", f"{url}/v1/completions",
                            json=LONG | {"prompt": prompt, "max_tokens": 200, "stream": True}) as resp:
             next(resp.iter_lines())  # then leave: aborted
+    # The scheduler's counters reach /metrics with its next Pong: wait until they show this test's steps, so
+    # that the KV check below reads a Pong from after the abort, not a stale one from before the stream.
+    steps_before = before.get("rustinfer_scheduler_steps_total", 0)
+    wait_for("the scheduler's counters caught up",
+             lambda: scrape(url).get("rustinfer_scheduler_steps_total", 0) - steps_before >= 6, 20)
     wait_for("the aborted request released", lambda: kv_settled(url), 20)
     after = scrape(url)
 
