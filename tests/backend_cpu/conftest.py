@@ -1,17 +1,3 @@
-"""Tiny tensors run fastest on one thread, and a 2-core machine shared with other processes makes OpenMP's
-barriers wait for descheduled threads (tiny GEMMs then take milliseconds). Restored after each module."""
+"""One torch thread per module in this folder (see tests/torch_threads.py)."""
 
-from __future__ import annotations
-
-from typing import Iterator
-
-import pytest
-import torch
-
-
-@pytest.fixture(scope="module", autouse=True)
-def single_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.torch_threads import single_torch_thread  # noqa: F401
