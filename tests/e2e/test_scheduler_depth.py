@@ -2,7 +2,7 @@
 greedy, `return_token_ids`, on a tiny random Llama checkpoint the module writes itself (numpy + safetensors, no
 torch or transformers in the test process) with the embedded model's real tokenizer.
 
-Four clusters, started at once and shared by the tests (module scope); `ref` is the unconstrained reference:
+Five clusters, started at once and shared by the tests (module scope); `ref` is the unconstrained reference:
 
 | cluster | prefix caching | chunked prefill                         | KV cache                          |
 |---------|----------------|-----------------------------------------|-----------------------------------|
@@ -10,6 +10,9 @@ Four clusters, started at once and shared by the tests (module scope); `ref` is 
 | `chunk` | off            | chunk 8, 24 tokens a step               | ample, block_size 16              |
 | `both`  | on             | chunk 8, 24 tokens a step               | ample, block_size 4               |
 | `tight` | on             | off                                     | 40 blocks of 4 = 160 tokens       |
+| `sync`  | on             | off                                     | as `tight`, synchronous pipeline  |
+
+Every cluster but `sync` runs the one-step-ahead pipeline (`enable_overlap`, the default).
 
 Exact token lists are compared across clusters (a cache hit, a chunk boundary or a preemption that changes a
 single token fails the test), and the scheduler's Prometheus counters are read back with exact deltas.
@@ -112,6 +115,8 @@ CLUSTERS: dict[str, dict[str, object]] = {
     "both": dict(enable_prefix_caching=True, block_size=BOTH_BLOCK_SIZE, chunked_prefill_size=CHUNK,
                  max_batch_tokens=STEP_TOKENS),
     "tight": dict(enable_prefix_caching=True, block_size=TIGHT_BLOCK_SIZE, num_blocks=TIGHT_BLOCKS),
+    "sync": dict(enable_prefix_caching=True, block_size=TIGHT_BLOCK_SIZE, num_blocks=TIGHT_BLOCKS,
+                 enable_overlap=False),
 }
 
 
@@ -360,7 +365,7 @@ def test_kv_usage_counts_the_cached_pages_a_running_request_holds(clusters: dict
     """While a request decodes on `both`, its prompt pages are in the radix cache *and* in its block table:
     they are in use (not evictable), so rustinfer_kv_cache_usage_ratio must count them."""
     cluster, bs = clusters["both"], BOTH_BLOCK_SIZE
-    prompt, max_tokens = _ids(random.Random(11), 60), 60
+    prompt, max_tokens = _ids(random.Random(11), 60), 160  # decoding lasts long enough to be seen
     before = settled(cluster)
     prefill_steps = -(-len(prompt) // CHUNK)
     with cf.ThreadPoolExecutor(1) as pool:
@@ -382,3 +387,20 @@ def test_kv_usage_counts_the_cached_pages_a_running_request_holds(clusters: dict
     assert seen["rustinfer_kv_cache_usage_ratio"] == pytest.approx(used / total), seen
     assert out == tokens_of(complete(clusters["ref"], prompt, max_tokens), max_tokens)
     check_no_leak(settled(cluster, before))
+
+
+# ------------------------------------------------------------------ 5. the synchronous pipeline, for comparison
+
+
+def test_synchronous_pipeline_gives_the_overlapped_tokens(clusters: dict[str, ServedCluster],
+                                                          reference: list[list[int]]) -> None:
+    """`sync` (enable_overlap = false) serves the preemption workload of `tight` with the same tokens as the
+    overlapped clusters; both preempt, and both end with every block free or cached."""
+    results: dict[str, list[list[int]]] = {}
+    for name in ("sync", "tight"):
+        before = settled(clusters[name])
+        results[name] = complete_all(clusters[name], PROMPTS)
+        after = settled(clusters[name], before)
+        check_no_leak(after)
+        assert delta(after, before, "rustinfer_num_preemptions_total") > 0, name
+    assert results["sync"] == reference and results["tight"] == reference

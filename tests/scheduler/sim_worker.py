@@ -11,6 +11,7 @@ model" of the prefix (the same tokens whatever the batching, caching or preempti
 from __future__ import annotations
 
 import random
+from collections import deque
 from dataclasses import dataclass, field
 
 from infer_protocol.messages import StepPlan, StepResult
@@ -107,15 +108,25 @@ class SimWorker:
         return StepResult(step=plan.step, seq_ids=seq_ids, token_ids=token_ids, logprobs=logprobs)
 
 
-def run_to_completion(engine, worker: SimWorker, max_steps: int = 10_000, check: bool = True) -> dict[str, list]:
-    """Step engine + worker until idle; every request's outputs (in order) by request id."""
+def run_to_completion(engine, worker: SimWorker, max_steps: int = 10_000, check: bool = True,
+                      held: deque[StepResult] | None = None) -> dict[str, list]:
+    """Step engine + worker until idle; every request's outputs (in order) by request id.
+
+    As many steps as the engine allows are planned before the oldest result is applied, so an engine with
+    `max_inflight_steps = 2` runs the one-step-ahead pipeline (the worker computes step k+1 before the engine
+    sees result k). `held`: results computed but not yet applied when the call starts."""
     outputs: dict[str, list] = {}
+    held = held if held is not None else deque()
     for _ in range(max_steps):
-        plan = engine.plan_step()
-        if plan is None:
+        while engine.can_plan:
+            plan = engine.plan_step()
+            if plan is None:
+                break
+            held.append(worker.step(plan))
+        if not held:
             assert not engine.has_work, "the engine has work but plans nothing (a hang)"
             return outputs
-        for out in engine.apply_result(worker.step(plan)):
+        for out in engine.apply_result(held.popleft()):
             outputs.setdefault(out.request_id, []).append(out)
         if check:
             engine.check_invariants()

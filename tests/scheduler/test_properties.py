@@ -8,6 +8,7 @@ has finished (or was aborted) and every block is free or cached.
 from __future__ import annotations
 
 import random
+from collections import deque
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -26,13 +27,16 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize(
         num_blocks=st.integers(4, 24), block_size=st.sampled_from([1, 2, 4]), max_batch_tokens=st.integers(1, 32),
         max_batch_seqs=st.integers(1, 8), chunk=st.integers(1, 16), prefix_caching=st.booleans(),
-        seed=st.integers(0, 2**16),
+        seed=st.integers(0, 2**16), overlap=st.booleans(),
     )
-    def setup(self, num_blocks, block_size, max_batch_tokens, max_batch_seqs, chunk, prefix_caching, seed):
+    def setup(self, num_blocks, block_size, max_batch_tokens, max_batch_seqs, chunk, prefix_caching, seed,
+              overlap):
         self.engine = Engine(num_blocks=num_blocks, block_size=block_size, max_model_len=48,
                              max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
-                             chunked_prefill_size=chunk, enable_prefix_caching=prefix_caching)
+                             chunked_prefill_size=chunk, enable_prefix_caching=prefix_caching,
+                             max_inflight_steps=2 if overlap else 1)
         self.worker = SimWorker(num_blocks, block_size, vocab_size=8, rng=random.Random(seed))
+        self.held: deque = deque()  # results the worker computed that the engine has not seen yet
         self.prefixes = [[5, 6, 7, 4, 5, 6, 7, 4], [4, 4, 5, 5, 6, 6, 7, 7]]
         self.accepted: set[str] = set()
         self.ended: dict[str, str] = {}
@@ -58,21 +62,24 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert err.code in ("invalid_request", "context_length_exceeded") and err.message
 
     @rule()
-    def step(self):
-        plan = self.engine.plan_step()
-        if plan is not None:
-            self._collect(self.engine.apply_result(self.worker.step(plan)))
+    def launch(self):
+        """Plan a step (when the pipeline depth allows) and let the worker compute it; its result is held."""
+        if self.engine.can_plan:
+            plan = self.engine.plan_step()
+            if plan is not None:
+                self.held.append(self.worker.step(plan))
+
+    @precondition(lambda self: bool(self.held))
+    @rule()
+    def deliver(self):
+        self._collect(self.engine.apply_result(self.held.popleft()))
 
     @precondition(lambda self: bool(self.engine.requests))
-    @rule(pick=st.integers(0, 10_000), mid_step=st.booleans())
-    def abort(self, pick, mid_step):
-        plan = self.engine.plan_step() if mid_step else None
+    @rule(pick=st.integers(0, 10_000))
+    def abort(self, pick):
         live = sorted(self.engine.requests)
-        if live:
-            out = self.engine.abort(live[pick % len(live)])
-            self._collect([out])
-        if plan is not None:
-            self._collect(self.engine.apply_result(self.worker.step(plan)))
+        out = self.engine.abort(live[pick % len(live)])
+        self._collect([out])
 
     @rule(n=st.integers(1, 8))
     def evict(self, n):
@@ -98,7 +105,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         if not hasattr(self, "engine"):
             return
         e = self.engine
-        self._collect([o for outs in run_to_completion(e, self.worker, max_steps=5000).values() for o in outs])
+        self._collect([o for outs in run_to_completion(e, self.worker, max_steps=5000, held=self.held).values() for o in outs])
         assert set(self.ended) == self.accepted, self.accepted - set(self.ended)
         assert not e.requests and not e.running and not e.waiting
         assert e.kv.num_free + e.kv.num_cached == e.kv.num_blocks
@@ -118,12 +125,14 @@ def _serve(subs, arrivals, **kw) -> tuple[dict[str, list[int]], Engine]:
     toks: dict[str, list[int]] = {}
     pending = sorted(zip(arrivals, range(len(subs)), strict=True))
     step = 0
-    while pending or e.has_work:
+    held: deque = deque()
+    while pending or e.has_work or held:
         while pending and pending[0][0] <= step:
             assert e.submit(subs[pending.pop(0)[1]]) is None
-        plan = e.plan_step()
-        if plan is not None:
-            for o in e.apply_result(w.step(plan)):
+        while e.can_plan and (plan := e.plan_step()) is not None:
+            held.append(w.step(plan))
+        if held:
+            for o in e.apply_result(held.popleft()):
                 toks.setdefault(o.request_id, []).extend(o.token_ids)
         step += 1
         assert step < 5000
@@ -136,10 +145,10 @@ def _serve(subs, arrivals, **kw) -> tuple[dict[str, list[int]], Engine]:
     reqs=st.lists(st.tuples(st.integers(0, 12), st.lists(st.integers(1, 7), min_size=1, max_size=8),
                             st.integers(1, 10), st.integers(0, 6)), min_size=1, max_size=10),
     block_size=st.sampled_from([1, 2, 4]), spare=st.integers(0, 6), chunk=st.integers(1, 8),
-    max_batch_tokens=st.integers(2, 24), prefix_caching=st.booleans(),
+    max_batch_tokens=st.integers(2, 24), prefix_caching=st.booleans(), overlap=st.booleans(),
 )
-def test_outputs_do_not_depend_on_caching_chunking_or_preemption(reqs, block_size, spare, chunk, max_batch_tokens,
-                                                                  prefix_caching):
+def test_outputs_do_not_depend_on_caching_chunking_preemption_or_overlap(reqs, block_size, spare, chunk,
+                                                                         max_batch_tokens, prefix_caching, overlap):
     shared = [5, 6, 7, 4, 5, 6, 7, 4, 6, 6, 5, 5]
     subs = [make_submit(shared[:p] + tail, max_tokens=m, rid=f"e{i}") for i, (p, tail, m, _) in enumerate(reqs)]
     arrivals = [a for *_, a in reqs]
@@ -147,6 +156,7 @@ def test_outputs_do_not_depend_on_caching_chunking_or_preemption(reqs, block_siz
     need = max(-(-(len(s.prompt_token_ids) + s.max_tokens - 1) // block_size) for s in subs)
     ref, _ = _serve(subs, arrivals, num_blocks=512, block_size=block_size, enable_prefix_caching=False)
     got, e = _serve(subs, arrivals, num_blocks=need + spare, block_size=block_size, chunked_prefill_size=chunk,
-                    max_batch_tokens=max_batch_tokens, enable_prefix_caching=prefix_caching)
+                    max_batch_tokens=max_batch_tokens, enable_prefix_caching=prefix_caching,
+                    max_inflight_steps=2 if overlap else 1)
     assert got == ref
     assert all(len(ref[s.request_id]) == s.max_tokens for s in subs)

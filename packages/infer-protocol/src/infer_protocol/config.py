@@ -44,6 +44,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     max_model_len: int = 0  # 0 = the model's max_position_embeddings
     chunked_prefill_size: int = 2048
     enable_prefix_caching: bool = True
+    enable_overlap: bool = True  # plan step k+1 before step k's tokens are back (DESIGN §5); false = synchronous
     ignore_eos: bool = False
     # KV cache
     mem_fraction_static: float = 0.85

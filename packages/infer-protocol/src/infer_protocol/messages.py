@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import msgspec
 
-PROTOCOL_VERSION = 2  # 2: penalties, min_tokens masking, top logprobs (SamplingParams, NewSeq, StepResult, TokenOutput)
+# 2: penalties, min_tokens masking, top logprobs (SamplingParams, NewSeq, StepResult, TokenOutput)
+# 3: the one-step-ahead pipeline's per-step host timings (StepResult.launch_ms, SchedulerStats step timings)
+PROTOCOL_VERSION = 3
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -84,6 +86,11 @@ class SchedulerStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefix_cache_hits_tokens: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    # host time per step, moving averages over the recent steps (milliseconds)
+    plan_ms: float = 0.0  # the scheduler planning a step
+    apply_ms: float = 0.0  # the scheduler applying a step's result (stop rules, outputs)
+    worker_launch_ms: float = 0.0  # the worker applying a plan, preparing inputs and queueing the step
+    worker_step_ms: float = 0.0  # the worker from taking a plan to its result being ready (device time included)
 
 
 class ModelInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -155,6 +162,7 @@ class StepResult(_Msg, tag="step_result"):
     # per sampled token: the (token id, logprob) alternatives its sequence asked for ([] when it asked none);
     # None when no sequence of the step asked for any
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    launch_ms: float = 0.0  # the worker's host time to apply the plan, prepare the inputs and queue the step
 
 
 class Ready(_Msg, tag="ready"):

@@ -1,8 +1,14 @@
 """The scheduler engine: pure logic, no I/O. submit / abort / plan_step / apply_result.
 
-One step at a time (synchronous pipeline): `plan_step` returns the `StepPlan` of step k, `apply_result` takes
-`StepResult` k and returns the per-request `TokenOutput`s; only then may step k+1 be planned. (The async
-one-step-ahead pipeline of DESIGN §5 plans k+1 before result k; see `Service(overlap=...)`.)
+Up to `max_inflight_steps` steps are in flight. With 1 the pipeline is synchronous: `plan_step` returns the
+`StepPlan` of step k, `apply_result` takes `StepResult` k, and only then is step k+1 planned. With 2 it is the
+one-step-ahead pipeline of DESIGN §5: step k+1 is planned right after k is dispatched, as if every request that
+samples in step k already had its token (a PENDING placeholder in `token_ids`; the worker gathers the real id on
+the device). Result k writes the tokens in place and applies the stop rules; a request that stopped at k was
+already planned into k+1, so its k+1 token is discarded and the worker forgets it in plan k+2; an abort while
+steps are in flight discards their tokens the same way. A request preempted while a step in flight samples its
+token keeps that token (so a preemption never loses progress, as in the synchronous pipeline) and is re-admitted
+only once the token is known.
 
 Stop rules, applied to each sampled token: a token in `stop_token_ids` once more than `min_tokens` tokens are
 out ("stop"; the server folds EOS into stop_token_ids, so `ignore_eos` disables them all); `max_tokens`
@@ -57,7 +63,12 @@ class Engine:
         enable_prefix_caching: bool = True,
         ignore_eos: bool = False,
         vocab_size: int = 0,
+        max_inflight_steps: int = 1,
     ) -> None:
+        if max_model_len <= 1:
+            raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
+        if max_inflight_steps not in (1, 2):
+            raise ValueError(f"max_inflight_steps must be 1 or 2, got {max_inflight_steps}")
         if max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
         self.max_model_len = max_model_len
@@ -73,7 +84,8 @@ class Engine:
         self._by_seq: dict[int, Request] = {}
         self._next_seq_id = 1
         self._to_forget: list[int] = []  # seq ids for the next plan's `finished`
-        self._inflight: Schedule | None = None
+        self.max_inflight_steps = max_inflight_steps
+        self._inflight: deque[Schedule] = deque()  # oldest first
         self.num_steps = 0
 
     @classmethod
@@ -85,7 +97,7 @@ class Engine:
                    max_batch_tokens=config.max_batch_tokens, max_batch_seqs=config.max_batch_seqs,
                    chunked_prefill_size=config.chunked_prefill_size,
                    enable_prefix_caching=config.enable_prefix_caching, ignore_eos=config.ignore_eos,
-                   vocab_size=ready.model.vocab_size)
+                   vocab_size=ready.model.vocab_size, max_inflight_steps=2 if config.enable_overlap else 1)
 
     # ------------------------------------------------------------------ requests in
 
@@ -150,7 +162,16 @@ class Engine:
 
     @property
     def in_flight(self) -> bool:
-        return self._inflight is not None
+        return bool(self._inflight)
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def can_plan(self) -> bool:
+        """Another step may be planned now (fewer than `max_inflight_steps` are in flight)."""
+        return len(self._inflight) < self.max_inflight_steps
 
     @property
     def has_work(self) -> bool:
@@ -158,18 +179,19 @@ class Engine:
 
     def plan_step(self) -> StepPlan | None:
         """The next step's plan, or None when there is nothing to compute (forgotten ids wait for a real step)."""
-        if self._inflight is not None:
-            raise EngineError(f"step {self._inflight.step} is still in flight")
+        if len(self._inflight) >= self.max_inflight_steps:
+            raise EngineError(f"steps {[s.step for s in self._inflight]} are still in flight")
         if not self.running and not self.waiting:
             return None
         step = self.num_steps + 1
         sched = self.planner.schedule(step, self.running, self.waiting)
         if sched.num_seqs == 0:
-            if sched.preempted:  # only possible with a bug; keep the worker's view consistent anyway
+            if sched.preempted:  # e.g. a lone request preempted itself while its token is in flight
                 self._to_forget.extend(sched.preempted)
             return None
         self.num_steps = step
-        self._inflight = sched
+        self._mark_samplers(sched)
+        self._inflight.append(sched)
         finished, self._to_forget = self._to_forget, []
         plan = StepPlan(step=step, new_seqs=sched.new_seqs, continuing=sched.continuing, finished=finished,
                         preempted=sched.preempted)
@@ -179,38 +201,49 @@ class Engine:
                       len(finished), len(plan.preempted), len(self.running), len(self.waiting), self.kv.num_free)
         return plan
 
+    def _mark_samplers(self, sched: Schedule) -> None:
+        """A PENDING token for every request whose step reaches the end of its tokens, in the worker's order
+        (new sequences, then continuing ones: decodes before prefill chunks, as the planner emitted them)."""
+        samplers = sched.samplers
+        by_seq = self._by_seq
+        admitted = [by_seq[ns.seq_id] for ns in sched.new_seqs]
+        chunked = sched.prefilling[:len(sched.prefilling) - len(admitted)]  # _prefills appended before _admit
+        for req in admitted:
+            if req.num_computed == len(req.token_ids):
+                samplers.append((req, req.add_pending()))
+        for req in sched.decoding:
+            samplers.append((req, req.add_pending()))
+        for req in chunked:
+            if req.num_computed == len(req.token_ids):
+                samplers.append((req, req.add_pending()))
+
     def apply_result(self, result: StepResult) -> list[TokenOutput]:
-        """Take the sampled tokens of the step in flight; the outputs to stream (finished ones included)."""
-        sched = self._inflight
-        if sched is None or result.step != sched.step:
-            raise EngineError(f"result of step {result.step}, but step "
-                              f"{sched.step if sched else None} is in flight")
-        self._inflight = None
-        kv = self.kv
-        for req in sched.prefilling:  # cache the prompt pages computed so far (the step has run)
-            if req.status is RequestStatus.RUNNING:
-                kv.cache_computed(req)
+        """Take the sampled tokens of the oldest step in flight; the outputs to stream (finished ones included)."""
+        if not self._inflight or result.step != self._inflight[0].step:
+            raise EngineError(f"result of step {result.step}, but steps {[s.step for s in self._inflight]} "
+                              f"are in flight")
+        sched = self._inflight.popleft()
+        samplers = sched.samplers
+        if len(result.seq_ids) != len(samplers) or len(result.token_ids) != len(samplers):
+            log.error("step %d: %d sampled tokens for %d sampling sequences; the step's tokens are dropped",
+                      result.step, len(result.token_ids), len(samplers))
+            samplers = []
         # The hot loop: the stop rules of Request.append_token, inlined.
-        by_seq_get = self._by_seq.get
-        logprobs = result.logprobs
         outputs: list[TokenOutput] = []
         out_append = outputs.append
         done: list[Request] = []
-        if len(result.seq_ids) != len(result.token_ids):
-            log.error("step %d: %d seq ids but %d tokens", result.step, len(result.seq_ids), len(result.token_ids))
-        lps = logprobs if logprobs is not None else repeat(None)
+        running_, finished_ = RequestStatus.RUNNING, RequestStatus.FINISHED
+        lps = result.logprobs if result.logprobs is not None else repeat(None)
         tops = result.top_logprobs if result.top_logprobs is not None else repeat(None)
-        for sid, tok, lp, top in zip(result.seq_ids, result.token_ids, lps, tops, strict=False):
-            req = by_seq_get(sid)
-            if req is None:
-                continue  # aborted while the step was in flight
-            toks = req.token_ids
-            n = len(toks)
-            if req.num_computed != n:
-                log.error("step %d: seq %d sampled a token it was not due to sample; ignored", result.step, sid)
+        for (req, idx), sid, tok, lp, top in zip(samplers, result.seq_ids, result.token_ids, lps, tops):
+            if req.status is finished_:
+                continue  # finished or aborted while the step was in flight: the token is void
+            if req.seq_id != sid:
+                log.error("step %d: token for seq %d where seq %d was due; ignored", result.step, sid, req.seq_id)
                 continue
-            toks.append(tok)
-            n += 1
+            req.token_ids[idx] = tok
+            req.num_pending -= 1
+            n = idx + 1
             reason: str | None = _LENGTH if n >= req.max_len else None
             stops = req.stop_token_ids
             if stops and tok in stops and n > req.min_len:
@@ -224,28 +257,39 @@ class Engine:
             if reason is not None:
                 req.finish_reason = FinishReason(reason)
                 done.append(req)
+        kv = self.kv
+        for req in sched.prefilling:  # cache the prompt pages computed so far (the step has run)
+            if req.status is running_:
+                kv.cache_computed(req)
         if done:
+            preempted = [req for req in done if req.status is RequestStatus.WAITING]
+            for req in preempted:  # its last token came back after a preemption
+                self.waiting.remove(req)
             for req in done:
                 self._finish(req, req.finish_reason)  # type: ignore[arg-type]
-            if len(done) < 8:
+            if len(done) - len(preempted) < 8:
                 for req in done:
-                    self.running.remove(req)
+                    if req not in preempted:
+                        self.running.remove(req)
             else:
-                self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+                self.running = [r for r in self.running if r.status is running_]
         return outputs
 
     def fail_step(self, step: int, message: str, code: str = "worker_error", status: int = 500) -> list[RequestError]:
         """The worker reports that step `step` failed (no result will come): end the requests it held."""
-        sched = self._inflight
-        if sched is None or sched.step != step:
+        sched = next((s for s in self._inflight if s.step == step), None)
+        if sched is None:
             return []
-        self._inflight = None
+        self._inflight.remove(sched)
         errors: list[RequestError] = []
         for sid in [ns.seq_id for ns in sched.new_seqs] + [c.seq_id for c in sched.continuing]:
             req = self._by_seq.get(sid)
             if req is None:
                 continue
-            self.running.remove(req)
+            if req.status is RequestStatus.WAITING:
+                self.waiting.remove(req)
+            else:
+                self.running.remove(req)
             self._finish(req, FinishReason.ERROR)
             errors.append(RequestError(request_id=req.request_id, code=code, message=message, status=status))
         return errors
@@ -259,7 +303,7 @@ class Engine:
             else:
                 self.running.remove(req)
             self._finish(req, FinishReason.ERROR)
-        self._inflight = None
+        self._inflight.clear()
         self._to_forget.clear()
         return errors
 

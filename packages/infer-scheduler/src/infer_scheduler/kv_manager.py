@@ -92,7 +92,7 @@ class KvCacheManager:
         if cache is None:
             return
         ps = self.block_size
-        pages = min(req.num_computed // ps, len(req.block_ids))
+        pages = min(min(req.num_computed, req.num_known) // ps, len(req.block_ids))  # never a PENDING token
         if pages * ps <= req.cache_len:
             return
         node = cache.insert(req.token_ids, req.block_ids[:pages], own_only=not final)

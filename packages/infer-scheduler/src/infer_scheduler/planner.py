@@ -32,7 +32,10 @@ class Schedule:
     continuing: list[ContinueSeq] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)  # seq ids the worker must forget
     prefilling: list[Request] = field(default_factory=list)  # requests computing more than a decode
+    decoding: list[Request] = field(default_factory=list)  # requests computing one token, in plan order
     num_tokens: int = 0
+    # (request, index of its PENDING token, its preemption count) per sampling request, in the worker's order
+    samplers: list[tuple[Request, int, int]] = field(default_factory=list)
 
     @property
     def num_seqs(self) -> int:
@@ -69,6 +72,7 @@ class Planner:
         grow = self.kv.grow
         cont = out.continuing
         add = cont.append
+        decoding = out.decoding.append
         running_ = RequestStatus.RUNNING
         for req in tuple(running):  # a snapshot: victims leave `running` during the loop
             nc = req.num_computed
@@ -77,6 +81,8 @@ class Planner:
                 continue
             if req.status is not running_ or budget <= 0:
                 continue  # preempted earlier in this step
+            if nc + 1 >= req.max_len:
+                continue  # the token a step in flight samples is its last (one-step-ahead pipeline)
             if nc < len(req.block_ids) * bs:
                 add(req.decode_msg)
             else:
@@ -89,6 +95,7 @@ class Planner:
                 add(ContinueSeq(req.seq_id, 1, new))
             req.num_computed = nc + 1
             req.scheduled_step = step
+            decoding(req)
             budget -= 1
         return budget
 
@@ -152,6 +159,8 @@ class Planner:
         max_running = self.policy.max_running
         while waiting and budget > 0 and len(running) < max_running:
             req = waiting[0]
+            if req.num_pending:
+                break  # preempted while a step in flight samples its token: re-admit it once the token is known
             num_cached = kv.match(req)
             n = min(len(req.token_ids) - num_cached, self.policy.chunk_size, budget)
             need = -(-(num_cached + n) // bs) - len(req.block_ids)

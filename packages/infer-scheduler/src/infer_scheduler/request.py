@@ -5,8 +5,10 @@
        +----preempt-------+      (PREEMPTED is the transient edge back to WAITING: blocks are dropped and
                                   every known token, prompt + generated, is recomputed on re-admission)
 
-`token_ids` holds every known token (prompt + sampled). `num_computed` counts the leading tokens whose KV is
-(or, once the step in flight completes, will be) in the cache; the tokens still to compute are
+`token_ids` holds every known token (prompt + sampled), then `num_pending` placeholders (PENDING) for the tokens
+that steps in flight are sampling: the one-step-ahead pipeline plans the next step as if each of them were known,
+and the engine writes each one in place when its step's result arrives. `num_computed` counts the leading tokens
+whose KV is (or, once the steps in flight complete, will be) in the cache; the tokens still to compute are
 `token_ids[num_computed:]`. A step that reaches the end of `token_ids` samples one token. Prefill and decode are
 the same thing seen from here: a decode is simply a request with one token left to compute.
 """
@@ -17,6 +19,9 @@ from enum import Enum
 
 from infer_core.plan import FinishReason
 from infer_protocol.messages import ContinueSeq, SamplingParams, Submit
+
+
+PENDING = -1  # a placeholder in token_ids: sampled by a step in flight, not known yet
 
 
 class RequestStatus(str, Enum):
@@ -34,7 +39,7 @@ class Request:
         "request_id", "seq_id", "token_ids", "num_prompt_tokens", "sampling", "max_tokens", "stop_token_ids",
         "min_tokens", "max_len", "min_len", "want_logprobs", "status", "num_computed", "block_ids", "cache_node",
         "cache_len", "num_cached_tokens", "num_preemptions", "scheduled_step", "on_worker", "finish_reason",
-        "decode_msg",
+        "decode_msg", "num_pending",
     )
 
     def __init__(self, msg: Submit, seq_id: int, max_model_len: int, ignore_eos: bool = False) -> None:
@@ -63,12 +68,18 @@ class Request:
         self.finish_reason: FinishReason | None = None
         # A decode that needs no new block is the same (frozen) message every step: built once.
         self.decode_msg = ContinueSeq(seq_id, 1)
+        self.num_pending = 0  # trailing PENDING placeholders in token_ids
 
     # ------------------------------------------------------------------ views
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_known(self) -> int:
+        """Tokens whose ids are known (the placeholders of steps in flight excluded)."""
+        return len(self.token_ids) - self.num_pending
 
     @property
     def num_remaining(self) -> int:
@@ -94,7 +105,7 @@ class Request:
         """RUNNING -> (PREEMPTED) -> WAITING: everything is recomputed on re-admission."""
         if self.status is not RequestStatus.RUNNING:
             raise InvalidTransition(f"preempt {self.request_id}: {self.status.value} -> waiting")
-        self.status = RequestStatus.WAITING
+        self.status = RequestStatus.WAITING  # its PENDING tokens stay: their results still count
         self.num_computed = 0
         self.num_preemptions += 1
         self.scheduled_step = -1
@@ -102,8 +113,21 @@ class Request:
     def finish(self, reason: FinishReason) -> None:
         if self.status is RequestStatus.FINISHED:
             raise InvalidTransition(f"finish {self.request_id}: already finished")
+        self.drop_pending()
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
+
+    def add_pending(self) -> int:
+        """A step in flight samples this request's next token: a placeholder for it; returns its index."""
+        self.token_ids.append(PENDING)
+        self.num_pending += 1
+        return len(self.token_ids) - 1
+
+    def drop_pending(self) -> None:
+        """Forget the tokens of steps in flight (the request ended: their results are discarded)."""
+        if self.num_pending:
+            del self.token_ids[-self.num_pending:]
+            self.num_pending = 0
 
     # ------------------------------------------------------------------ stop conditions
 

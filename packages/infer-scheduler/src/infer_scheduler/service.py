@@ -6,9 +6,10 @@ Sockets (all bound here, so any start order works):
   PUSH   `plan`   StepPlan / Shutdown to the worker.
   PULL   `result` StepResult / Ready / Progress / Heartbeat / WorkerError from the worker.
 
-The pipeline is synchronous for now (plan k, wait for result k, plan k+1), but one Poller covers every socket,
-so Submit / Abort / Ping are served while a step is in flight. `overlap=True` is the seam for the async
-one-step-ahead pipeline (DESIGN §5); it is refused until the engine supports it.
+With `enable_overlap` (the default) the pipeline runs one step ahead (DESIGN §5): step k+1 is planned and sent
+right after step k, so the worker has it queued before step k's tokens are back; otherwise it is synchronous
+(plan k, wait for result k, plan k+1). One Poller covers every socket, so Submit / Abort / Ping are served while
+steps are in flight.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from infer_protocol.messages import (
 )
 
 from infer_scheduler.engine import Engine, EngineError
+from infer_scheduler.step_timings import StepTimings
 
 log = logging.getLogger("infer_scheduler.service")
 
@@ -70,11 +72,9 @@ def _unlink_ipc(address: str) -> None:
 
 
 class Service:
-    def __init__(self, config: Config, *, overlap: bool = False, context: zmq.Context | None = None) -> None:
-        if overlap:
-            raise NotImplementedError("the async one-step-ahead pipeline is not implemented yet (overlap=False)")
+    def __init__(self, config: Config, *, context: zmq.Context | None = None) -> None:
         self.config = config
-        self.overlap = overlap
+        self.timings = StepTimings()
         self._ctx = context or zmq.Context()
         self._own_ctx = context is None
         self._stop_requests = 0  # a plain counter: safe to bump from a signal handler
@@ -224,7 +224,7 @@ class Service:
 
     def _pong(self) -> Pong:
         if self.engine is not None:
-            stats = self.engine.stats()
+            stats = self.timings.add_to(self.engine.stats())
         else:
             stats = SchedulerStats(num_waiting=len(self._pending))
         status = f"shutting down (draining {len(self._owner)} requests)" if self.stopping else self.status
@@ -334,10 +334,12 @@ class Service:
         if isinstance(msg, StepResult):
             if self.engine is None or not self.engine.in_flight:
                 return  # a step of a worker we gave up on
+            started = time.perf_counter()
             try:
                 self._emit(self.engine.apply_result(msg))
             except EngineError as exc:
                 log.error("%s", exc)
+            self.timings.result_applied((time.perf_counter() - started) * 1e3, msg.launch_ms, msg.elapsed_ms)
         elif isinstance(msg, Heartbeat):
             pass
         elif isinstance(msg, Ready):
@@ -420,18 +422,22 @@ class Service:
         engine = self.engine
         if engine is None:
             return
-        if self._unsent is None and not engine.in_flight:
-            plan = engine.plan_step()
-            if plan is None:
-                return
-            if self._unscheduled and plan.new_seqs:
-                self._scheduled([ns.seq_id for ns in plan.new_seqs])
-            self._unsent = self._to_worker.encode(plan)
-        if self._unsent is not None:
+        while True:
+            if self._unsent is None:
+                if not engine.can_plan:
+                    return
+                started = time.perf_counter()
+                plan = engine.plan_step()
+                if plan is None:
+                    return
+                self.timings.planned((time.perf_counter() - started) * 1e3)
+                if self._unscheduled and plan.new_seqs:
+                    self._scheduled([ns.seq_id for ns in plan.new_seqs])
+                self._unsent = self._to_worker.encode(plan)
             try:
                 self.push.send(self._unsent, zmq.NOBLOCK)
                 self._unsent = None
             except zmq.Again:
                 # The plan pipe is still connecting (Ready came on the other socket) or the worker is gone:
                 # retry next turn; a worker that never takes it is caught by the worker timeout.
-                pass
+                return
