@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable, Sequence
 
 import torch
 
@@ -22,6 +23,19 @@ _TORCH_DTYPES: dict[DType, torch.dtype] = {
     DType.INT32: torch.int32,
     DType.INT64: torch.int64,
 }
+
+
+class HostTensors:
+    """A finished "transfer": the tensors already live on the host."""
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        self._tensors = tensors
+
+    def ready(self) -> bool:
+        return True
+
+    def wait(self) -> list[torch.Tensor]:
+        return self._tensors
 
 
 class CpuBackend:
@@ -58,6 +72,14 @@ class CpuBackend:
 
     def peak_memory_bytes(self) -> int:
         return 0
+
+    def copy_to_host(self, tensors: Sequence[torch.Tensor]) -> HostTensors:
+        # CPU work is done when the call returns: nothing to wait for. Copies, like a device-to-host transfer, so
+        # that a later step reusing the same buffers (the graph runner's outputs) cannot change them.
+        return HostTensors([t.clone() for t in tensors])
+
+    def trace_range(self, name: str) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def synchronize(self) -> None:
         return None  # CPU ops are synchronous

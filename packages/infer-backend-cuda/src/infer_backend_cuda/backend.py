@@ -6,7 +6,8 @@ constructed (so `import infer_backend_cuda` works on any machine, and fails nowh
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import AbstractContextManager
+from typing import Callable, Sequence
 
 import torch
 
@@ -38,6 +39,24 @@ class CudaGraph:
 
     def replay(self) -> None:
         self.graph.replay()
+
+
+class PinnedTransfer:
+    """Device-to-host copies into pinned buffers on the current stream, with an event marking their end."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self._host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+        for host, dev in zip(self._host, tensors):
+            host.copy_(dev, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def ready(self) -> bool:
+        return self._event.query()
+
+    def wait(self) -> list[torch.Tensor]:
+        self._event.synchronize()  # releases the GIL while it waits
+        return self._host
 
 
 class CudaBackend:
@@ -100,6 +119,12 @@ class CudaBackend:
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self._device)
+
+    def copy_to_host(self, tensors: Sequence[torch.Tensor]) -> PinnedTransfer:
+        return PinnedTransfer(tensors)
+
+    def trace_range(self, name: str) -> AbstractContextManager[None]:
+        return torch.cuda.nvtx.range(name)
 
     # -- graphs -------------------------------------------------------------------------------------------
     def capture_graph(self, fn: Callable[[], None], warmup: int = 1) -> CudaGraph:

@@ -7,11 +7,13 @@ import logging
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from infer_protocol.config import Config, ConfigError, load_config
 from infer_protocol.messages import Progress, Ready, Shutdown, StepPlan, WorkerError
 
+from infer_worker.application.worker_service import WorkerService
 from infer_worker.infrastructure.transport import WorkerTransport
 
 log = logging.getLogger("rustinfer.worker")
@@ -37,23 +39,58 @@ def serve(config: Config, stop: threading.Event) -> int:
         return 1
     transport.send(Ready(num_blocks=ready.num_blocks, block_size=ready.block_size, model=ready.model))
     code = 0
+    try:
+        run_steps(ready.service, transport, stop)
+    except StepFailed as exc:
+        log.error("step %d failed: %s\n%s", exc.step, exc.__cause__, traceback.format_exc())
+        transport.send(WorkerError(fatal=True, message=f"step {exc.step} failed: {exc.__cause__}", step=exc.step))
+        code = 1
+    transport.close()
+    return code
+
+
+class StepFailed(RuntimeError):
+    def __init__(self, step: int) -> None:
+        super().__init__(f"step {step} failed")
+        self.step = step
+
+
+def run_steps(service: WorkerService, transport: WorkerTransport, stop: threading.Event) -> None:
+    """The step loop. A plan is launched as soon as it arrives, so with the one-step-ahead pipeline step k+1 is
+    queued behind step k before step k's tokens are collected; a finished step's result goes out as soon as it
+    is ready, and the loop never holds more than one step in flight once the next is queued."""
     while not stop.is_set():
-        msg = transport.recv(timeout_ms=100)
+        while service.oldest_ready():
+            _send_oldest(service, transport)
+        busy = service.num_inflight > 0
+        msg = transport.recv(timeout_ms=0 if busy else 100)
         if msg is None:
+            if busy:
+                time.sleep(_SPIN_SECS)  # wait for the step on the device or the next plan, whichever comes first
             continue
         if isinstance(msg, Shutdown):
             log.info("shutdown requested by the scheduler: %s", msg.reason or "no reason given")
-            break
+            return
         assert isinstance(msg, StepPlan)
         try:
-            transport.send(ready.service.step(msg))
+            early = service.launch(msg)
         except Exception as exc:
-            log.error("step %d failed: %s\n%s", msg.step, exc, traceback.format_exc())
-            transport.send(WorkerError(fatal=True, message=f"step {msg.step} failed: {exc}", step=msg.step))
-            code = 1
-            break
-    transport.close()
-    return code
+            raise StepFailed(msg.step) from exc
+        for result in early:
+            transport.send(result)
+        while service.num_inflight > 1:  # step k+1 is queued: now wait for step k
+            _send_oldest(service, transport)
+
+
+_SPIN_SECS = 20e-6
+
+
+def _send_oldest(service: WorkerService, transport: WorkerTransport) -> None:
+    try:
+        result = service.collect()
+    except Exception as exc:
+        raise StepFailed(service.oldest_step) from exc
+    transport.send(result)
 
 
 def main(argv: list[str] | None = None) -> None:

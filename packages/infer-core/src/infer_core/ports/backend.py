@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Protocol
+from contextlib import AbstractContextManager
+from typing import Callable, NamedTuple, Protocol, Sequence
 
 from infer_core.dtypes import DType
 from infer_core.ports.op_ports import OpPorts
@@ -18,6 +19,14 @@ class GraphRunner(Protocol):
     """A captured computation over address-stable buffers; `replay` reruns it on their current contents."""
 
     def replay(self) -> None: ...
+
+
+class HostTransfer(Protocol):
+    """Device-to-host copies started without waiting: `ready()` polls, `wait()` blocks and gives the host tensors."""
+
+    def ready(self) -> bool: ...
+
+    def wait(self) -> list[Tensor]: ...
 
 
 class LlmBackend(Protocol):
@@ -44,6 +53,14 @@ class LlmBackend(Protocol):
     def peak_memory_bytes(self) -> int: ...
 
     def synchronize(self) -> None: ...
+
+    def copy_to_host(self, tensors: Sequence[Tensor]) -> HostTransfer:
+        """Start copying `tensors` to host memory behind the work queued so far (no host synchronisation)."""
+        ...
+
+    def trace_range(self, name: str) -> AbstractContextManager[None]:
+        """A named range for profilers (NVTX on CUDA); free when no profiler listens."""
+        ...
 
     def capture_graph(self, fn: Callable[[], None], warmup: int = 1) -> GraphRunner:
         """Capture `fn` (which reads and writes only persistent tensors); only when `supports_graphs`."""

@@ -1,6 +1,7 @@
 """CUDA-graph decode (nano-vllm style): one graph per capture size over address-stable buffers; a decode
 batch is copied into the buffers, padded to the next captured size (padding rows: slot -1, context 0, greedy)
-and replayed. Attention, norms, RoPE, the KV store and sampling all run inside the graph. Mixed or larger
+and replayed. Attention, norms, RoPE, the KV store and sampling all run inside the graph; PENDING input ids are
+gathered into the input buffer from the previous launch's sampled tokens just before the replay. Mixed or larger
 batches, and batches with a row that needs logits processing (penalties, min_tokens masking, top logprobs),
 fall back to the eager path of ModelRunner."""
 
@@ -17,8 +18,8 @@ import torch
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 
-from infer_worker.application.model_runner import HostStep, ModelRunner, prepare_step, sampling_arrays
-from infer_worker.domain.sequence import SampledTokens, ScheduledSeq
+from infer_worker.application.model_runner import HostStep, LaunchedStep, ModelRunner, prepare_step, sampling_arrays
+from infer_worker.domain.sequence import ScheduledSeq
 
 log = logging.getLogger("rustinfer.worker")
 
@@ -98,26 +99,27 @@ class GraphModelRunner(ModelRunner):
 
         return step
 
-    def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
+    @torch.inference_mode()
+    def launch(self, scheduled: Seq[ScheduledSeq]) -> LaunchedStep:
         n = len(scheduled)
         if not self._graphs or n == 0 or n > self.capture_sizes[-1]:
-            return super().execute(scheduled)
+            return super().launch(scheduled)
         # Not a pure decode, or a row needs logits processing (penalties, min_tokens, top logprobs): eager.
         if any(s.num_new != 1 or s.seq.num_computed + 1 != len(s.seq.token_ids)
                or len(s.seq.token_ids) < s.seq.process_until for s in scheduled):
-            return super().execute(scheduled)
-        step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
-        size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
-        arrays = sampling_arrays(step.sampling_seqs)
-        greedy = bool((arrays["temperature"] == 0).all())
-        self._load(step, arrays, n, size)
-        self._graphs[(size, greedy)].replay()
+            return super().launch(scheduled)
+        trace = self.backend.trace_range
+        with trace("prepare"):
+            step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
+            size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
+            arrays = sampling_arrays(step.sampling_seqs)
+            greedy = bool((arrays["temperature"] == 0).all())
+            self._load(step, arrays, n, size)
+            self._fill_pending(self._buf.input_ids, step)
+        with trace(f"graph_replay_{size}"):
+            self._graphs[(size, greedy)].replay()
         self.graph_steps += 1
-        return SampledTokens(
-            seq_ids=[s.seq_id for s in step.sampling_seqs],
-            token_ids=self._buf.out_tokens[:n].tolist(),
-            logprobs=self._buf.out_logprobs[:n].tolist(),
-        )
+        return self._launched(step.sampling_seqs, self._buf.out_tokens[:n], self._buf.out_logprobs[:n])
 
     def _load(self, step: HostStep, arrays: dict[str, np.ndarray], n: int, size: int) -> None:
         buf = self._buf

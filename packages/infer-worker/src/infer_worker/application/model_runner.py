@@ -1,7 +1,10 @@
 """Runs one scheduled step: host bookkeeping in numpy -> one ragged forward -> logits of the sampling rows
 -> logits processing (penalties, min_tokens, top logprobs; only when a row needs it, see logits_processing.py)
--> sampler. The runner never mutates sequences; the caller appends the sampled tokens and advances
-`num_computed`.
+-> sampler. `launch` only queues the work: the sampled ids come back through an asynchronous device-to-host
+copy (`LaunchedStep.result()` waits for it), so the host can prepare the next step while this one runs. A
+decode input that is still PENDING (sampled by the previous launch, not collected yet) is gathered on the
+device from that launch's sampled-token tensor. The runner never mutates sequences; the caller appends the
+sampled tokens and advances `num_computed`.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ import numpy as np
 import torch
 
 from infer_core.plan import blocks_needed
-from infer_core.ports.backend import LlmBackend
+from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 from infer_protocol.messages import SamplingParams
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
-from infer_worker.domain.sequence import SampledTokens, ScheduledSeq, Sequence
+from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM, KvCaches
 
 # The sampler's counter hash only reads the low 32 bits of a seed; masking here also keeps any Python int
@@ -40,6 +43,9 @@ class HostStep(NamedTuple):
     is_decode: bool
     sample_rows: np.ndarray  # [N] int64, the last row of each sequence that samples
     sampling_seqs: list[Sequence]  # the N sequences that sample, in step order
+    pending_pos: np.ndarray  # [P] int64, the rows of input_ids that are PENDING (gathered on the device)
+    pending_rows: np.ndarray  # [P] int64, for each, its row in the sampled tokens of launch `pending_launch`
+    pending_launch: int  # the launch those rows come from (-1 when P == 0)
 
 
 def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_seq: int) -> HostStep:
@@ -85,6 +91,17 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
 
     samples = ends == known
     sampling_seqs = [s.seq for s, flag in zip(scheduled, samples) if flag]
+    pending_pos = np.flatnonzero(input_ids == PENDING)
+    pending_rows, pending_launch = _EMPTY, -1
+    if pending_pos.size:
+        owners = [scheduled[i].seq for i in seq_index[pending_pos].tolist()]
+        launches = {seq.sampled_at for seq in owners}
+        if len(launches) != 1 or any(pos != ends[i] - 1 for pos, i in zip(
+                positions[pending_pos].tolist(), seq_index[pending_pos].tolist())):
+            raise ValueError(f"pending input tokens of launches {sorted(launches)} (only the last known token of a "
+                             "sequence, sampled by one launch, may be pending)")
+        pending_launch = launches.pop()
+        pending_rows = np.fromiter((seq.sampled_row for seq in owners), dtype=np.int64, count=len(owners))
     return HostStep(
         input_ids=input_ids,
         positions=positions,
@@ -97,7 +114,13 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         is_decode=bool((num_new == 1).all()),
         sample_rows=query_start_loc[1:][samples] - 1,
         sampling_seqs=sampling_seqs,
+        pending_pos=pending_pos,
+        pending_rows=pending_rows,
+        pending_launch=pending_launch,
     )
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def sampling_arrays(seqs: Seq[Sequence]) -> dict[str, np.ndarray]:
@@ -112,6 +135,29 @@ def sampling_arrays(seqs: Seq[Sequence]) -> dict[str, np.ndarray]:
         "seeds": np.fromiter((p.seed & _SEED_MASK for p in params), dtype=np.int64, count=n),
         "positions": np.fromiter((s.num_tokens for s in seqs), dtype=np.int64, count=n),
     }
+
+
+class LaunchedStep:
+    """A step whose work is queued: its sampling sequences, and their sampled ids on the way to the host."""
+
+    def __init__(self, launch_id: int, seqs: list[Sequence], transfer: HostTransfer | None = None,
+                 done: SampledTokens | None = None) -> None:
+        self.launch_id = launch_id  # rows of this launch's sampled tokens feed the next step's PENDING inputs
+        self.seqs = seqs
+        self._transfer = transfer
+        self._done = done
+
+    def ready(self) -> bool:
+        return self._done is not None or self._transfer is None or self._transfer.ready()
+
+    def result(self) -> SampledTokens:
+        if self._done is None:
+            if self._transfer is None:
+                self._done = SampledTokens([], [], [])
+            else:
+                tokens, logprobs = self._transfer.wait()
+                self._done = SampledTokens([s.seq_id for s in self.seqs], tokens.tolist(), logprobs.tolist())
+        return self._done
 
 
 class ModelRunner:
@@ -131,9 +177,29 @@ class ModelRunner:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = device
         self._sampler = backend.ops.sampler
+        self.num_launches = 0
+        self._last_sampled: torch.Tensor | None = None  # the sampled ids of launch `num_launches` (device)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(array).to(self.device)
+        # non_blocking: a pageable source is staged at once, and the host never waits for the queued steps
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
+
+    def _fill_pending(self, input_ids: torch.Tensor, step: HostStep) -> None:
+        """Gather the PENDING input ids on the device from the previous launch's sampled tokens."""
+        if not step.pending_pos.size:
+            return
+        if step.pending_launch != self.num_launches or self._last_sampled is None:
+            raise ValueError(f"pending input tokens of launch {step.pending_launch}, but the last launch that "
+                             f"sampled is {self.num_launches}")
+        input_ids[self._tensor(step.pending_pos)] = self._last_sampled[self._tensor(step.pending_rows)]
+
+    def _launched(self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor,
+                  done: SampledTokens | None = None) -> LaunchedStep:
+        self.num_launches += 1
+        self._last_sampled = tokens
+        if done is not None:
+            return LaunchedStep(self.num_launches, seqs, done=done)
+        return LaunchedStep(self.num_launches, seqs, transfer=self.backend.copy_to_host([tokens, logprobs]))
 
     def attention_batch(self, step: HostStep) -> AttentionBatch:
         return AttentionBatch(
@@ -155,31 +221,40 @@ class ModelRunner:
             all_greedy=bool((arrays["temperature"] == 0).all()),
         )
 
-    @torch.inference_mode()
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
+        """Launch a step and wait for its tokens."""
+        return self.launch(scheduled).result()
+
+    @torch.inference_mode()
+    def launch(self, scheduled: Seq[ScheduledSeq]) -> LaunchedStep:
         if not scheduled:
-            return SampledTokens([], [], [])
-        step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
-        hidden = self.model.forward(self._tensor(step.input_ids), self.attention_batch(step), self.kv_caches)
-        if not step.sampling_seqs:  # every sequence is mid-prefill: nothing to sample
-            return SampledTokens([], [], [])
-        logits = self.model.compute_logits(hidden[self._tensor(step.sample_rows)])
+            return LaunchedStep(self.num_launches, [])
+        trace = self.backend.trace_range
+        with trace("prepare"):
+            step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
+            input_ids = self._tensor(step.input_ids)
+            self._fill_pending(input_ids, step)
+            batch = self.attention_batch(step)
+        with trace("forward"):
+            hidden = self.model.forward(input_ids, batch, self.kv_caches)
         seqs = step.sampling_seqs
-        plan = plan_processing(seqs)
-        if plan is None:  # the fast path: no penalties, no min_tokens mask, no top logprobs
-            out = self._sampler.sample(logits, self.sampling_batch(seqs))
-            return SampledTokens(
+        if not seqs:  # every sequence is mid-prefill: nothing to sample
+            return LaunchedStep(self.num_launches, [])
+        with trace("sample"):
+            logits = self.model.compute_logits(hidden[self._tensor(step.sample_rows)])
+            plan = plan_processing(seqs)
+            if plan is None:  # the fast path: no penalties, no min_tokens mask, no top logprobs
+                out = self._sampler.sample(logits, self.sampling_batch(seqs))
+                return self._launched(seqs, out.token_ids, out.logprobs)
+            # Logits processing reads the rows' history and returns top logprobs as lists: done synchronously.
+            out = self._sampler.sample(process_logits(logits, plan, self._tensor), self.sampling_batch(seqs))
+            done = SampledTokens(
                 seq_ids=[s.seq_id for s in seqs],
                 token_ids=out.token_ids.tolist(),
-                logprobs=out.logprobs.tolist(),
+                logprobs=raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor).tolist(),
+                top_logprobs=top_logprobs(logits, plan, len(seqs), self._tensor),
             )
-        out = self._sampler.sample(process_logits(logits, plan, self._tensor), self.sampling_batch(seqs))
-        return SampledTokens(
-            seq_ids=[s.seq_id for s in seqs],
-            token_ids=out.token_ids.tolist(),
-            logprobs=raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor).tolist(),
-            top_logprobs=top_logprobs(logits, plan, len(seqs), self._tensor),
-        )
+            return self._launched(seqs, out.token_ids, out.logprobs, done)
 
     def dummy_run(self, num_tokens: int, num_seqs: int = 1) -> SampledTokens:
         """A greedy prefill of `num_tokens` tokens split over `num_seqs` sequences through the real path (for

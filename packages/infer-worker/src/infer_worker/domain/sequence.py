@@ -8,10 +8,13 @@ from typing import NamedTuple
 from infer_protocol.messages import SamplingParams
 
 
+PENDING = -1  # a token id in token_ids that a step in flight is sampling (the worker fills it in on collection)
+
+
 @dataclass(slots=True)
 class Sequence:
     seq_id: int
-    token_ids: list[int]  # prompt + every token sampled so far
+    token_ids: list[int]  # prompt + every token sampled so far (the last one PENDING while its step is in flight)
     num_computed: int  # leading tokens whose KV is in the cache
     block_ids: list[int]  # the pages holding this sequence's KV, in order
     sampling: SamplingParams
@@ -20,6 +23,10 @@ class Sequence:
     # Sequences with len(token_ids) below this need the logits-processing step (penalties, min_tokens,
     # top logprobs) before sampling; 0 for most, so the fast path costs one comparison per row.
     process_until: int = 0
+    # Where the PENDING token lives until collected: the runner launch that samples it and its row in that
+    # launch's sampled-token tensor (the next step gathers its input id from there, on the device).
+    sampled_at: int = -1
+    sampled_row: int = -1
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
