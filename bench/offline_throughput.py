@@ -8,16 +8,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
+from host_budget import HostBudget  # noqa: E402
+
 
 async def run(url: str, model: str, num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int,
-              fixed_in: int | None, fixed_out: int | None) -> dict:
+              fixed_in: int | None, fixed_out: int | None, host_budget: bool = False) -> dict:
     rng = random.Random(seed)
     jobs = []
     for _ in range(num_seqs):
@@ -33,12 +38,15 @@ async def run(url: str, model: str, num_seqs: int, min_len: int, max_len: int, v
             resp.raise_for_status()
             return int(resp.json()["usage"]["completion_tokens"])
 
-        start = time.perf_counter()
-        outputs = await asyncio.gather(*(one(p, n) for p, n in jobs))
-        wall = time.perf_counter() - start
+        budget = HostBudget(url) if host_budget else contextlib.nullcontext()
+        async with budget:
+            start = time.perf_counter()
+            outputs = await asyncio.gather(*(one(p, n) for p, n in jobs))
+            wall = time.perf_counter() - start
     total_in = sum(len(p) for p, _ in jobs)
     return {"num_seqs": num_seqs, "wall_s": wall, "input_tokens": total_in, "output_tokens": sum(outputs),
-            "output_tok_per_s": sum(outputs) / wall, "total_tok_per_s": (sum(outputs) + total_in) / wall}
+            "output_tok_per_s": sum(outputs) / wall, "total_tok_per_s": (sum(outputs) + total_in) / wall} | (
+        {"host_budget": budget.report} if isinstance(budget, HostBudget) else {})
 
 
 def main() -> None:
@@ -53,9 +61,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=32000, help="prompt ids are drawn below this")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("offline_throughput.json"))
+    ap.add_argument("--host-budget", action="store_true",
+                    help="also measure each process's CPU time per step (the engine must run on this machine)")
     args = ap.parse_args()
     result = asyncio.run(run(args.url, args.model, args.num_seqs, args.min_len, args.max_len, args.vocab, args.seed,
-                             args.input_len, args.output_len))
+                             args.input_len, args.output_len, args.host_budget))
     print(json.dumps(result, indent=2))
     args.out.write_text(json.dumps(result, indent=2))
 

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import statistics
 import string
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
+from host_budget import HostBudget, describe  # noqa: E402
 
 
 
@@ -94,10 +99,12 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(ordered), "p50": pct(50), "p90": pct(90), "p99": pct(99)}
 
 
-async def run_level(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int) -> dict:
+async def run_level(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
+                    host_budget: bool = False) -> dict:
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+    budget = HostBudget(url) if host_budget else contextlib.nullcontext()
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client, budget:
         tasks: list[asyncio.Task[RequestRecord]] = []
         start = time.perf_counter()
         next_at = 0.0
@@ -126,7 +133,7 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
         "tpot_ms": {k: v * ms for k, v in summarize(tpot).items()},
         "itl_ms": {k: v * ms for k, v in summarize([g for r in ok for g in r.itl]).items()},
         "e2e_ms": {k: v * ms for k, v in summarize([r.e2e for r in ok]).items()},
-    }
+    } | ({"host_budget": budget.report} if isinstance(budget, HostBudget) else {})
 
 
 def commit() -> str:
@@ -146,15 +153,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="rustinfer")
     ap.add_argument("--out", type=Path, default=Path("serve_sweep.json"))
+    ap.add_argument("--host-budget", action="store_true",
+                    help="also measure each process's CPU time per step (the engine must run on this machine)")
     args = ap.parse_args()
     levels = []
     for qps in (float(q) for q in args.qps.split(",")):
-        level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed))
+        level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed,
+                                      args.host_budget))
         levels.append(level)
         print(f"qps {qps:>5}: ITL p50 {level['itl_ms']['p50']:.2f} p99 {level['itl_ms']['p99']:.2f} ms | "
               f"TPOT p50 {level['tpot_ms']['p50']:.2f} | TTFT p50 {level['ttft_ms']['p50']:.1f} "
               f"p99 {level['ttft_ms']['p99']:.1f} ms | out {level['output_throughput']:.0f} tok/s | "
               f"failed {level['failed']}", flush=True)
+        if "host_budget" in level:
+            print(f"           {describe(level['host_budget'])}", flush=True)
     args.out.write_text(json.dumps({"label": args.label, "commit": commit(), "model": args.model,
                                     "max_tokens": args.max_tokens, "levels": levels}, indent=2))
 

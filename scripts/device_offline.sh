@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One device call: start the CUDA engine, run the offline workloads, stop it.
+# One device call: start the CUDA engine, run the offline workloads (with the per-step host budget), stop it.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; bash scripts/device_offline.sh
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 source "$(dirname "$0")/device_engine.sh"
-timeout 100 python3 bench/offline_throughput.py --model qwen3-4b --input-len 512 --output-len 256 \
-  --out "$OUT/offline_512_256.json" | tail -4
-timeout 100 python3 bench/offline_throughput.py --model qwen3-4b --out "$OUT/offline_nanovllm.json" | tail -4
+timeout 150 python3 bench/offline_throughput.py --model qwen3-4b --input-len 512 --output-len 256 --host-budget \
+  --out "$OUT/offline_512_256.json" | tail -22
+timeout 150 python3 bench/offline_throughput.py --model qwen3-4b --host-budget --out "$OUT/offline_nanovllm.json" \
+  | tail -22
 kill -TERM $ENGINE_PID; wait $ENGINE_PID; echo "serve rc=$?"
+tail -5 "$OUT/serve.log"

@@ -58,6 +58,16 @@ class SchedulerCollector(Collector):
                       stats.prefix_cache_hits_tokens)
         yield counter("rustinfer_num_preemptions", "Requests preempted by the scheduler", stats.num_preemptions)
         yield counter("rustinfer_scheduler_steps", "Steps the scheduler has run", stats.num_steps)
+        for name, doc, value in (
+            ("plan", "The scheduler planning a step", stats.plan_ms),
+            ("apply", "The scheduler applying a step's result", stats.apply_ms),
+            ("worker_launch", "The worker applying a plan, preparing its inputs and queueing the step",
+             stats.worker_launch_ms),
+            ("worker_step", "The worker from taking a plan to its result being ready (device time included)",
+             stats.worker_step_ms),
+        ):
+            yield gauge(f"rustinfer_step_{name}_seconds", f"{doc}: moving average over the recent steps",
+                        value / 1e3)
 
 
 class ServerMetrics:

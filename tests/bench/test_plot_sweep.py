@@ -1,0 +1,97 @@
+"""bench/plot_sweep.py on result files that bench/serve_sweep.py itself writes (against a mock streaming server)."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import httpx
+import pytest
+
+from tests.bench.scripts import BENCH, load_bench_script
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+OUTPUT_TOKENS = 6
+
+
+serve_sweep = load_bench_script("serve_sweep")
+plot_sweep = load_bench_script("plot_sweep")
+
+
+def sse(chunk: dict | str) -> str:
+    return f"data: {chunk if isinstance(chunk, str) else json.dumps(chunk)}\n\n"
+
+
+def fake_chat_stream(request: httpx.Request) -> httpx.Response:
+    """A streamed chat completion of OUTPUT_TOKENS one-word chunks, then the usage chunk and [DONE]."""
+    events = [sse({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})]
+    events += [sse({"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]}) for i in range(OUTPUT_TOKENS)]
+    events.append(sse({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": OUTPUT_TOKENS}}))
+    events.append(sse("[DONE]"))
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content="".join(events).encode())
+
+
+@pytest.fixture
+def sweep_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Two series, three QPS levels each, written by serve_sweep.main() itself."""
+    monkeypatch.setattr(httpx, "AsyncClient",
+                        functools.partial(httpx.AsyncClient, transport=httpx.MockTransport(fake_chat_stream)))
+    paths = []
+    for label in ("baseline", "candidate"):
+        out = tmp_path / f"{label}.json"
+        monkeypatch.setattr(sys, "argv", ["serve_sweep.py", "--model", "fake", "--qps", "2,4,8", "--duration", "0.2",
+                                          "--max-tokens", str(OUTPUT_TOKENS), "--label", label, "--out", str(out)])
+        serve_sweep.main()
+        paths.append(out)
+    return paths
+
+
+def test_the_fixture_is_a_real_sweep(sweep_files: list[Path]) -> None:
+    document = json.loads(sweep_files[0].read_text())
+    assert [level["qps"] for level in document["levels"]] == [2.0, 4.0, 8.0]
+    assert all(level["failed"] == 0 and level["output_throughput"] > 0 for level in document["levels"])
+
+
+def test_two_series_make_one_png(sweep_files: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "sweep.png"
+    assert plot_sweep.main([*map(str, sweep_files), "-o", str(out), "--title", "test sweep"]) == 0
+    data = out.read_bytes()
+    assert data.startswith(PNG_SIGNATURE)
+    assert len(data) > 10_000
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width > height > 500  # a 2x3 grid of panels, landscape
+
+
+def test_series_are_named_by_label_else_file_stem(sweep_files: list[Path], tmp_path: Path) -> None:
+    assert plot_sweep.load_sweep(sweep_files[1]).label == "candidate"
+    document = json.loads(sweep_files[1].read_text())
+    del document["label"]
+    unlabelled = tmp_path / "h200_run7.json"
+    unlabelled.write_text(json.dumps(document))
+    sweep = plot_sweep.load_sweep(unlabelled)
+    assert (sweep.label, sweep.max_tokens, sweep.qps()) == ("h200_run7", OUTPUT_TOKENS, [2.0, 4.0, 8.0])
+
+
+@pytest.mark.parametrize("content", ['{"label": "x", "commit": "abc"}', '{"levels": [{"qps": 1}]}', "[1, 2]",
+                                     "not json"])
+def test_a_non_sweep_file_exits_2_with_one_line(content: str, tmp_path: Path) -> None:
+    bad = tmp_path / "other.json"
+    bad.write_text(content)
+    result = subprocess.run([sys.executable, str(BENCH / "plot_sweep.py"), str(bad), "-o", str(tmp_path / "x.png")],
+                            check=False, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "not a serve_sweep result" in result.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_missing_matplotlib_exits_2(sweep_files: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    assert plot_sweep.main([str(sweep_files[0]), "-o", str(tmp_path / "x.png")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "x.png").exists()
