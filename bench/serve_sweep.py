@@ -153,6 +153,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--label", default="rustinfer")
     ap.add_argument("--out", type=Path, default=Path("serve_sweep.json"))
+    ap.add_argument("--commit", default="", help="the commit measured (default: git rev-parse of this checkout)")
     ap.add_argument("--host-budget", action="store_true",
                     help="also measure each process's CPU time per step (the engine must run on this machine)")
     args = ap.parse_args()
@@ -167,7 +168,7 @@ def main() -> None:
               f"failed {level['failed']}", flush=True)
         if "host_budget" in level:
             print(f"           {describe(level['host_budget'])}", flush=True)
-    args.out.write_text(json.dumps({"label": args.label, "commit": commit(), "model": args.model,
+    args.out.write_text(json.dumps({"label": args.label, "commit": args.commit or commit(), "model": args.model,
                                     "max_tokens": args.max_tokens, "levels": levels}, indent=2))
 
 

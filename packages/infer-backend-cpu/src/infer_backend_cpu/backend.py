@@ -73,6 +73,9 @@ class CpuBackend:
     def peak_memory_bytes(self) -> int:
         return 0
 
+    def staging_buffer(self, num_bytes: int) -> torch.Tensor:
+        return torch.empty(num_bytes, dtype=torch.uint8)
+
     def copy_to_host(self, tensors: Sequence[torch.Tensor]) -> HostTensors:
         # CPU work is done when the call returns: nothing to wait for. Copies, like a device-to-host transfer, so
         # that a later step reusing the same buffers (the graph runner's outputs) cannot change them.

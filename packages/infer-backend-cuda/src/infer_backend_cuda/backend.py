@@ -120,6 +120,10 @@ class CudaBackend:
     def synchronize(self) -> None:
         torch.cuda.synchronize(self._device)
 
+    def staging_buffer(self, num_bytes: int) -> torch.Tensor:
+        # A copy from pageable memory would wait for the work queued before it; from page-locked memory it does not.
+        return torch.empty(num_bytes, dtype=torch.uint8, pin_memory=True)
+
     def copy_to_host(self, tensors: Sequence[torch.Tensor]) -> PinnedTransfer:
         return PinnedTransfer(tensors)
 

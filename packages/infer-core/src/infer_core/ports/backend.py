@@ -54,6 +54,10 @@ class LlmBackend(Protocol):
 
     def synchronize(self) -> None: ...
 
+    def staging_buffer(self, num_bytes: int) -> Tensor:
+        """A uint8 host buffer the device copies from without the host waiting (page-locked on CUDA)."""
+        ...
+
     def copy_to_host(self, tensors: Sequence[Tensor]) -> HostTransfer:
         """Start copying `tensors` to host memory behind the work queued so far (no host synchronisation)."""
         ...

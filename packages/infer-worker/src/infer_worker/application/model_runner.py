@@ -20,6 +20,7 @@ from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 from infer_protocol.messages import SamplingParams
+from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM, KvCaches
@@ -179,19 +180,21 @@ class ModelRunner:
         self._sampler = backend.ops.sampler
         self.num_launches = 0
         self._last_sampled: torch.Tensor | None = None  # the sampled ids of launch `num_launches` (device)
+        self._uploader = InputUploader(backend, device)
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        # non_blocking: a pageable source is staged at once, and the host never waits for the queued steps
-        return torch.from_numpy(array).to(self.device, non_blocking=True)
+        """One array to the device (the logits-processing path, which runs synchronously anyway)."""
+        return torch.from_numpy(array).to(self.device)
 
-    def _fill_pending(self, input_ids: torch.Tensor, step: HostStep) -> None:
+    def _fill_pending(self, input_ids: torch.Tensor, step: HostStep, pending_pos: torch.Tensor,
+                      pending_rows: torch.Tensor) -> None:
         """Gather the PENDING input ids on the device from the previous launch's sampled tokens."""
         if not step.pending_pos.size:
             return
         if step.pending_launch != self.num_launches or self._last_sampled is None:
             raise ValueError(f"pending input tokens of launch {step.pending_launch}, but the last launch that "
                              f"sampled is {self.num_launches}")
-        input_ids[self._tensor(step.pending_pos)] = self._last_sampled[self._tensor(step.pending_rows)]
+        input_ids[pending_pos] = self._last_sampled[pending_rows]
 
     def _launched(self, seqs: list[Sequence], tokens: torch.Tensor, logprobs: torch.Tensor,
                   done: SampledTokens | None = None) -> LaunchedStep:
@@ -201,25 +204,30 @@ class ModelRunner:
             return LaunchedStep(self.num_launches, seqs, done=done)
         return LaunchedStep(self.num_launches, seqs, transfer=self.backend.copy_to_host([tokens, logprobs]))
 
-    def attention_batch(self, step: HostStep) -> AttentionBatch:
-        return AttentionBatch(
-            positions=self._tensor(step.positions),
-            slot_mapping=self._tensor(step.slot_mapping),
-            query_start_loc=self._tensor(step.query_start_loc),
-            seq_lens=self._tensor(step.seq_lens),
-            block_tables=self._tensor(step.block_tables),
-            max_query_len=step.max_query_len,
-            max_seq_len=step.max_seq_len,
-            is_decode=step.is_decode,
-            block_size=self.block_size,
-        )
+    def _upload(self, step: HostStep, sampling: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], AttentionBatch,
+                                                                              SamplingBatch | None]:
+        """Every input of the step in one copy: [input_ids, sample_rows, pending_pos, pending_rows], the attention
+        batch and (when a row samples) the sampling batch."""
+        attention = [step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens, step.block_tables]
+        dev = self._uploader.upload([step.input_ids, step.sample_rows, step.pending_pos, step.pending_rows,
+                                     *attention, *sampling.values()])
+        positions, slot_mapping, query_start_loc, seq_lens, block_tables = dev[4:9]
+        batch = AttentionBatch(positions=positions, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
+                               seq_lens=seq_lens, block_tables=block_tables, max_query_len=step.max_query_len,
+                               max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=self.block_size)
+        sampling_batch = None
+        if sampling:
+            sampling_batch = SamplingBatch(**dict(zip(sampling, dev[9:])),
+                                           all_greedy=bool((sampling["temperature"] == 0).all()))
+        return dev[:4], batch, sampling_batch
 
-    def sampling_batch(self, seqs: Seq[Sequence]) -> SamplingBatch:
-        arrays = sampling_arrays(seqs)
-        return SamplingBatch(
-            **{name: self._tensor(array) for name, array in arrays.items()},
-            all_greedy=bool((arrays["temperature"] == 0).all()),
-        )
+    def attention_batch(self, step: HostStep) -> AttentionBatch:
+        """The step's attention inputs, copied one by one (for callers outside the hot path)."""
+        return AttentionBatch(
+            positions=self._tensor(step.positions), slot_mapping=self._tensor(step.slot_mapping),
+            query_start_loc=self._tensor(step.query_start_loc), seq_lens=self._tensor(step.seq_lens),
+            block_tables=self._tensor(step.block_tables), max_query_len=step.max_query_len,
+            max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=self.block_size)
 
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
         """Launch a step and wait for its tokens."""
@@ -232,22 +240,22 @@ class ModelRunner:
         trace = self.backend.trace_range
         with trace("prepare"):
             step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
-            input_ids = self._tensor(step.input_ids)
-            self._fill_pending(input_ids, step)
-            batch = self.attention_batch(step)
+            seqs = step.sampling_seqs
+            (input_ids, sample_rows, pending_pos, pending_rows), batch, sampling = self._upload(
+                step, sampling_arrays(seqs) if seqs else {})
+            self._fill_pending(input_ids, step, pending_pos, pending_rows)
         with trace("forward"):
             hidden = self.model.forward(input_ids, batch, self.kv_caches)
-        seqs = step.sampling_seqs
-        if not seqs:  # every sequence is mid-prefill: nothing to sample
+        if sampling is None:  # every sequence is mid-prefill: nothing to sample
             return LaunchedStep(self.num_launches, [])
         with trace("sample"):
-            logits = self.model.compute_logits(hidden[self._tensor(step.sample_rows)])
+            logits = self.model.compute_logits(hidden[sample_rows])
             plan = plan_processing(seqs)
             if plan is None:  # the fast path: no penalties, no min_tokens mask, no top logprobs
-                out = self._sampler.sample(logits, self.sampling_batch(seqs))
+                out = self._sampler.sample(logits, sampling)
                 return self._launched(seqs, out.token_ids, out.logprobs)
             # Logits processing reads the rows' history and returns top logprobs as lists: done synchronously.
-            out = self._sampler.sample(process_logits(logits, plan, self._tensor), self.sampling_batch(seqs))
+            out = self._sampler.sample(process_logits(logits, plan, self._tensor), sampling)
             done = SampledTokens(
                 seq_ids=[s.seq_id for s in seqs],
                 token_ids=out.token_ids.tolist(),
