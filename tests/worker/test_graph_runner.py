@@ -57,11 +57,14 @@ def test_graph_decode_equals_eager_with_padding(tmp_path: Path) -> None:
             model, spec = load_model(tmp_path, backend, DType.FLOAT32, "auto", 0)
             caches = backend.allocate_kv_cache(spec.num_layers, 32, 4, spec.num_kv_heads, spec.head_dim, DType.FLOAT32)
             if graphs:
-                runner: ModelRunner = GraphModelRunner(model, backend, caches, 4, 8, "cpu", capture_sizes=[1, 2, 4])
+                runner: ModelRunner = GraphModelRunner(model, backend, caches, 4, 8, "cpu", capture_sizes=[1, 2, 4],
+                                                       capture_tokens=[8, 16])
                 runner.capture()
             else:
                 runner = ModelRunner(model, backend, caches, 4, 8, "cpu")
             results.append(_decode(runner, prompts, sampling, steps=6))
             if graphs:
-                assert runner.graph_steps == 5  # the prefill ran eagerly, every decode replayed
+                assert isinstance(runner, GraphModelRunner)
+                # the 14-token prefill replayed the (16 tokens, 4 sequences) graph, every decode a decode graph
+                assert (runner.mixed_graph_steps, runner.graph_steps) == (1, 5)
         assert results[0] == results[1]

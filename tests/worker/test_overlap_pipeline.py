@@ -46,7 +46,7 @@ def make_runner(model_dir: Path, graphs: bool, num_blocks: int, backend: LlmBack
     if not graphs:
         return ModelRunner(model, backend, caches, BLOCK_SIZE, MAX_BLOCKS_PER_SEQ, backend.device)
     runner = GraphModelRunner(model, backend, caches, BLOCK_SIZE, MAX_BLOCKS_PER_SEQ, backend.device,
-                              capture_sizes=[1, 2, 4, 8])
+                              capture_sizes=[1, 2, 4, 8], capture_tokens=[8, 16, 32])
     runner.capture()
     return runner
 
@@ -133,7 +133,7 @@ def check_overlap_equals_sync(model_dir: Path, graphs: bool, make_backend: Calla
     assert all(len(toks) >= 3 for toks, _ in [sync["r4"]])
     assert sync["r0"] == (free_run["r0"][0], "length") and len(sync["r0"][0]) == 8
     if graphs:
-        assert isinstance(runner, GraphModelRunner) and runner.graph_steps > 0
+        assert isinstance(runner, GraphModelRunner) and runner.graph_steps > 0 and runner.mixed_graph_steps > 0
 
     # A KV cache of 20 blocks (80 tokens) for 8 requests of up to 40: preemption under both pipelines.
     tight_runner = make_runner(model_dir, graphs, 20, make_backend())

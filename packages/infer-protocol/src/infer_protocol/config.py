@@ -53,6 +53,8 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     cpu_kv_cache_bytes: int = 1 << 30  # budget for num_blocks = 0 on the CPU backend
     # CUDA graphs
     capture_sizes: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    # mixed steps (prefill chunks, with or without decodes) of up to this many tokens replay CUDA graphs too
+    capture_tokens: list[int] = msgspec.field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])
     enable_cuda_graphs: bool = True
     # processes
     cluster_id: str = "default"
@@ -94,6 +96,8 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"config field 'port' must be in 1..65535, got {c.port!r}")
     if any(s <= 0 for s in c.capture_sizes):
         raise ConfigError(f"config field 'capture_sizes' must hold positive sizes, got {c.capture_sizes!r}")
+    if any(s <= 0 for s in c.capture_tokens):
+        raise ConfigError(f"config field 'capture_tokens' must hold positive sizes, got {c.capture_tokens!r}")
     if not c.cluster_id or not all(ch.isalnum() or ch in "-_" for ch in c.cluster_id):
         raise ConfigError(f"config field 'cluster_id' must be non-empty [A-Za-z0-9_-], got {c.cluster_id!r}")
     if c.tensor_parallel_size != 1:

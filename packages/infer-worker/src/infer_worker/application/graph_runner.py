@@ -1,9 +1,18 @@
-"""CUDA-graph decode (nano-vllm style): one graph per capture size over address-stable buffers; a decode
-batch is copied into the buffers, padded to the next captured size (padding rows: slot -1, context 0, greedy)
-and replayed. Attention, norms, RoPE, the KV store and sampling all run inside the graph; PENDING input ids are
-gathered into the input buffer from the previous launch's sampled tokens just before the replay. Mixed or larger
-batches, and batches with a row that needs logits processing (penalties, min_tokens masking, top logprobs),
-fall back to the eager path of ModelRunner."""
+"""CUDA graphs for decode and for mixed steps (nano-vllm style, over address-stable buffers).
+
+Decode: one graph per capture size; a batch of one-token sequences is copied into the buffers, padded to the
+next captured size (padding rows: slot -1, context 0, greedy) and replayed; attention, norms, RoPE, the KV store
+and sampling all run inside the graph.
+
+Mixed (prefill chunks with or without decodes): one graph per (token bucket T, sequence bucket S), S <= T. The
+step's tokens are padded to T (slot -1: no KV write) and its sequences to S (empty query, context 0); the
+prefill attention kernel's grid covers T query rows per sequence, and the rows a sequence does not own are
+skipped. The graph ends at the logits of the sampling rows; sampling runs after the replay, so one graph serves
+greedy and stochastic batches. Without these graphs such a step pays the eager launch cost of every layer.
+
+PENDING input ids are gathered into the input buffer from the previous launch's sampled tokens just before a
+replay. Larger steps, and steps with a row that needs logits processing (penalties, min_tokens masking, top
+logprobs), run on the eager path of ModelRunner."""
 
 from __future__ import annotations
 
@@ -26,85 +35,94 @@ from infer_worker.domain.sequence import ScheduledSeq
 log = logging.getLogger("rustinfer.worker")
 
 
-# The uploaded per-row inputs of a captured step: (name, dtype, value of a padding row).
-_ROW_FIELDS: tuple[tuple[str, type, float], ...] = (
-    ("input_ids", np.int64, 0), ("positions", np.int64, 0), ("slot_mapping", np.int64, -1), ("seq_lens", np.int32, 0),
+# The uploaded inputs of a captured step: (name, dtype, value of a padding row), per token, per sequence, per
+# sampling row. The sampling rows are a prefix of the sequences (those that sample, in step order).
+_TOKEN_FIELDS: tuple[tuple[str, type, float], ...] = (
+    ("input_ids", np.int64, 0), ("positions", np.int64, 0), ("slot_mapping", np.int64, -1))
+_SEQ_FIELDS: tuple[tuple[str, type, float], ...] = (("seq_lens", np.int32, 0),)
+_SAMPLE_FIELDS: tuple[tuple[str, type, float], ...] = (
     ("temperature", np.float32, 0), ("top_p", np.float32, 1), ("top_k", np.int32, 0), ("min_p", np.float32, 0),
-    ("seeds", np.int64, 0), ("sample_positions", np.int64, 0),
-)
-# Also uploaded: the PENDING inputs' positions and source rows (a prefix of them is used), and query_start_loc,
-# which is 0, 1, ..., B for every decode batch (B + 1 entries).
+    ("seeds", np.int64, 0), ("sample_positions", np.int64, 0), ("sample_rows", np.int64, 0))
+# Also uploaded: the PENDING inputs' token rows and source rows (a prefix of them is used), and query_start_loc
+# (S + 1 entries; padding sequences are empty).
 _OTHER_FIELDS: tuple[tuple[str, type], ...] = (
     ("pending_pos", np.int64), ("pending_rows", np.int64), ("query_start_loc", np.int32))
 
 
 class _StaticBuffers:
-    """Every tensor a captured decode step reads or writes; allocated once at the largest capture size.
+    """Every tensor a captured step reads or writes; allocated once for the largest token and sequence buckets.
 
-    The inputs are typed views of one device region with a fixed layout (one row per sequence per field, then the
+    The inputs are typed views of one device region with a fixed layout (fields one after the other, then the
     block table, row-major), so a step's inputs travel in one copy from a page-locked staging buffer of the same
-    layout: the rows of every field, then the block-table rows the captured size reads."""
+    layout: every field, then the block-table rows the captured sequence bucket reads."""
 
-    def __init__(self, max_batch: int, max_blocks_per_seq: int, device: str, backend: LlmBackend) -> None:
+    def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: str,
+                 backend: LlmBackend) -> None:
+        fields: list[tuple[str, type, int]] = [(name, dtype, max_tokens) for name, dtype, _ in _TOKEN_FIELDS]
+        fields += [(name, dtype, max_seqs) for name, dtype, _ in _SEQ_FIELDS + _SAMPLE_FIELDS]
+        fields += [(name, dtype, max_seqs + (name == "query_start_loc")) for name, dtype in _OTHER_FIELDS]
         layout, off = [], 0
-        fields = [(name, dtype) for name, dtype, _ in _ROW_FIELDS] + list(_OTHER_FIELDS)
-        for name, dtype in fields:
-            rows = max_batch + 1 if name == "query_start_loc" else max_batch
+        for _, dtype, rows in fields:
             layout.append((off, np.dtype(dtype), (rows,)))
             off += aligned(rows * np.dtype(dtype).itemsize)
         self.table_offset = off
         self.table_row_bytes = max_blocks_per_seq * 4
-        layout.append((off, np.dtype(np.int32), (max_batch, max_blocks_per_seq)))
-        self.num_bytes = off + max_batch * self.table_row_bytes
+        layout.append((off, np.dtype(np.int32), (max_seqs, max_blocks_per_seq)))
+        self.num_bytes = off + max_seqs * self.table_row_bytes
         self.region = torch.zeros(self.num_bytes, dtype=torch.uint8, device=device)
-        views = device_views(self.region, layout)
-        names = [name for name, _ in fields] + ["block_tables"]
-        for name, view in zip(names, views):
+        names = [name for name, _, _ in fields] + ["block_tables"]
+        for name, view in zip(names, device_views(self.region, layout)):
             setattr(self, name, view)
         # What capture sees before any upload: no KV write, one token per sequence.
         self.slot_mapping.fill_(-1)
-        self.query_start_loc.copy_(torch.arange(max_batch + 1, dtype=torch.int32))
+        self.query_start_loc.copy_(torch.arange(max_seqs + 1, dtype=torch.int32))
         self.staging = [backend.staging_buffer(self.num_bytes) for _ in range(SLOTS)]
         self.host = [dict(zip(names, _host_views(buf, layout))) for buf in self.staging]
-        for host in self.host:
-            host["query_start_loc"][:] = np.arange(max_batch + 1, dtype=np.int32)  # one token per sequence
-            host["slot_mapping"][:] = -1
         self._next = 0
-        self.out_tokens = torch.zeros(max_batch, dtype=torch.int64, device=device)
-        self.out_logprobs = torch.zeros(max_batch, dtype=torch.float32, device=device)
+        self.out_tokens = torch.zeros(max_seqs, dtype=torch.int64, device=device)
+        self.out_logprobs = torch.zeros(max_seqs, dtype=torch.float32, device=device)
+        self.logits: torch.Tensor | None = None  # [max_seqs, vocab]: the mixed graphs' output
 
-    def load(self, step: HostStep, arrays: dict[str, np.ndarray], n: int, size: int) -> None:
-        """Write the step's rows (padding rows up to `size`) into the next staging slot and send them in one copy."""
+    def load(self, step: HostStep, arrays: dict[str, np.ndarray], tokens: int, seqs: int) -> None:
+        """Write the step into the next staging slot, padded to `tokens` token rows and `seqs` sequence rows, and
+        send it in one copy."""
         i = self._next
         self._next = (i + 1) % SLOTS
         host = self.host[i]
+        num_tokens, num_seqs, num_samples = len(step.input_ids), len(step.seq_lens), len(step.sample_rows)
         values = {"input_ids": step.input_ids, "positions": step.positions, "slot_mapping": step.slot_mapping,
                   "seq_lens": step.seq_lens, "temperature": arrays["temperature"], "top_p": arrays["top_p"],
                   "top_k": arrays["top_k"], "min_p": arrays["min_p"], "seeds": arrays["seeds"],
-                  "sample_positions": arrays["positions"]}
-        for name, _, pad in _ROW_FIELDS:
-            dst = host[name]
-            dst[:n] = values[name]
-            dst[n:size] = pad
+                  "sample_positions": arrays["positions"], "sample_rows": step.sample_rows}
+        for group, n, size in ((_TOKEN_FIELDS, num_tokens, tokens), (_SEQ_FIELDS, num_seqs, seqs),
+                               (_SAMPLE_FIELDS, num_samples, seqs)):
+            for name, _, pad in group:
+                dst = host[name]
+                dst[:n] = values[name]
+                dst[n:size] = pad
         p = len(step.pending_pos)
         host["pending_pos"][:p] = step.pending_pos
         host["pending_rows"][:p] = step.pending_rows
+        qsl = host["query_start_loc"]
+        qsl[:num_seqs + 1] = step.query_start_loc
+        qsl[num_seqs + 1:seqs + 1] = num_tokens
         table = host["block_tables"]
-        table[:n] = step.block_tables
-        table[n:size] = 0
-        end = self.table_offset + size * self.table_row_bytes
+        table[:num_seqs] = step.block_tables
+        table[num_seqs:seqs] = 0
+        end = self.table_offset + seqs * self.table_row_bytes
         self.region[:end].copy_(self.staging[i][:end], non_blocking=True)
 
-    def attention_batch(self, size: int, block_size: int, max_seq_len: int) -> AttentionBatch:
+    def attention_batch(self, tokens: int, seqs: int, block_size: int, max_seq_len: int,
+                        decode: bool) -> AttentionBatch:
         return AttentionBatch(
-            positions=self.positions[:size],
-            slot_mapping=self.slot_mapping[:size],
-            query_start_loc=self.query_start_loc[: size + 1],
-            seq_lens=self.seq_lens[:size],
-            block_tables=self.block_tables[:size],
-            max_query_len=1,
+            positions=self.positions[:tokens],
+            slot_mapping=self.slot_mapping[:tokens],
+            query_start_loc=self.query_start_loc[: seqs + 1],
+            seq_lens=self.seq_lens[:seqs],
+            block_tables=self.block_tables[:seqs],
+            max_query_len=1 if decode else tokens,
             max_seq_len=max_seq_len,
-            is_decode=True,
+            is_decode=decode,
             block_size=block_size,
         )
 
@@ -126,14 +144,20 @@ def _host_views(buf: torch.Tensor, layout: list[tuple[int, np.dtype, tuple[int, 
 
 
 class GraphModelRunner(ModelRunner):
-    """A ModelRunner whose pure-decode steps of up to max(capture_sizes) sequences replay CUDA graphs."""
+    """A ModelRunner whose decode steps of up to max(capture_sizes) sequences, and whose mixed steps of up to
+    max(capture_tokens) tokens, replay CUDA graphs."""
 
-    def __init__(self, *args: Any, capture_sizes: Seq[int], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, capture_sizes: Seq[int], capture_tokens: Seq[int] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.capture_sizes = sorted(set(capture_sizes))
-        self._buf = _StaticBuffers(self.capture_sizes[-1], self.max_blocks_per_seq, self.device, self.backend)
-        self._graphs: dict[tuple[int, bool], Any] = {}
-        self.graph_steps = 0  # replays so far (tests and logs read it)
+        self.capture_tokens = sorted({t for t in capture_tokens if t >= self.capture_sizes[0]})
+        max_tokens = max([self.capture_sizes[-1], *self.capture_tokens])
+        self._buf = _StaticBuffers(max_tokens, self.capture_sizes[-1], self.max_blocks_per_seq, self.device,
+                                   self.backend)
+        self._graphs: dict[tuple[int, bool], Any] = {}  # decode: (size, greedy)
+        self._mixed: dict[tuple[int, int], Any] = {}  # mixed: (token bucket, sequence bucket)
+        self.graph_steps = 0  # decode replays so far (tests and logs read it)
+        self.mixed_graph_steps = 0
 
     def capture(self) -> None:
         max_seq_len = self.max_blocks_per_seq * self.block_size
@@ -141,10 +165,19 @@ class GraphModelRunner(ModelRunner):
             for greedy in (True, False):
                 self._graphs[(size, greedy)] = self.backend.capture_graph(self._step_fn(size, greedy, max_seq_len))
         log.info("captured CUDA graphs for decode batch sizes %s", self.capture_sizes)
+        if not self.capture_tokens:
+            return
+        buf = self._buf
+        buf.logits = torch.empty((self.capture_sizes[-1], self.model.spec.vocab_size), dtype=torch.float32,
+                                 device=self.device)
+        for tokens in reversed(self.capture_tokens):
+            for seqs in reversed([s for s in self.capture_sizes if s <= tokens]):
+                self._mixed[(tokens, seqs)] = self.backend.capture_graph(self._mixed_fn(tokens, seqs, max_seq_len))
+        log.info("captured CUDA graphs for mixed steps of up to %s tokens", self.capture_tokens)
 
     def _step_fn(self, size: int, greedy: bool, max_seq_len: int):  # noqa: ANN202 - a closure for capture
         buf = self._buf
-        batch = buf.attention_batch(size, self.block_size, max_seq_len)
+        batch = buf.attention_batch(size, size, self.block_size, max_seq_len, decode=True)
         sampling = buf.sampling_batch(size, greedy)
 
         def step() -> None:
@@ -155,26 +188,60 @@ class GraphModelRunner(ModelRunner):
 
         return step
 
-    @torch.inference_mode()
-    def launch(self, scheduled: Seq[ScheduledSeq]) -> LaunchedStep:
+    def _mixed_fn(self, tokens: int, seqs: int, max_seq_len: int):  # noqa: ANN202 - a closure for capture
+        buf = self._buf
+        batch = buf.attention_batch(tokens, seqs, self.block_size, max_seq_len, decode=False)
+        assert buf.logits is not None
+        logits = buf.logits[:seqs]
+
+        def step() -> None:
+            hidden = self.model.forward(buf.input_ids[:tokens], batch, self.kv_caches)
+            logits.copy_(self.model.compute_logits(hidden[buf.sample_rows[:seqs]]))
+
+        return step
+
+    def _bucket(self, scheduled: Seq[ScheduledSeq]) -> tuple[int, int, bool] | None:
+        """(token bucket, sequence bucket, decode graph?) of a step a graph can run, else None."""
         n = len(scheduled)
         if not self._graphs or n == 0 or n > self.capture_sizes[-1]:
+            return None
+        if any(len(s.seq.token_ids) < s.seq.process_until for s in scheduled):
+            return None  # a row needs logits processing (penalties, min_tokens, top logprobs): eager
+        seqs = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
+        if all(s.num_new == 1 and s.seq.num_computed + 1 == len(s.seq.token_ids) for s in scheduled):
+            return seqs, seqs, True  # every row decodes (and so samples)
+        need = max(sum(s.num_new for s in scheduled), seqs)  # a graph of T tokens was captured for S <= T
+        if not self._mixed or need > self.capture_tokens[-1]:
+            return None
+        return self.capture_tokens[bisect.bisect_left(self.capture_tokens, need)], seqs, False
+
+    @torch.inference_mode()
+    def launch(self, scheduled: Seq[ScheduledSeq]) -> LaunchedStep:
+        bucket = self._bucket(scheduled)
+        if bucket is None:
             return super().launch(scheduled)
-        # Not a pure decode, or a row needs logits processing (penalties, min_tokens, top logprobs): eager.
-        if any(s.num_new != 1 or s.seq.num_computed + 1 != len(s.seq.token_ids)
-               or len(s.seq.token_ids) < s.seq.process_until for s in scheduled):
-            return super().launch(scheduled)
+        tokens, seqs, decode = bucket
         trace = self.backend.trace_range
+        buf = self._buf
         with trace("prepare"):
             step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
-            size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
             arrays = sampling_arrays(step.sampling_seqs)
             greedy = bool((arrays["temperature"] == 0).all())
-            buf = self._buf
-            buf.load(step, arrays, n, size)
+            buf.load(step, arrays, tokens, seqs)
             p = len(step.pending_pos)
             self._fill_pending(buf.input_ids, step, buf.pending_pos[:p], buf.pending_rows[:p])
-        with trace(f"graph_replay_{size}"):
-            self._graphs[(size, greedy)].replay()
-        self.graph_steps += 1
-        return self._launched(step.sampling_seqs, self._buf.out_tokens[:n], self._buf.out_logprobs[:n])
+        num_samples = len(step.sampling_seqs)
+        if decode:
+            with trace(f"graph_replay_{seqs}"):
+                self._graphs[(seqs, greedy)].replay()
+            self.graph_steps += 1
+            return self._launched(step.sampling_seqs, buf.out_tokens[:num_samples], buf.out_logprobs[:num_samples])
+        with trace(f"mixed_graph_replay_{tokens}x{seqs}"):
+            self._mixed[(tokens, seqs)].replay()
+        self.mixed_graph_steps += 1
+        if not num_samples:  # every sequence is mid-prefill
+            return LaunchedStep(self.num_launches, [])
+        assert buf.logits is not None
+        with trace("sample"):
+            out = self._sampler.sample(buf.logits[:num_samples], buf.sampling_batch(num_samples, greedy))
+        return self._launched(step.sampling_seqs, out.token_ids, out.logprobs)

@@ -130,9 +130,11 @@ def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
     max_blocks_per_seq = math.ceil(max_model_len / config.block_size)
     sizes = [size for size in config.capture_sizes if size <= config.max_batch_seqs]
     if backend.supports_graphs and config.enable_cuda_graphs and sizes:
+        tokens = [t for t in config.capture_tokens if t <= config.max_batch_tokens]
         runner: ModelRunner = GraphModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq,
-                                               backend.device, capture_sizes=sizes)
-        progress(f"capturing CUDA graphs for decode batch sizes {sizes}")
+                                               backend.device, capture_sizes=sizes, capture_tokens=tokens)
+        progress(f"capturing CUDA graphs for decode batch sizes {sizes} and mixed steps of up to "
+                 f"{max(tokens, default=0)} tokens")
         runner.capture()
     else:
         runner = ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device)
