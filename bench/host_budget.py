@@ -27,9 +27,10 @@ _SAMPLE = re.compile(r"^(rustinfer_[a-z_]+) ([-+0-9.eE]+)$", re.M)
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def find_pids() -> dict[str, int]:
-    """The engine's processes by role (the launcher names each child `rustinfer-ROLE` / `infer_ROLE.cli`)."""
-    found: dict[str, int] = {}
+def find_pids() -> dict[str, list[int]]:
+    """The engine's processes by role (the launcher names each child `rustinfer-ROLE` / `infer_ROLE.cli`; there
+    may be several server processes)."""
+    found: dict[str, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -39,7 +40,7 @@ def find_pids() -> dict[str, int]:
             continue
         for role in ROLES:
             if f"rustinfer-{role}" in cmdline or f"infer_{role}.cli" in cmdline or f"infer_{role} " in cmdline:
-                found.setdefault(role, int(entry.name))
+                found.setdefault(role, []).append(int(entry.name))
     return found
 
 
@@ -55,7 +56,7 @@ async def scrape(client: httpx.AsyncClient, url: str) -> dict[str, float]:
 
 
 class HostBudget:
-    def __init__(self, url: str, interval: float = 0.5, pids: dict[str, int] | None = None,
+    def __init__(self, url: str, interval: float = 0.5, pids: dict[str, list[int]] | None = None,
                  settle: float = 1.2) -> None:
         self.url = url
         self.interval = interval
@@ -67,7 +68,7 @@ class HostBudget:
 
     async def __aenter__(self) -> HostBudget:
         self._client = httpx.AsyncClient()
-        self._cpu0 = {role: cpu_seconds(pid) for role, pid in self.pids.items()}
+        self._cpu0 = {role: sum(map(cpu_seconds, pids)) for role, pids in self.pids.items()}
         self._first = await scrape(self._client, self.url)
         self._task = asyncio.create_task(self._poll())
         return self
@@ -85,7 +86,7 @@ class HostBudget:
         self._task.cancel()
         await asyncio.sleep(self.settle)
         last = await scrape(self._client, self.url)
-        cpu = {role: cpu_seconds(pid) - self._cpu0[role] for role, pid in self.pids.items()}
+        cpu = {role: sum(map(cpu_seconds, pids)) - self._cpu0[role] for role, pids in self.pids.items()}
         await self._client.aclose()
         steps = last["rustinfer_scheduler_steps_total"] - self._first["rustinfer_scheduler_steps_total"]
         busy = [s for s in self._samples if s.get("rustinfer_num_requests_running", 0) > 0] or [last]

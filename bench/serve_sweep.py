@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
+import multiprocessing
 import random
 import statistics
 import string
@@ -99,12 +101,14 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(ordered), "p50": pct(50), "p90": pct(90), "p99": pct(99)}
 
 
-async def run_level(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
-                    host_budget: bool = False) -> dict:
+async def drive(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
+                start_at: float) -> tuple[list[RequestRecord], float]:
+    """Poisson arrivals at `qps` for `duration` seconds from wall-clock time `start_at`; the records and the wall
+    time until the last request ended."""
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    budget = HostBudget(url) if host_budget else contextlib.nullcontext()
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client, budget:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
         tasks: list[asyncio.Task[RequestRecord]] = []
         start = time.perf_counter()
         next_at = 0.0
@@ -115,7 +119,32 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
             tasks.append(asyncio.create_task(one_request(client, url, model, make_prompt(rng), max_tokens)))
             next_at += rng.expovariate(qps)
         records = await asyncio.gather(*tasks)
-        wall = time.perf_counter() - start
+        return list(records), time.perf_counter() - start
+
+
+def _client_process(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
+                    start_at: float) -> tuple[list[RequestRecord], float]:
+    return asyncio.run(drive(url, model, qps, duration, max_tokens, seed, start_at))
+
+
+async def run_level(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
+                    host_budget: bool = False, clients: int = 1) -> dict:
+    """One QPS level. With `clients` > 1 the load comes from that many processes, each a Poisson stream of
+    qps / clients (their sum is a Poisson stream of qps), so one Python client process never limits the server."""
+    budget = HostBudget(url) if host_budget else contextlib.nullcontext()
+    async with budget:
+        start_at = time.time() + (1.0 if clients > 1 else 0.0)  # the processes start together
+        if clients == 1:
+            records, wall = await drive(url, model, qps, duration, max_tokens, seed, start_at)
+        else:
+            loop = asyncio.get_running_loop()
+            ctx = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
+                parts = await asyncio.gather(*(
+                    loop.run_in_executor(pool, _client_process, url, model, qps / clients, duration, max_tokens,
+                                         seed * 1000 + i, start_at) for i in range(clients)))
+            records = [r for part, _ in parts for r in part]
+            wall = max(w for _, w in parts)
     ok = [r for r in records if r.ok]
     ms = 1e3
     tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
@@ -156,11 +185,13 @@ def main() -> None:
     ap.add_argument("--commit", default="", help="the commit measured (default: git rev-parse of this checkout)")
     ap.add_argument("--host-budget", action="store_true",
                     help="also measure each process's CPU time per step (the engine must run on this machine)")
+    ap.add_argument("--clients", type=int, default=1, help="client processes sharing the load (one Python "
+                    "process streams ~10k chunks/s at most)")
     args = ap.parse_args()
     levels = []
     for qps in (float(q) for q in args.qps.split(",")):
         level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed,
-                                      args.host_budget))
+                                      args.host_budget, args.clients))
         levels.append(level)
         print(f"qps {qps:>5}: ITL p50 {level['itl_ms']['p50']:.2f} p99 {level['itl_ms']['p99']:.2f} ms | "
               f"TPOT p50 {level['tpot_ms']['p50']:.2f} | TTFT p50 {level['ttft_ms']['p50']:.1f} "

@@ -20,7 +20,8 @@ PROCESSES = ("scheduler", "worker", "server")
 _STOP_GRACE_SECS = 3.0  # past shutdown_timeout_secs, for the processes to act on their own deadline
 
 
-def _command(role: str, config_path: str) -> list[str]:
+def _command(name: str, config_path: str) -> list[str]:
+    role = name.split("-")[0]  # "server-2" is the second server process
     script = Path(sys.executable).parent / f"rustinfer-{role}"
     if script.exists():
         return [str(script), "--config", config_path]
@@ -42,8 +43,9 @@ class Cluster:
         return f"http://{host}:{self.config.port}"
 
     def start(self) -> None:
-        for role in PROCESSES:
-            self.procs[role] = subprocess.Popen(_command(role, self._config_path))
+        servers = [f"server-{i}" for i in range(2, self.config.server_processes + 1)]
+        for name in (*PROCESSES, *servers):
+            self.procs[name] = subprocess.Popen(_command(name, self._config_path))
 
     def dead(self) -> tuple[str, int] | None:
         for role, proc in self.procs.items():
@@ -58,11 +60,12 @@ class Cluster:
         at once would abandon the drain). The worker gets SIGTERM only once the scheduler is gone; whatever
         still runs a few seconds past the drain deadline is killed."""
         deadline = time.monotonic() + self.config.shutdown_timeout_secs + _STOP_GRACE_SECS
-        for role in ("server", "scheduler"):
+        servers = [name for name in self.procs if name.startswith("server")]
+        for role in (*servers, "scheduler"):
             proc = self.procs.get(role)
             if proc is not None and proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for role in ("scheduler", "worker", "server"):
+        for role in ("scheduler", "worker", *servers):
             proc = self.procs.get(role)
             if proc is None:
                 continue

@@ -18,7 +18,7 @@ def test_host_budget_measures_each_process_per_step(tiny_cluster: ServedCluster)
     body = {"model": "tiny", "prompt": [1, 450, 7042, 282], "temperature": 0, "max_tokens": 200, "ignore_eos": True}
 
     async def drive() -> dict:
-        async with host_budget.HostBudget(url, interval=0.05, pids=tiny_cluster.pids()) as budget:
+        async with host_budget.HostBudget(url, interval=0.05, pids={role: [pid] for role, pid in tiny_cluster.pids().items()}) as budget:
             async with httpx.AsyncClient(timeout=120) as client:
                 resps = await asyncio.gather(*(client.post(f"{url}/v1/completions", json=body) for _ in range(4)))
             assert all(r.status_code == 200 for r in resps)

@@ -46,7 +46,7 @@ def make_runner(model_dir: Path, graphs: bool, num_blocks: int, backend: LlmBack
     if not graphs:
         return ModelRunner(model, backend, caches, BLOCK_SIZE, MAX_BLOCKS_PER_SEQ, backend.device)
     runner = GraphModelRunner(model, backend, caches, BLOCK_SIZE, MAX_BLOCKS_PER_SEQ, backend.device,
-                              capture_sizes=[1, 2, 4, 8], capture_tokens=[8, 16, 32])
+                              capture_sizes=[1, 2, 3, 4, 6, 8], capture_tokens=[8, 16, 32])
     runner.capture()
     return runner
 

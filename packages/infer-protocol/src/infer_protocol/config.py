@@ -38,6 +38,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     max_inflight_requests: int = 1024
     max_request_body_bytes: int = 4 * 1024 * 1024
     enable_console: bool = True  # serve the browser console at / when infer-frontend is installed
+    server_processes: int = 1  # HTTP processes sharing the port (SO_REUSEPORT): streaming is Python work per token
     # scheduling
     max_batch_tokens: int = 8192
     max_batch_seqs: int = 256
@@ -52,7 +53,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     block_size: int = 16
     cpu_kv_cache_bytes: int = 1 << 30  # budget for num_blocks = 0 on the CPU backend
     # CUDA graphs
-    capture_sizes: list[int] = msgspec.field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64, 128, 256])
+    # a batch runs the graph of the next size up: steps between sizes bound the padding (<= 25% from 32 up)
+    capture_sizes: list[int] = msgspec.field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 224, 256])
     # mixed steps (prefill chunks, with or without decodes) of up to this many tokens replay CUDA graphs too
     capture_tokens: list[int] = msgspec.field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])
     enable_cuda_graphs: bool = True
@@ -96,6 +99,8 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"config field 'port' must be in 1..65535, got {c.port!r}")
     if any(s <= 0 for s in c.capture_sizes):
         raise ConfigError(f"config field 'capture_sizes' must hold positive sizes, got {c.capture_sizes!r}")
+    if c.server_processes < 1:
+        raise ConfigError(f"config field 'server_processes' must be >= 1, got {c.server_processes}")
     if any(s <= 0 for s in c.capture_tokens):
         raise ConfigError(f"config field 'capture_tokens' must hold positive sizes, got {c.capture_tokens!r}")
     if not c.cluster_id or not all(ch.isalnum() or ch in "-_" for ch in c.cluster_id):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -42,15 +43,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopped_by: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopped_by.append(signum))
-    uvicorn.run(
+    server = uvicorn.Server(uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
         access_log=config.log_level == "debug",
         timeout_graceful_shutdown=max(1, int(config.shutdown_timeout_secs)),
-    )
+    ))
+    # Several server processes share the port: each binds it with SO_REUSEPORT and the kernel spreads the
+    # connections over them.
+    sockets = [_shared_socket(config.host, config.port)] if config.server_processes > 1 else None
+    server.run(sockets=sockets)
     return 130 if signal.SIGINT in stopped_by else 0
+
+
+def _shared_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
 
 
 if __name__ == "__main__":

@@ -151,6 +151,8 @@ class GraphModelRunner(ModelRunner):
         super().__init__(*args, **kwargs)
         self.capture_sizes = sorted(set(capture_sizes))
         self.capture_tokens = sorted({t for t in capture_tokens if t >= self.capture_sizes[0]})
+        # Mixed graphs need a sequence bucket per token bucket: powers of two (and the largest size) suffice there.
+        self.mixed_seq_sizes = sorted({s for s in self.capture_sizes if s & (s - 1) == 0} | {self.capture_sizes[-1]})
         max_tokens = max([self.capture_sizes[-1], *self.capture_tokens])
         self._buf = _StaticBuffers(max_tokens, self.capture_sizes[-1], self.max_blocks_per_seq, self.device,
                                    self.backend)
@@ -171,7 +173,7 @@ class GraphModelRunner(ModelRunner):
         buf.logits = torch.empty((self.capture_sizes[-1], self.model.spec.vocab_size), dtype=torch.float32,
                                  device=self.device)
         for tokens in reversed(self.capture_tokens):
-            for seqs in reversed([s for s in self.capture_sizes if s <= tokens]):
+            for seqs in reversed([s for s in self.mixed_seq_sizes if s <= tokens]):
                 self._mixed[(tokens, seqs)] = self.backend.capture_graph(self._mixed_fn(tokens, seqs, max_seq_len))
         log.info("captured CUDA graphs for mixed steps of up to %s tokens", self.capture_tokens)
 
@@ -207,9 +209,10 @@ class GraphModelRunner(ModelRunner):
             return None
         if any(len(s.seq.token_ids) < s.seq.process_until for s in scheduled):
             return None  # a row needs logits processing (penalties, min_tokens, top logprobs): eager
-        seqs = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
         if all(s.num_new == 1 and s.seq.num_computed + 1 == len(s.seq.token_ids) for s in scheduled):
+            seqs = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
             return seqs, seqs, True  # every row decodes (and so samples)
+        seqs = self.mixed_seq_sizes[bisect.bisect_left(self.mixed_seq_sizes, n)]
         need = max(sum(s.num_new for s in scheduled), seqs)  # a graph of T tokens was captured for S <= T
         if not self._mixed or need > self.capture_tokens[-1]:
             return None

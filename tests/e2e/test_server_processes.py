@@ -1,0 +1,67 @@
+"""`server_processes = 2`: two HTTP processes share the port (SO_REUSEPORT) in front of one scheduler; requests on
+fresh connections are spread over both, every one answers with the same greedy tokens, and the launcher stops
+all four processes cleanly."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.cluster import ServedCluster
+
+BODY = {"model": "tiny", "prompt": [1, 450, 7042, 282], "temperature": 0, "max_tokens": 6, "ignore_eos": True,
+        "return_token_ids": True}
+
+
+def _server_pids(cluster: ServedCluster) -> set[int]:
+    assert cluster.proc is not None
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == cluster.proc.pid and (
+                "rustinfer-server" in cmdline or "infer_server.cli" in cmdline):
+            found.add(int(entry.name))
+    return found
+
+
+def test_two_server_processes_share_the_port(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cluster = ServedCluster(tmp_path, model=str(tiny_model_dir), model_name="tiny", num_blocks=256, block_size=4,
+                            max_model_len=256, server_processes=2)
+    cluster.start(timeout=300)
+    try:
+        servers = _server_pids(cluster)
+        assert len(servers) == 2, servers
+        # Both become ready (each has its own scheduler connection): /ready answers 200 from whichever is hit.
+        deadline = time.monotonic() + 30
+        while sum(httpx.get(f"{cluster.url}/ready", timeout=5).status_code == 200 for _ in range(8)) < 8:
+            assert time.monotonic() < deadline, "not every server process became ready"
+            time.sleep(0.2)
+        with cf.ThreadPoolExecutor(8) as pool:  # httpx.post opens a fresh connection per call
+            resps = list(pool.map(lambda _: httpx.post(f"{cluster.url}/v1/completions", json=BODY, timeout=120),
+                                  range(25)))
+        assert all(r.status_code == 200 for r in resps), [r.text for r in resps if r.status_code != 200]
+        answers = {tuple(r.json()["choices"][0]["token_ids"]) for r in resps}
+        assert len(answers) == 1 and len(next(iter(answers))) == 6
+        # The connections were spread: each process counted some of the 25 completions in its own /metrics (an
+        # odd total: the two counts differ).
+        served = set()
+        for _ in range(40):
+            text = httpx.get(f"{cluster.url}/metrics", timeout=5).text
+            line = next((ln for ln in text.splitlines() if ln.startswith("rustinfer_http_requests_total")
+                         and 'endpoint="/v1/completions"' in ln), None)
+            if line is not None:
+                served.add(line)
+        assert len(served) == 2, served
+    finally:
+        assert cluster.stop() == 0, cluster.log()
+    assert not _server_pids(cluster)
