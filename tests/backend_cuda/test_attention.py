@@ -20,6 +20,7 @@ PREFILL_SMALL = [
     ([5, 1, 9], [5, 12, 20], 4, 2, 32, 4),  # plain prefill, a decode row, an extend over a cached prefix
     ([3, 17], [3, 30], 2, 2, 16, 8),  # GQA 1, query longer than one 16-row tile
     ([16, 2, 1], [16, 40, 0], 4, 1, 32, 16),  # GQA 4, a padding row (context 0 -> zeros)
+    ([7, 1, 4], [10, 30, 4], 6, 2, 16, 4),  # GQA 3: a token's heads straddle two packed 16-row tiles
 ]
 PREFILL_LARGE = [
     ([512, 1, 37, 200], [512, 900, 1037, 1224], 32, 8, 128, 16),

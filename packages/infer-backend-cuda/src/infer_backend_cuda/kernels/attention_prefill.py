@@ -6,10 +6,13 @@ length `ctx = seq_lens[b]` after this step; its query rows are the LAST `q_len` 
 so row `i` sits at absolute position `ctx - q_len + i` and sees keys `0..ctx - q_len + i`. Keys and values
 are read from the paged cache through `block_tables[b]` (the new tokens must already be stored there).
 
-Grid `(B, Hq, cdiv(max_query_len, BLOCK_M))`; one program = one query tile of one head of one sequence,
-FlashAttention-2 style online softmax in fp32 over BLOCK_N-key tiles; the K/V tiles are gathered row by row
-through the block table, so any `block_size` works. Tiles past `q_len` return at once. A query row with an
-empty context (padding: `seq_lens = 0`) gets zeros, never NaN.
+Grid `(B, Hkv, cdiv(max_query_len * group, BLOCK_M))`; one program = one query tile of one KV head of one
+sequence, whose BLOCK_M rows are (token, query head) pairs of that KV head's `group` query heads (GQA packing:
+row r is token r // group, head kvh * group + r % group), so each K/V tile is read once for the whole group —
+a decode row in a mixed batch costs one KV pass per KV head, not one per query head. FlashAttention-2 style
+online softmax in fp32 over BLOCK_N-key tiles; the K/V tiles are gathered row by row through the block table,
+so any `block_size` works. Tiles past `q_len` return at once. A query row with an empty context (padding:
+`seq_lens = 0`) gets zeros, never NaN.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ def _prefill_kernel(
     bt_s0,
     scale,
     block_size,
-    group,
+    GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -51,16 +54,17 @@ def _prefill_kernel(
     DOT_F32: tl.constexpr,
 ):
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    kvh = tl.program_id(1).to(tl.int64)
     mt = tl.program_id(2)
     q_start = tl.load(qsl_ptr + b).to(tl.int64)
     q_len = (tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)).to(tl.int32)
-    if mt * BLOCK_M >= q_len:
+    if (mt * BLOCK_M) // GROUP >= q_len:
         return
     ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
-    kvh = (h // group).to(tl.int64)
 
-    offs_m = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_r = mt * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_m = offs_r // GROUP  # the row's token within the sequence's query chunk
+    heads = kvh * GROUP + (offs_r % GROUP).to(tl.int64)  # the row's query head
     m_mask = offs_m < q_len
     q_pos = ctx - q_len + offs_m
     offs_d = tl.arange(0, BLOCK_D)
@@ -68,7 +72,7 @@ def _prefill_kernel(
 
     rows = q_start + offs_m.to(tl.int64)
     q = tl.load(
-        q_ptr + rows[:, None] * q_s0 + h * q_s1 + offs_d[None, :],
+        q_ptr + rows[:, None] * q_s0 + heads[:, None] * q_s1 + offs_d[None, :],
         mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
@@ -79,8 +83,8 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Keys visible to the last row of this tile (exclusive bound).
-    kv_end = ctx - q_len + tl.minimum(q_len, (mt + 1) * BLOCK_M)
+    # Keys visible to the last token of this tile (exclusive bound).
+    kv_end = ctx - q_len + tl.minimum(q_len, ((mt + 1) * BLOCK_M - 1) // GROUP + 1)
     bt_row = bt_ptr + b.to(tl.int64) * bt_s0
     for start in range(0, kv_end, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -119,7 +123,7 @@ def _prefill_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     tl.store(
-        o_ptr + rows[:, None] * o_s0 + h * o_s1 + offs_d[None, :],
+        o_ptr + rows[:, None] * o_s0 + heads[:, None] * o_s1 + offs_d[None, :],
         out.to(o_ptr.dtype.element_ty),
         mask=m_mask[:, None] & d_mask[None, :],
     )
@@ -166,7 +170,8 @@ def paged_attention_prefill(
     bm, bn, num_warps, num_stages = _prefill_config(head_dim)
     bm, bn = block_m or bm, block_n or bn
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    grid = (n_seq, num_q_heads, triton.cdiv(int(max_query_len), bm))
+    group = num_q_heads // num_kv_heads
+    grid = (n_seq, num_kv_heads, triton.cdiv(int(max_query_len) * group, bm))
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -188,7 +193,7 @@ def paged_attention_prefill(
         block_tables.stride(0),
         float(scale),
         block_size,
-        num_q_heads // num_kv_heads,
+        GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_M=bm,
         BLOCK_N=bn,
