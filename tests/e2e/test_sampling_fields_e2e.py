@@ -91,6 +91,19 @@ def test_min_tokens_holds_back_eos(smol_cluster: ServedCluster) -> None:
     assert ids[: n_free - 1] == free["choices"][0]["token_ids"][:-1]  # the same answer up to where EOS was masked
 
 
+def test_stop_token_ids_apply_with_ignore_eos(smol_cluster: ServedCluster) -> None:
+    """ignore_eos only drops EOS: the client's own stop_token_ids still end the request (vLLM semantics)."""
+    body = {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 12, "return_token_ids": True,
+            "ignore_eos": True}
+    free = _post(smol_cluster, "/v1/completions", body)["choices"][0]
+    assert free["finish_reason"] == "length" and len(free["token_ids"]) == 12
+    stop_id = free["token_ids"][4]
+    first = free["token_ids"].index(stop_id)
+    stopped = _post(smol_cluster, "/v1/completions", body | {"stop_token_ids": [stop_id]})["choices"][0]
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["token_ids"] == free["token_ids"][:first + 1]
+
+
 def test_echo_prepends_the_prompt(smol_cluster: ServedCluster) -> None:
     body = {"prompt": "The capital of France is", "temperature": 0, "max_tokens": 4}
     plain = _post(smol_cluster, "/v1/completions", body)["choices"][0]["text"]

@@ -130,6 +130,7 @@ def test_stop_rules():
     e = make_engine()
     e.submit(make_submit([1, 2], max_tokens=10, rid="stop", stop_token_ids=[stop]))
     e.submit(make_submit([1, 2], max_tokens=10, rid="min", stop_token_ids=[stop], min_tokens=2))
+    # ignore_eos is the server's business (it leaves EOS out of the ids): a client's own stop ids still stop
     e.submit(make_submit([1, 2], max_tokens=3, rid="eos", stop_token_ids=[stop], ignore_eos=True))
     e.submit(make_submit([1, 2], max_tokens=10, rid="free"))
     short = make_engine(max_model_len=6)
@@ -141,21 +142,12 @@ def test_stop_rules():
                 got.setdefault(o.request_id, []).append(o)
     assert tokens_of(got["stop"]) == [5] and got["stop"][-1].finish_reason == "stop"
     assert tokens_of(got["min"]) == [5, 5, 5] and got["min"][-1].finish_reason == "stop"
-    assert tokens_of(got["eos"]) == [5, 5, 5] and got["eos"][-1].finish_reason == "length"
+    assert tokens_of(got["eos"]) == [5] and got["eos"][-1].finish_reason == "stop"
     assert tokens_of(got["free"]) == [5] * 10 and got["free"][-1].finish_reason == "length"
     assert tokens_of(got["ctx"]) == [5] * 4 and got["ctx"][-1].finish_reason == "length"  # 2 + 4 = 6 tokens
     assert got["ctx"][0].num_prompt_tokens == 2
     assert all(o.finish_reason is None for outs in got.values() for o in outs[:-1])
     assert e.kv.num_free + e.kv.num_cached == e.kv.num_blocks
-
-
-def test_engine_level_ignore_eos():
-    e = make_engine(ignore_eos=True)
-    e.submit(make_submit([1, 2], max_tokens=3, rid="x", stop_token_ids=[5]))
-    got = []
-    while (plan := e.plan_step()) is not None:
-        got += e.apply_result(sampled(plan, token=5))
-    assert tokens_of(got) == [5, 5, 5] and got[-1].finish_reason == "length"
 
 
 def test_abort_mid_step_drops_the_result_and_frees_blocks():

@@ -11,7 +11,7 @@ token keeps that token (so a preemption never loses progress, as in the synchron
 only once the token is known.
 
 Stop rules, applied to each sampled token: a token in `stop_token_ids` once more than `min_tokens` tokens are
-out ("stop"; the server folds EOS into stop_token_ids, so `ignore_eos` disables them all); `max_tokens`
+out ("stop"; the server adds EOS to stop_token_ids unless the request says `ignore_eos`); `max_tokens`
 tokens out, or the context reaching `max_model_len` ("length"). The stop token is part of `token_ids`. (The worker
 also masks the stop ids until `sampling.min_tokens` tokens are out, from the ids each NewSeq carries, so the
 min_tokens rule here only matters for a Submit whose sampling.min_tokens is lower than its own.)
@@ -61,7 +61,6 @@ class Engine:
         max_batch_seqs: int = 256,
         chunked_prefill_size: int = 2048,
         enable_prefix_caching: bool = True,
-        ignore_eos: bool = False,
         vocab_size: int = 0,
         max_inflight_steps: int = 1,
     ) -> None:
@@ -72,7 +71,6 @@ class Engine:
         if max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
         self.max_model_len = max_model_len
-        self.ignore_eos = ignore_eos
         self.vocab_size = vocab_size
         self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching)
         self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size)
@@ -96,7 +94,7 @@ class Engine:
         return cls(num_blocks=ready.num_blocks, block_size=ready.block_size, max_model_len=max_len,
                    max_batch_tokens=config.max_batch_tokens, max_batch_seqs=config.max_batch_seqs,
                    chunked_prefill_size=config.chunked_prefill_size,
-                   enable_prefix_caching=config.enable_prefix_caching, ignore_eos=config.ignore_eos,
+                   enable_prefix_caching=config.enable_prefix_caching,
                    vocab_size=ready.model.vocab_size, max_inflight_steps=2 if config.enable_overlap else 1)
 
     # ------------------------------------------------------------------ requests in
@@ -129,7 +127,7 @@ class Engine:
                        f"{self.kv.block_size}); lower max_tokens or shorten the prompt.")
         if err is not None:
             return RequestError(request_id=rid, code=err[0], message=err[1], status=400)
-        req = Request(msg, self._next_seq_id, self.max_model_len, self.ignore_eos)
+        req = Request(msg, self._next_seq_id, self.max_model_len)
         self._next_seq_id += 1
         self.requests[rid] = req
         self._by_seq[req.seq_id] = req

@@ -42,16 +42,16 @@ class Request:
         "decode_msg", "num_pending",
     )
 
-    def __init__(self, msg: Submit, seq_id: int, max_model_len: int, ignore_eos: bool = False) -> None:
+    def __init__(self, msg: Submit, seq_id: int, max_model_len: int) -> None:
         self.request_id = msg.request_id
         self.seq_id = seq_id
         self.token_ids: list[int] = list(msg.prompt_token_ids)
         self.num_prompt_tokens = p = len(msg.prompt_token_ids)
         self.sampling: SamplingParams = msg.sampling
         self.max_tokens = msg.max_tokens
-        # The server folds EOS into stop_token_ids; ignore_eos therefore means "stop on none of them".
-        self.stop_token_ids: frozenset[int] = frozenset() if (ignore_eos or msg.ignore_eos) else frozenset(
-            msg.stop_token_ids)
+        # Exactly the ids to stop on: the server adds the model's EOS ids unless the request (or the config) says
+        # ignore_eos, so Submit.ignore_eos needs no handling here — and must not switch off the client's own ids.
+        self.stop_token_ids: frozenset[int] = frozenset(msg.stop_token_ids)
         self.min_tokens = msg.min_tokens
         self.max_len = min(p + msg.max_tokens, max_model_len)  # "length" once len(token_ids) reaches this
         self.min_len = p + msg.min_tokens  # stop tokens count once len(token_ids) is beyond this
