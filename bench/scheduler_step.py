@@ -36,11 +36,10 @@ def _submit(rng: random.Random, i: int, max_tokens: int, shared: list[int]) -> S
 
 
 def _fake_result(engine: Engine, plan, rng: random.Random) -> StepResult:
-    """What the worker would send: a token for every sequence whose step reached the end of its tokens."""
-    by_seq = engine._by_seq
-    ids = [ns.seq_id for ns in plan.new_seqs if ns.num_computed + ns.num_tokens == len(ns.token_ids)]
-    ids += [c.seq_id for c in plan.continuing if c.num_tokens == 1 or
-            by_seq[c.seq_id].num_computed == len(by_seq[c.seq_id].token_ids)]
+    """What the worker would send: a token for every sequence the step samples (the engine's record of them)."""
+    sched = engine._inflight[-1]
+    assert sched.step == plan.step
+    ids = [req.seq_id for req, _ in sched.samplers]
     toks = [rng.randrange(3, 32000) for _ in ids]  # never the stop token: requests end by max_tokens
     return StepResult(step=plan.step, seq_ids=ids, token_ids=toks)
 

@@ -1,0 +1,90 @@
+"""The worker's host time per decode step, without a GPU: decode the StepPlan bytes, apply the diff to the
+persistent batch, prepare the inputs (numpy bookkeeping, sampling rows) and pack them into the CUDA-graph
+runner's page-locked staging layout — everything `WorkerService.launch` does on the host before the replay —
+then write the sampled ids back (`collect`). The device copy, the replay and the sampling are left out.
+
+    uv run python bench/worker_host_step.py [--steps 2000] [--batches 1,64,256] [--context 1024]
+
+Prints median / p90 CPU milliseconds per step for each batch size (this thread's CPU time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from infer_backend_cpu import CpuBackend
+from infer_protocol import codec
+from infer_protocol.messages import ContinueSeq, NewSeq, SamplingParams, StepPlan
+from infer_worker.application.graph_runner import _StaticBuffers
+from infer_worker.application.model_runner import LaunchedStep, prepare_step, sampling_arrays
+from infer_worker.application.worker_service import WorkerService
+from infer_worker.domain.sequence import SampledTokens, ScheduledSeq
+
+BLOCK = 16
+
+
+class HostOnlyExecutor:
+    """The graph runner's host half: prepare_step + sampling rows + one staging pack, then fake sampled ids."""
+
+    def __init__(self, max_batch: int, max_blocks: int) -> None:
+        self.buf = _StaticBuffers(max_batch, max_batch, max_blocks, "cpu", CpuBackend())
+        self.max_blocks = max_blocks
+        self.launches = 0
+
+    def launch(self, scheduled: list[ScheduledSeq]) -> LaunchedStep:
+        step = prepare_step(scheduled, BLOCK, self.max_blocks)
+        arrays = sampling_arrays(step.sampling_seqs)
+        n = len(scheduled)
+        self.buf.load(step, arrays, n, n)
+        self.launches += 1
+        ids = [s.seq_id for s in step.sampling_seqs]
+        return LaunchedStep(self.launches, step.sampling_seqs, done=SampledTokens(ids, [7] * len(ids), [0.0] * len(ids)))
+
+
+def run(batch: int, steps: int, context: int) -> list[float]:
+    max_blocks = -(-(context + steps + 1) // BLOCK)
+    service = WorkerService(HostOnlyExecutor(batch, max_blocks))
+    enc, dec = codec.scheduler_to_worker(), codec.scheduler_to_worker()
+    greedy = SamplingParams(temperature=0.0)
+    next_block = 0
+    new_seqs = []
+    for i in range(batch):
+        blocks = list(range(next_block, next_block + max_blocks))
+        next_block += max_blocks
+        new_seqs.append(NewSeq(seq_id=i + 1, token_ids=[(7 * i + j) % 30000 + 1 for j in range(context)],
+                               num_computed=context - 1, num_tokens=1, block_ids=blocks, sampling=greedy))
+    service.launch(StepPlan(step=1, new_seqs=new_seqs))
+    service.collect()
+    plan_bytes = [enc.encode(StepPlan(step=k, continuing=[ContinueSeq(i + 1, 1) for i in range(batch)]))
+                  for k in range(2, steps + 2)]
+    clock = time.thread_time
+    times = []
+    for data in plan_bytes:
+        c0 = clock()
+        plan = dec.decode(data)
+        service.launch(plan)
+        service.collect()
+        times.append(clock() - c0)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--batches", default="1,64,256")
+    ap.add_argument("--context", type=int, default=1024, help="tokens each sequence holds")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"worker host time per decode step (plan decode + launch host work + collect), context {args.context}, "
+          f"{args.steps} steps, this thread's CPU time")
+    for batch in (int(b) for b in args.batches.split(",")):
+        ms = sorted(t * 1e3 for t in run(batch, args.steps, args.context))
+        print(f"batch {batch:4d}: median {statistics.median(ms):.3f} ms  p90 {ms[int(0.9 * (len(ms) - 1))]:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
