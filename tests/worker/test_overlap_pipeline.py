@@ -116,6 +116,18 @@ def test_overlapped_pipeline_gives_the_synchronous_tokens(model_dir: Path, graph
     check_overlap_equals_sync(model_dir, graphs, ReplayingCpuBackend)
 
 
+def test_graph_runner_gives_the_eager_tokens_with_a_penalised_row(model_dir: Path) -> None:
+    """r5's penalties keep decode batches off the decode graphs; they replay mixed graphs (which stop at the
+    logits) and the logits processing runs after: the tokens are the eager runner's."""
+    subs = submits()
+    eager, _ = serve(make_runner(model_dir, False, 64), subs, overlap=True, num_blocks=64)
+    runner = make_runner(model_dir, True, 64)
+    graphed, _ = serve(runner, subs, overlap=True, num_blocks=64)
+    assert graphed == eager
+    assert isinstance(runner, GraphModelRunner) and runner.mixed_graph_steps > 0
+    assert runner.eager_steps == 0
+
+
 def check_overlap_equals_sync(model_dir: Path, graphs: bool, make_backend: Callable[[], LlmBackend]) -> None:
     ample = 256
     runner = make_runner(model_dir, graphs, ample, make_backend())

@@ -8,11 +8,12 @@ Mixed (prefill chunks with or without decodes): one graph per (token bucket T, s
 step's tokens are padded to T (slot -1: no KV write) and its sequences to S (empty query, context 0); the
 prefill attention kernel's grid covers T query rows per sequence, and the rows a sequence does not own are
 skipped. The graph ends at the logits of the sampling rows; sampling runs after the replay, so one graph serves
-greedy and stochastic batches. Without these graphs such a step pays the eager launch cost of every layer.
+greedy and stochastic batches, and rows that need logits processing (penalties, min_tokens masking, top
+logprobs) — a decode batch with such a row runs a mixed graph too. Without these graphs such a step pays the
+eager launch cost of every layer.
 
 PENDING input ids are gathered into the input buffer from the previous launch's sampled tokens just before a
-replay. Larger steps, and steps with a row that needs logits processing (penalties, min_tokens masking, top
-logprobs), run on the eager path of ModelRunner."""
+replay. Larger steps run on the eager path of ModelRunner."""
 
 from __future__ import annotations
 
@@ -160,6 +161,7 @@ class GraphModelRunner(ModelRunner):
         self._mixed: dict[tuple[int, int], Any] = {}  # mixed: (token bucket, sequence bucket)
         self.graph_steps = 0  # decode replays so far (tests and logs read it)
         self.mixed_graph_steps = 0
+        self.eager_steps = 0
 
     def capture(self) -> None:
         max_seq_len = self.max_blocks_per_seq * self.block_size
@@ -207,9 +209,11 @@ class GraphModelRunner(ModelRunner):
         n = len(scheduled)
         if not self._graphs or n == 0 or n > self.capture_sizes[-1]:
             return None
-        if any(len(s.seq.token_ids) < s.seq.process_until for s in scheduled):
-            return None  # a row needs logits processing (penalties, min_tokens, top logprobs): eager
-        if all(s.num_new == 1 and s.seq.num_computed + 1 == len(s.seq.token_ids) for s in scheduled):
+        # A row that needs logits processing (penalties, min_tokens, top logprobs) cannot use a decode graph,
+        # which samples inside; a mixed graph stops at the logits, so it serves such a batch too.
+        processing = any(len(s.seq.token_ids) < s.seq.process_until for s in scheduled)
+        if not processing and all(s.num_new == 1 and s.seq.num_computed + 1 == len(s.seq.token_ids)
+                                  for s in scheduled):
             seqs = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
             return seqs, seqs, True  # every row decodes (and so samples)
         seqs = self.mixed_seq_sizes[bisect.bisect_left(self.mixed_seq_sizes, n)]
@@ -222,6 +226,7 @@ class GraphModelRunner(ModelRunner):
     def launch(self, scheduled: Seq[ScheduledSeq]) -> LaunchedStep:
         bucket = self._bucket(scheduled)
         if bucket is None:
+            self.eager_steps += 1
             return super().launch(scheduled)
         tokens, seqs, decode = bucket
         trace = self.backend.trace_range
@@ -246,5 +251,4 @@ class GraphModelRunner(ModelRunner):
             return LaunchedStep(self.num_launches, [])
         assert buf.logits is not None
         with trace("sample"):
-            out = self._sampler.sample(buf.logits[:num_samples], buf.sampling_batch(num_samples, greedy))
-        return self._launched(step.sampling_seqs, out.token_ids, out.logprobs)
+            return self._sample(buf.logits[:num_samples], step.sampling_seqs, buf.sampling_batch(num_samples, greedy))

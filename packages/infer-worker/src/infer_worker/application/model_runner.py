@@ -249,20 +249,23 @@ class ModelRunner:
         if sampling is None:  # every sequence is mid-prefill: nothing to sample
             return LaunchedStep(self.num_launches, [])
         with trace("sample"):
-            logits = self.model.compute_logits(hidden[sample_rows])
-            plan = plan_processing(seqs)
-            if plan is None:  # the fast path: no penalties, no min_tokens mask, no top logprobs
-                out = self._sampler.sample(logits, sampling)
-                return self._launched(seqs, out.token_ids, out.logprobs)
-            # Logits processing reads the rows' history and returns top logprobs as lists: done synchronously.
-            out = self._sampler.sample(process_logits(logits, plan, self._tensor), sampling)
-            done = SampledTokens(
-                seq_ids=[s.seq_id for s in seqs],
-                token_ids=out.token_ids.tolist(),
-                logprobs=raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor).tolist(),
-                top_logprobs=top_logprobs(logits, plan, len(seqs), self._tensor),
-            )
-            return self._launched(seqs, out.token_ids, out.logprobs, done)
+            return self._sample(self.model.compute_logits(hidden[sample_rows]), seqs, sampling)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], sampling: SamplingBatch) -> LaunchedStep:
+        """Sample the rows' logits (after logits processing when a row needs it) and launch the ids' way back."""
+        plan = plan_processing(seqs)
+        if plan is None:  # the fast path: no penalties, no min_tokens mask, no top logprobs
+            out = self._sampler.sample(logits, sampling)
+            return self._launched(seqs, out.token_ids, out.logprobs)
+        # Logits processing reads the rows' history and returns top logprobs as lists: done synchronously.
+        out = self._sampler.sample(process_logits(logits, plan, self._tensor), sampling)
+        done = SampledTokens(
+            seq_ids=[s.seq_id for s in seqs],
+            token_ids=out.token_ids.tolist(),
+            logprobs=raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor).tolist(),
+            top_logprobs=top_logprobs(logits, plan, len(seqs), self._tensor),
+        )
+        return self._launched(seqs, out.token_ids, out.logprobs, done)
 
     def dummy_run(self, num_tokens: int, num_seqs: int = 1) -> SampledTokens:
         """A greedy prefill of `num_tokens` tokens split over `num_seqs` sequences through the real path (for
