@@ -287,3 +287,20 @@ def test_queue_time_comes_with_the_first_output(config, servers, workers):
         svc.stop()
         svc.stop()
         t.join(5)
+
+
+def test_a_second_scheduler_on_the_same_cluster_id_is_refused(config):
+    """Binding over a live scheduler's sockets would steal its worker and servers: refused with a clear message;
+    once the first is gone its stale socket files are reused."""
+    first = Service(config)
+    try:
+        with pytest.raises(RuntimeError, match=f"another scheduler is serving cluster_id '{config.cluster_id}'"):
+            Service(config)
+        assert os.path.exists(config.ipc_path("sched")[len("ipc://"):])  # the refused one removed nothing
+    finally:
+        first.router.close(linger=0)
+        first.push.close(linger=0)
+        first.pull.close(linger=0)  # closed without unlinking: the files stay behind, as after a crash
+        first._ctx.term()
+    second = Service(config)
+    second.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import socket
 import time
 from collections import defaultdict
 
@@ -71,6 +72,26 @@ def _unlink_ipc(address: str) -> None:
             pass
 
 
+def _claim_ipc(address: str, cluster_id: str) -> None:
+    """Remove a stale socket file left by a dead scheduler — but refuse to take over a live one: binding over it
+    would silently steal another cluster's workers and servers (a second launcher on the same cluster_id)."""
+    if not address.startswith("ipc://"):
+        return
+    path = address[len("ipc://"):]
+    if not os.path.exists(path):
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        _unlink_ipc(address)  # nobody listens: a leftover
+        return
+    finally:
+        probe.close()
+    raise RuntimeError(f"another scheduler is serving cluster_id {cluster_id!r} at {path}; stop it or set a "
+                       "different cluster_id")
+
+
 class Service:
     def __init__(self, config: Config, *, context: zmq.Context | None = None) -> None:
         self.config = config
@@ -106,11 +127,18 @@ class Service:
         self.router = self._ctx.socket(zmq.ROUTER)
         self.push = self._ctx.socket(zmq.PUSH)
         self.pull = self._ctx.socket(zmq.PULL)
-        for sock, chan in ((self.router, "sched"), (self.push, "plan"), (self.pull, "result")):
-            sock.setsockopt(zmq.LINGER, 500 if sock is self.router else 0)  # last answers still reach servers
-            addr = cfg.ipc_path(chan)
-            _unlink_ipc(addr)
-            sock.bind(addr)
+        try:
+            for sock, chan in ((self.router, "sched"), (self.push, "plan"), (self.pull, "result")):
+                sock.setsockopt(zmq.LINGER, 500 if sock is self.router else 0)  # last answers still reach servers
+                addr = cfg.ipc_path(chan)
+                _claim_ipc(addr, cfg.cluster_id)
+                sock.bind(addr)
+        except Exception:
+            for sock in (self.router, self.push, self.pull):
+                sock.close(linger=0)
+            if self._own_ctx:
+                self._ctx.term()
+            raise
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.pull, zmq.POLLIN)
