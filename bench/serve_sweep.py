@@ -50,11 +50,15 @@ def make_prompt(rng: random.Random) -> str:
     return " ".join(words)[:target]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> RequestRecord:
+IGNORE_EOS = {"ignore_eos": True}  # the default extra body fields (`--no-ignore-eos` drops them: HF serve refuses it)
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
+                      extra: dict[str, object] | None = None) -> RequestRecord:
     body = {
         "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-        "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
-    }
+        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+    } | (IGNORE_EOS if extra is None else extra)
     start = time.perf_counter()
     last = start
     rec = RequestRecord(ok=False)
@@ -102,7 +106,7 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 
 async def drive(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
-                start_at: float) -> tuple[list[RequestRecord], float]:
+                start_at: float, extra: dict[str, object] | None = None) -> tuple[list[RequestRecord], float]:
     """Poisson arrivals at `qps` for `duration` seconds from wall-clock time `start_at`; the records and the wall
     time until the last request ended."""
     rng = random.Random(seed)
@@ -116,33 +120,33 @@ async def drive(url: str, model: str, qps: float, duration: float, max_tokens: i
             delay = start + next_at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one_request(client, url, model, make_prompt(rng), max_tokens)))
+            tasks.append(asyncio.create_task(one_request(client, url, model, make_prompt(rng), max_tokens, extra)))
             next_at += rng.expovariate(qps)
         records = await asyncio.gather(*tasks)
         return list(records), time.perf_counter() - start
 
 
 def _client_process(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
-                    start_at: float) -> tuple[list[RequestRecord], float]:
-    return asyncio.run(drive(url, model, qps, duration, max_tokens, seed, start_at))
+                    start_at: float, extra: dict[str, object] | None) -> tuple[list[RequestRecord], float]:
+    return asyncio.run(drive(url, model, qps, duration, max_tokens, seed, start_at, extra))
 
 
 async def run_level(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
-                    host_budget: bool = False, clients: int = 1) -> dict:
+                    host_budget: bool = False, clients: int = 1, extra: dict[str, object] | None = None) -> dict:
     """One QPS level. With `clients` > 1 the load comes from that many processes, each a Poisson stream of
     qps / clients (their sum is a Poisson stream of qps), so one Python client process never limits the server."""
     budget = HostBudget(url) if host_budget else contextlib.nullcontext()
     async with budget:
         start_at = time.time() + (1.0 if clients > 1 else 0.0)  # the processes start together
         if clients == 1:
-            records, wall = await drive(url, model, qps, duration, max_tokens, seed, start_at)
+            records, wall = await drive(url, model, qps, duration, max_tokens, seed, start_at, extra)
         else:
             loop = asyncio.get_running_loop()
             ctx = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
                 parts = await asyncio.gather(*(
                     loop.run_in_executor(pool, _client_process, url, model, qps / clients, duration, max_tokens,
-                                         seed * 1000 + i, start_at) for i in range(clients)))
+                                         seed * 1000 + i, start_at, extra) for i in range(clients)))
             records = [r for part, _ in parts for r in part]
             wall = max(w for _, w in parts)
     ok = [r for r in records if r.ok]
@@ -185,13 +189,15 @@ def main() -> None:
     ap.add_argument("--commit", default="", help="the commit measured (default: git rev-parse of this checkout)")
     ap.add_argument("--host-budget", action="store_true",
                     help="also measure each process's CPU time per step (the engine must run on this machine)")
+    ap.add_argument("--no-ignore-eos", action="store_true", help="do not send ignore_eos (for servers that refuse "
+                    "it, e.g. HF transformers serve; a random model rarely stops early anyway)")
     ap.add_argument("--clients", type=int, default=1, help="client processes sharing the load (one Python "
                     "process streams ~10k chunks/s at most)")
     args = ap.parse_args()
     levels = []
     for qps in (float(q) for q in args.qps.split(",")):
         level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed,
-                                      args.host_budget, args.clients))
+                                      args.host_budget, args.clients, {} if args.no_ignore_eos else IGNORE_EOS))
         levels.append(level)
         print(f"qps {qps:>5}: ITL p50 {level['itl_ms']['p50']:.2f} p99 {level['itl_ms']['p99']:.2f} ms | "
               f"TPOT p50 {level['tpot_ms']['p50']:.2f} | TTFT p50 {level['ttft_ms']['p50']:.1f} "

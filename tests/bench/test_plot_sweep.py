@@ -95,3 +95,22 @@ def test_missing_matplotlib_exits_2(sweep_files: list[Path], tmp_path: Path, mon
     assert plot_sweep.main([str(sweep_files[0]), "-o", str(tmp_path / "x.png")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("flag, expected", [([], True), (["--no-ignore-eos"], None)])
+def test_ignore_eos_is_sent_unless_turned_off(flag: list[str], expected: bool | None, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve_sweep sends ignore_eos (the reference workload); `--no-ignore-eos` drives servers that refuse it."""
+    bodies: list[dict] = []
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return fake_chat_stream(request)
+
+    monkeypatch.setattr(httpx, "AsyncClient",
+                        functools.partial(httpx.AsyncClient, transport=httpx.MockTransport(recording)))
+    monkeypatch.setattr(sys, "argv", ["serve_sweep.py", "--model", "fake", "--qps", "8", "--duration", "0.3",
+                                      "--out", str(tmp_path / "s.json"), *flag])
+    serve_sweep.main()
+    assert bodies and all(b.get("ignore_eos") is expected for b in bodies)
+    assert all(b["stream"] and b["stream_options"] == {"include_usage": True} for b in bodies)
