@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import msgspec
 import zmq
 
 from infer_protocol import codec
@@ -42,6 +43,7 @@ class StandInWorker(threading.Thread):
         self.alive.set()
         self.stop_now = threading.Event()
         self.fatal: str | None = None  # set to send a fatal WorkerError
+        self.corrupt_next = False  # set to drop the last token of the next result (a malformed StepResult)
         self.shutdown_received = threading.Event()
         self.plans: list[StepPlan] = []
         self.error: BaseException | None = None
@@ -93,6 +95,10 @@ class StandInWorker(threading.Thread):
                     continue  # hung: swallow the plan
                 self.plans.append(msg)
                 result = self.sim.step(msg)
+                if self.corrupt_next and result.token_ids:
+                    self.corrupt_next = False
+                    result = msgspec.structs.replace(result, seq_ids=result.seq_ids[:-1],
+                                                     token_ids=result.token_ids[:-1])
                 if self.step_delay:
                     time.sleep(self.step_delay)
                 send(result)

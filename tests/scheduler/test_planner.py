@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from infer_protocol.messages import StepResult
+from infer_scheduler.engine import ResultMismatch
 
 from .conftest import make_engine, make_submit
 from .sim_worker import SimWorker, run_to_completion, tokens_of
@@ -215,3 +218,22 @@ def test_requests_that_each_need_the_whole_cache_take_turns():
     outs = run_to_completion(e, w)  # asserts that no step comes back empty while work is left
     assert all(len(tokens_of(outs[f"x{i}"])) == 6 for i in range(3))
     assert e.stats().num_preemptions > 0
+
+
+def test_a_result_that_does_not_match_its_step_fails_the_step():
+    """A result with the wrong number of tokens (a protocol bug) cannot fill the step's PENDING tokens: the engine
+    refuses it, keeps the step for fail_step, and failing it ends exactly that step's requests cleanly."""
+    e = make_engine(max_inflight_steps=2)
+    e.submit(make_submit([1, 2, 3], max_tokens=10, rid="a"))
+    e.submit(make_submit([4, 5, 6], max_tokens=10, rid="b"))
+    first = e.plan_step()
+    assert first is not None
+    bad = StepResult(step=first.step, seq_ids=[first.new_seqs[0].seq_id], token_ids=[7])
+    with pytest.raises(ResultMismatch, match="1 sampled tokens for 2 sampling sequences"):
+        e.apply_result(bad)
+    assert e.in_flight and all(r.num_pending == 1 for r in e.running)
+    errors = e.fail_step(first.step, "malformed")
+    assert sorted(err.request_id for err in errors) == ["a", "b"]
+    assert not e.in_flight and not e.requests and not e.running
+    assert e.kv.num_free + e.kv.num_cached == e.kv.num_blocks
+    e.check_invariants()

@@ -304,3 +304,23 @@ def test_a_second_scheduler_on_the_same_cluster_id_is_refused(config):
         first._ctx.term()
     second = Service(config)
     second.close()
+
+
+def test_a_malformed_result_fails_its_step_and_the_service_goes_on(config, service, servers, workers):
+    """A StepResult whose tokens do not match the step (a worker bug) ends that step's requests with an error;
+    the other requests and later ones are served normally."""
+    srv = servers()
+    w = workers(config)
+    wait_for(lambda: srv.ping().ready)
+    w.corrupt_next = True
+    srv.send(make_submit([1, 2, 3], max_tokens=4, rid="hit"))
+    outs, errors = collect(srv, {"hit"})
+    assert [e.request_id for e in errors] == ["hit"] and "malformed" in errors[0].message
+    assert errors[0].status == 500
+    srv.send(make_submit([4, 5, 6], max_tokens=4, rid="after"))
+    outs, errors = collect(srv, {"after"})
+    assert not errors and sum(len(o.token_ids) for o in outs["after"]) == 4
+    assert outs["after"][-1].finish_reason == "length"
+    wait_for(lambda: srv.ping().stats.num_running == 0)
+    stats = srv.ping().stats
+    assert stats.num_free_blocks + stats.num_cached_blocks == stats.num_total_blocks

@@ -50,6 +50,10 @@ class EngineError(RuntimeError):
     """The engine was driven out of order (a step planned while another is in flight, a foreign result)."""
 
 
+class ResultMismatch(EngineError):
+    """A result does not match its step's sampling sequences; the step stays in flight for `fail_step`."""
+
+
 class Engine:
     def __init__(
         self,
@@ -220,12 +224,12 @@ class Engine:
         if not self._inflight or result.step != self._inflight[0].step:
             raise EngineError(f"result of step {result.step}, but steps {[s.step for s in self._inflight]} "
                               f"are in flight")
-        sched = self._inflight.popleft()
-        samplers = sched.samplers
+        samplers = self._inflight[0].samplers
         if len(result.seq_ids) != len(samplers) or len(result.token_ids) != len(samplers):
-            log.error("step %d: %d sampled tokens for %d sampling sequences; the step's tokens are dropped",
-                      result.step, len(result.token_ids), len(samplers))
-            samplers = []
+            # A protocol bug: the PENDING tokens can never be filled, so the step must fail (fail_step).
+            raise ResultMismatch(f"step {result.step}: {len(result.token_ids)} sampled tokens for {len(samplers)} "
+                                 "sampling sequences")
+        sched = self._inflight.popleft()
         # The hot loop: the stop rules of Request.append_token, inlined.
         outputs: list[TokenOutput] = []
         out_append = outputs.append

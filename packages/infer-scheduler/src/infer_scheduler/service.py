@@ -45,7 +45,7 @@ from infer_protocol.messages import (
     WorkerError,
 )
 
-from infer_scheduler.engine import Engine, EngineError
+from infer_scheduler.engine import Engine, EngineError, ResultMismatch
 from infer_scheduler.step_timings import StepTimings
 
 log = logging.getLogger("infer_scheduler.service")
@@ -365,6 +365,9 @@ class Service:
             started = time.perf_counter()
             try:
                 self._emit(self.engine.apply_result(msg))
+            except ResultMismatch as exc:
+                log.error("%s", exc)
+                self._fail_step(msg.step, f"the worker's result was malformed: {exc}")
             except EngineError as exc:
                 log.error("%s", exc)
             self.timings.result_applied((time.perf_counter() - started) * 1e3, msg.launch_ms, msg.elapsed_ms)
@@ -380,12 +383,18 @@ class Service:
                 self._lose_worker(f"the worker failed: {msg.message}")
             else:
                 log.warning("worker error (step %d): %s", msg.step, msg.message)
-                if self.engine is not None and msg.step >= 0:  # that step will send no result
-                    for err in self.engine.fail_step(msg.step, f"the worker failed this step: {msg.message}"):
-                        self._forget_timing(err.request_id)
-                        ident = self._owner.pop(err.request_id, None)
-                        if ident is not None:
-                            self._send(ident, err)
+                if msg.step >= 0:  # that step will send no result
+                    self._fail_step(msg.step, f"the worker failed this step: {msg.message}")
+
+    def _fail_step(self, step: int, message: str) -> None:
+        """End the requests of a step that will give no (usable) result, with an error to their servers."""
+        if self.engine is None:
+            return
+        for err in self.engine.fail_step(step, message):
+            self._forget_timing(err.request_id)
+            ident = self._owner.pop(err.request_id, None)
+            if ident is not None:
+                self._send(ident, err)
 
     def _on_ready(self, msg: Ready) -> None:
         if msg.version != PROTOCOL_VERSION:
