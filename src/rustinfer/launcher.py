@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ class Cluster:
         with os.fdopen(handle, "w") as fh:
             fh.write(dump_config(config))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._metrics_dir: str | None = None
 
     @property
     def url(self) -> str:
@@ -44,8 +46,13 @@ class Cluster:
 
     def start(self) -> None:
         servers = [f"server-{i}" for i in range(2, self.config.server_processes + 1)]
+        server_env = None
+        if servers:  # the server processes share their Prometheus counters through files in one directory
+            self._metrics_dir = tempfile.mkdtemp(prefix="rustinfer-metrics-")
+            server_env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
         for name in (*PROCESSES, *servers):
-            self.procs[name] = subprocess.Popen(_command(name, self._config_path))
+            env = server_env if name.startswith("server") else None
+            self.procs[name] = subprocess.Popen(_command(name, self._config_path), env=env)
 
     def dead(self) -> tuple[str, int] | None:
         for role, proc in self.procs.items():
@@ -80,6 +87,8 @@ class Cluster:
                 proc.kill()
                 proc.wait()
         Path(self._config_path).unlink(missing_ok=True)
+        if self._metrics_dir is not None:
+            shutil.rmtree(self._metrics_dir, ignore_errors=True)
 
 
 def _ready_status(client: httpx.Client, url: str) -> tuple[bool, str]:

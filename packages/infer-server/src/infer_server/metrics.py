@@ -1,13 +1,17 @@
 """Prometheus metrics: request counters and latency histograms of this server, and the scheduler's gauges.
 
 Each app has its own registry (several apps may live in one test process). The scheduler's figures are
-read from the latest `Pong` at scrape time, so they cost nothing between scrapes.
+read from the latest `Pong` at scrape time, so they cost nothing between scrapes. With several server
+processes (`server_processes > 1`) the launcher sets PROMETHEUS_MULTIPROC_DIR: every process then writes its
+counters and histograms to files there and a scrape of any of them answers with the sum over all.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
+from prometheus_client import multiprocess
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -18,6 +22,7 @@ from infer_protocol.messages import SchedulerStats
 from infer_server.scheduler_client import SchedulerClient
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0, 160.0, 640.0)
@@ -92,8 +97,13 @@ class ServerMetrics:
                                     "Time a sequence waited in the scheduler's queue before its first step",
                                     buckets=_LATENCY_BUCKETS, registry=r)
         client.add_queue_time_listener(self.queue_time.observe)
-        self.inflight = Gauge("rustinfer_num_requests_inflight", "Generation requests open in this server", registry=r)
-        r.register(SchedulerCollector(client))
+        self.inflight = Gauge("rustinfer_num_requests_inflight", "Generation requests open in this server", registry=r,
+                              multiprocess_mode="livesum")
+        if os.environ.get(MULTIPROC_ENV):
+            # The metrics above write to the shared files; the exposition registry reads them all back.
+            self.registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(self.registry)
+        self.registry.register(SchedulerCollector(client))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
