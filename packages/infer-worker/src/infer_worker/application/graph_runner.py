@@ -29,7 +29,7 @@ from infer_core.ports.backend import LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 
-from infer_worker.application.input_upload import SLOTS, aligned, device_views
+from infer_worker.application.input_upload import SLOTS, aligned, device_views, host_views
 from infer_worker.application.model_runner import HostStep, LaunchedStep, ModelRunner, prepare_step, sampling_arrays
 from infer_worker.domain.sequence import ScheduledSeq
 
@@ -78,7 +78,7 @@ class _StaticBuffers:
         self.slot_mapping.fill_(-1)
         self.query_start_loc.copy_(torch.arange(max_seqs + 1, dtype=torch.int32))
         self.staging = [backend.staging_buffer(self.num_bytes) for _ in range(SLOTS)]
-        self.host = [dict(zip(names, _host_views(buf, layout))) for buf in self.staging]
+        self.host = [dict(zip(names, host_views(buf, layout))) for buf in self.staging]
         self._next = 0
         self.out_tokens = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.out_logprobs = torch.zeros(max_seqs, dtype=torch.float32, device=device)
@@ -137,11 +137,6 @@ class _StaticBuffers:
             positions=self.sample_positions[:size],
             all_greedy=all_greedy,
         )
-
-
-def _host_views(buf: torch.Tensor, layout: list[tuple[int, np.dtype, tuple[int, ...]]]) -> list[np.ndarray]:
-    raw = buf.numpy()
-    return [raw[off:off + int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape) for off, dtype, shape in layout]
 
 
 class GraphModelRunner(ModelRunner):
@@ -211,9 +206,8 @@ class GraphModelRunner(ModelRunner):
             return None
         # A row that needs logits processing (penalties, min_tokens, top logprobs) cannot use a decode graph,
         # which samples inside; a mixed graph stops at the logits, so it serves such a batch too.
-        processing = any(len(s.seq.token_ids) < s.seq.process_until for s in scheduled)
-        if not processing and all(s.num_new == 1 and s.seq.num_computed + 1 == len(s.seq.token_ids)
-                                  for s in scheduled):
+        processing = any(s.seq.needs_processing for s in scheduled)
+        if not processing and all(s.num_new == 1 and s.samples for s in scheduled):
             seqs = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
             return seqs, seqs, True  # every row decodes (and so samples)
         seqs = self.mixed_seq_sizes[bisect.bisect_left(self.mixed_seq_sizes, n)]

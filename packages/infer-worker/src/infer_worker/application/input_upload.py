@@ -31,6 +31,13 @@ def device_views(region: torch.Tensor, layout: Sequence[tuple[int, np.dtype, tup
             for off, dtype, shape in layout]
 
 
+def host_views(buf: torch.Tensor, layout: Sequence[tuple[int, np.dtype, tuple[int, ...]]]) -> list[np.ndarray]:
+    """Typed numpy views of a uint8 host buffer at (offset, dtype, shape): the staging side of `device_views`."""
+    raw = buf.numpy()
+    return [raw[off:off + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize].view(dtype).reshape(shape)
+            for off, dtype, shape in layout]
+
+
 class StagingRing:
     """`SLOTS` page-locked host buffers used in turn (grown when an upload needs more)."""
 

@@ -75,7 +75,7 @@ class WorkerService:
         scheduled = [self._admit(new) for new in plan.new_seqs]
         scheduled += [self._continue(cont.seq_id, cont.num_tokens, cont.new_block_ids) for cont in plan.continuing]
         early: list[StepResult] = []
-        if self._inflight and any(len(s.seq.token_ids) < s.seq.process_until for s in scheduled):
+        if self._inflight and any(s.seq.needs_processing for s in scheduled):
             while self._inflight:
                 early.append(self.collect())
         work = self._executor.launch(scheduled)
