@@ -82,8 +82,15 @@ class ServedCluster:
 
     def pids(self) -> dict[str, int]:
         """The launcher's children by role, read from /proc (the command line names the role)."""
+        return {role: pid for role, pid in self.children()}
+
+    def pids_of(self, role: str) -> list[int]:
+        """Every child of that role (there may be several server processes)."""
+        return [pid for r, pid in self.children() if r == role]
+
+    def children(self) -> list[tuple[str, int]]:
         assert self.proc is not None
-        found: dict[str, int] = {}
+        found: list[tuple[str, int]] = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
@@ -97,7 +104,7 @@ class ServedCluster:
                 continue
             for role in ("scheduler", "worker", "server"):
                 if f"rustinfer-{role}" in cmdline or f"infer_{role}.cli" in cmdline:
-                    found[role] = int(entry.name)
+                    found.append((role, int(entry.name)))
         return found
 
     def stop(self) -> int | None:

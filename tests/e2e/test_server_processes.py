@@ -11,32 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.bench.scripts import load_bench_script
 from tests.e2e.cluster import ServedCluster
+
+host_budget = load_bench_script("host_budget")
 
 BODY = {"model": "tiny", "prompt": [1, 450, 7042, 282], "temperature": 0, "max_tokens": 6, "ignore_eos": True,
         "return_token_ids": True}
-
-
-def _server_pids(cluster: ServedCluster) -> set[int]:
-    assert cluster.proc is not None
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == cluster.proc.pid and (
-                "rustinfer-server" in cmdline or "infer_server.cli" in cmdline):
-            found.add(int(entry.name))
-    return found
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / 100
 
 
 def test_two_server_processes_share_the_port(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -44,14 +25,14 @@ def test_two_server_processes_share_the_port(tmp_path: Path, tiny_model_dir: Pat
                             max_model_len=256, server_processes=2)
     cluster.start(timeout=300)
     try:
-        servers = _server_pids(cluster)
+        servers = set(cluster.pids_of("server"))
         assert len(servers) == 2, servers
         # Both become ready (each has its own scheduler connection): /ready answers 200 from whichever is hit.
         deadline = time.monotonic() + 30
         while sum(httpx.get(f"{cluster.url}/ready", timeout=5).status_code == 200 for _ in range(8)) < 8:
             assert time.monotonic() < deadline, "not every server process became ready"
             time.sleep(0.2)
-        cpu_before = {pid: _cpu_seconds(pid) for pid in servers}
+        cpu_before = {pid: host_budget.cpu_seconds(pid) for pid in servers}
         with cf.ThreadPoolExecutor(8) as pool:  # httpx.post opens a fresh connection per call
             resps = list(pool.map(lambda _: httpx.post(f"{cluster.url}/v1/completions", json=BODY, timeout=120),
                                   range(25)))
@@ -60,7 +41,7 @@ def test_two_server_processes_share_the_port(tmp_path: Path, tiny_model_dir: Pat
         assert len(answers) == 1 and len(next(iter(answers))) == 6
         # The kernel spread the connections: each process did a share of the work (its CPU time moved; an
         # idle server only answers pings).
-        used = {pid: _cpu_seconds(pid) - cpu_before[pid] for pid in servers}
+        used = {pid: host_budget.cpu_seconds(pid) - cpu_before[pid] for pid in servers}
         assert min(used.values()) >= 0.1 * sum(used.values()) > 0, used
         # /metrics sums the processes' counters: whichever process answers, all 25 completions are there.
         for _ in range(12):
@@ -71,4 +52,4 @@ def test_two_server_processes_share_the_port(tmp_path: Path, tiny_model_dir: Pat
             assert "rustinfer_num_requests_running" in text  # the scheduler's gauges are there too
     finally:
         assert cluster.stop() == 0, cluster.log()
-    assert not _server_pids(cluster)
+    assert not set(cluster.pids_of("server"))
