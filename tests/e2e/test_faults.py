@@ -397,8 +397,11 @@ def test_sigterm_to_rustinfer_serve_drains(tmp_path: Path, tiny_model_dir: Path)
     try:
         url = cluster.url
         children = cluster.pids()
-        stream = start_call(url, "/v1/completions", LONG | {"max_tokens": 80}, stream=True)
-        plain = start_call(url, "/v1/completions", LONG | {"max_tokens": 80}, stream=False)
+        # Long enough that both are still running when the gauge is read (80 tokens could finish in between on a
+        # quiet machine with the one-step-ahead pipeline).
+        n = 600
+        stream = start_call(url, "/v1/completions", LONG | {"max_tokens": n}, stream=True)
+        plain = start_call(url, "/v1/completions", LONG | {"max_tokens": n}, stream=False)
         assert stream.first_token.wait(60)
         wait_for("2 requests in flight", lambda: scrape(url)["rustinfer_num_requests_inflight"] == 2, 30, 0.02)
         assert cluster.proc is not None
@@ -406,7 +409,7 @@ def test_sigterm_to_rustinfer_serve_drains(tmp_path: Path, tiny_model_dir: Path)
         signalled_at = time.monotonic()
         for call in (stream, plain):
             call.join(timeout=60)
-        assert plain.status == 200 and plain.body["usage"]["completion_tokens"] == 80, plain.body
+        assert plain.status == 200 and plain.body["usage"]["completion_tokens"] == n, plain.body
         assert stream.payloads[-1] == "[DONE]" and stream.payloads[-2]["choices"][0]["finish_reason"] == "length"
         assert stream.events[-1][0] > signalled_at, "the stream had finished before the signal"
         assert cluster.proc.wait(timeout=40) == 0, cluster.log()
