@@ -6,6 +6,7 @@ constructed (so `import infer_backend_cuda` works on any machine, and fails nowh
 
 from __future__ import annotations
 
+import os
 from contextlib import AbstractContextManager
 from typing import Callable, Sequence
 
@@ -95,7 +96,7 @@ class CudaBackend:
         sampler = CudaSampler(dev)
         sampler.warmup()  # Numba kernels compiled and loaded before any graph capture
         self.ops = OpPorts(
-            math=CudaMathOps(), fused=TritonFusedOps(), sampler=sampler, collective=SingleDeviceCollective()
+            math=CudaMathOps(skinny_gemm=os.environ.get("RUSTINFER_SKINNY_GEMM", "1") != "0"), fused=TritonFusedOps(), sampler=sampler, collective=SingleDeviceCollective()
         )
         self._graph_pool = None
 

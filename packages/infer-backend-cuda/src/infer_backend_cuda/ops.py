@@ -6,13 +6,23 @@ import torch
 import torch.nn.functional as F
 
 from infer_backend_cuda import kernels
+from infer_backend_cuda.kernels import skinny_gemm
 from infer_core.ports.fused_ops import AttentionBatch
 
 
 class CudaMathOps:
-    """GEMMs via `torch.nn.functional.linear` (cuBLAS / cuBLASLt), embedding gather and arg-max via torch."""
+    """GEMMs via `torch.nn.functional.linear` (cuBLAS / cuBLASLt), except decode-size ones (<= 8 rows), which
+    stream the weight through the skinny Triton GEMM where it is faster (`kernels/skinny_gemm.py`);
+    embedding gather and arg-max via torch."""
+
+    def __init__(self, skinny_gemm: bool = True) -> None:
+        self.skinny_gemm = skinny_gemm
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.skinny_gemm and x.dim() == 2 and 1 <= x.shape[0] <= skinny_gemm.MAX_M and x.dtype != torch.float32:
+            config = skinny_gemm.choose_config(x.shape[0], weight.shape[0], weight.shape[1], x.device)
+            if config is not None and x.stride(-1) == 1 and weight.stride(-1) == 1:
+                return skinny_gemm.skinny_linear(x, weight, bias, config=config)
         return F.linear(x, weight, bias)
 
     def embedding(self, token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
