@@ -96,6 +96,20 @@ def test_silu_and_mul() -> None:
     torch.testing.assert_close(OPS.fused.silu_and_mul(gate_up), F.silu(gate_up[:, :40]) * gate_up[:, 40:])
 
 
+def test_norm_and_activation_fused_with_the_next_projection() -> None:
+    x, residual = _randn(5, 48, seed=9), _randn(5, 48, seed=10)
+    norm_w, w, b = 1 + 0.5 * _randn(48, seed=11), _randn(24, 48, seed=12), _randn(24, seed=13)
+    y, stream = OPS.fused.add_rms_norm_linear(x, residual, norm_w, 1e-5, w, b)
+    torch.testing.assert_close(stream, x + residual)
+    torch.testing.assert_close(y, _reference_rms_norm(x + residual, norm_w, 1e-5) @ w.T + b)
+    y0, stream0 = OPS.fused.add_rms_norm_linear(x, None, norm_w, 1e-5, w, None)
+    assert stream0 is x
+    torch.testing.assert_close(y0, _reference_rms_norm(x, norm_w, 1e-5) @ w.T)
+    gate_up, w_down = _randn(5, 2 * 24, seed=14), _randn(48, 24, seed=15)
+    torch.testing.assert_close(OPS.fused.silu_mul_linear(gate_up, w_down, None),
+                               (F.silu(gate_up[:, :24]) * gate_up[:, 24:]) @ w_down.T)
+
+
 # ---------------------------------------------------------------- qk-norm + rope + store
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from infer_backend_cuda import kernels as K
-from infer_backend_cuda.ops import TritonFusedOps
+from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
 from infer_core.ports.fused_ops import AttentionBatch
 from tests.backend_cuda.conftest import gpu, poison, tol
 from tests.backend_cuda.reference import make_paged_batch, ref_paged_attention
@@ -109,7 +109,7 @@ def test_port_dispatch_decode_equals_prefill(device):
     """Through the FusedOps port: a decode batch (is_decode) and the same rows as a ragged batch agree."""
     ctx_lens = [6, 13, 0]
     pb = make_paged_batch([1, 1, 1], ctx_lens, 4, 2, 16, 4, torch.float32, device, seed=11)
-    ops = TritonFusedOps()
+    ops = TritonFusedOps(CudaMathOps())
 
     def batch(is_decode):
         return AttentionBatch(

@@ -9,6 +9,7 @@ import torch
 
 from infer_backend_cuda.kernels import skinny_gemm as S
 from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
+from tests.backend_cuda.reference import ref_add_rms_norm, ref_rms_norm, ref_silu_and_mul
 
 CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3)]
 
@@ -21,6 +22,12 @@ def _rand(shape, dtype, device, seed):
 def _reference(x, w, b=None):
     y = x.float() @ w.float().T
     return y + b.float() if b is not None else y
+
+
+def _fused_tol(dtype, ref):
+    """The fused kernels keep the normed / activated row in fp32 where the unfused ops round it to the
+    activation dtype: at bf16 that is ~1 % of the output's scale (and the interpreter truncates)."""
+    return tol(dtype) if dtype == torch.float32 else dict(atol=1.5e-2 * ref.abs().max().item(), rtol=2e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -37,6 +44,53 @@ def test_skinny_linear_matches_reference(m, dtype, config, device):
         torch.testing.assert_close(y.float(), _reference(x, w), **tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, device):
+    k, n = 200, 37  # several programs (one of which writes the residual stream), a partial K chunk
+    x = _rand((m, k), dtype, device, 20 + m) * 2
+    residual = _rand((m, k), dtype, device, 21 + m) if with_residual else None
+    norm_w = _rand((k,), dtype, device, 22)
+    w = _rand((n, k), dtype, device, 23)
+    b = _rand((n,), dtype, device, 24)
+    x0 = x.clone()
+    out = poison(torch.empty((m, n), dtype=dtype, device=device))
+    res_out = poison(torch.empty((m, k), dtype=dtype, device=device)) if with_residual else None
+    y, stream = S.skinny_add_rms_norm_linear(x, residual, norm_w, 1e-5, w, b, out=out, residual_out=res_out,
+                                             config=S.SkinnyConfig(4, 64, 2, 1))
+    if with_residual:
+        normed, ref_stream = ref_add_rms_norm(x, residual, norm_w, 1e-5)
+        assert stream is res_out
+        torch.testing.assert_close(stream.float(), ref_stream.float(), **tol(dtype))
+    else:
+        normed, ref_stream = ref_rms_norm(x, norm_w, 1e-5), x
+        assert stream is x
+    assert y is out
+    ref = _reference(normed, w, b)
+    torch.testing.assert_close(y.float(), ref, **_fused_tol(dtype, ref))
+    assert torch.equal(x, x0)
+
+
+def test_skinny_add_rms_norm_linear_refuses_an_aliased_residual_out(device):
+    x, r = _rand((2, 64), torch.float32, device, 1), _rand((2, 64), torch.float32, device, 2)
+    w, nw = _rand((8, 64), torch.float32, device, 3), _rand((64,), torch.float32, device, 4)
+    with pytest.raises(ValueError, match="alias"):
+        S.skinny_add_rms_norm_linear(x, r, nw, 1e-6, w, residual_out=r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_skinny_silu_mul_linear_matches_unfused(m, dtype, device):
+    k, n = 200, 37
+    gate_up = _rand((m, 2 * k), dtype, device, 30 + m) * 2
+    w = _rand((n, k), dtype, device, 31)
+    out = poison(torch.empty((m, n), dtype=dtype, device=device))
+    y = S.skinny_silu_mul_linear(gate_up, w, out=out, config=S.SkinnyConfig(2, 128, 4, 2))
+    ref = _reference(ref_silu_and_mul(gate_up), w)
+    torch.testing.assert_close(y.float(), ref, **_fused_tol(dtype, ref))
+
+
 def test_skinny_linear_bias_strided_input_and_default_config(device):
     wide = _rand((3, 300), torch.float32, device, 5)
     x = wide[:, 44:244]  # rows strided by 300, last dim contiguous (a slice of a wider GEMM output)
@@ -49,11 +103,22 @@ def test_skinny_linear_bias_strided_input_and_default_config(device):
 def test_skinny_linear_rejects_bad_shapes(device):
     w = torch.zeros((8, 16), device=device)
     with pytest.raises(ValueError, match="1..8 rows"):
+        S.skinny_linear(torch.zeros((0, 16), device=device), w)
+    with pytest.raises(ValueError, match="1..8 rows"):
         S.skinny_linear(torch.zeros((9, 16), device=device), w)
     with pytest.raises(ValueError, match="do not match"):
         S.skinny_linear(torch.zeros((2, 15), device=device), w)
     with pytest.raises(ValueError, match="contiguous"):
         S.skinny_linear(torch.zeros((16, 2), device=device).T, w)
+
+
+def test_untuned_shapes_above_two_rows_stay_on_cublas():
+    cpu = torch.device("cpu")
+    assert S.choose_config("linear", 1, 24, 40, cpu) == S.heuristic_config(1, 24, 40)
+    assert S.choose_config("silu_mul_linear", 2, 24, 40, cpu) is not None
+    assert S.choose_config("linear", 3, 24, 40, cpu) is None
+    with pytest.raises(ValueError, match="unknown"):
+        S.choose_config("matmul", 1, 24, 40, cpu)
 
 
 def test_heuristic_config_bounds_the_register_tile():
@@ -74,7 +139,7 @@ def test_tuned_table_entries_are_launchable():
     for device_name, entries in table.items():
         assert entries, device_name
         for e in entries:
-            assert e["m"] in (1, 2, 4, 8)
+            assert e["m"] in (1, 2, 4, 8) and e.get("op", "linear") in S.OPS
             for key in ("block_n", "block_k", "num_warps"):
                 assert e[key] & (e[key] - 1) == 0, e
             assert e["m"] * e["block_n"] * e["block_k"] <= 16384, e
@@ -103,6 +168,9 @@ def test_cuda_math_ops_routes_decode_rows_to_the_skinny_gemm():
     from infer_backend_cuda.ops import CudaMathOps
 
     ops, plain = CudaMathOps(), CudaMathOps(skinny_gemm=False)
+    # Qwen3-4B's down projection at one row is in the H200 table as a skinny win.
+    assert ops.skinny_config("linear", torch.empty((1, 9728), device="cuda", dtype=torch.bfloat16),
+                             torch.empty((2560, 9728), device="cuda", dtype=torch.bfloat16)) is not None
     w = _rand((576, 1536), torch.bfloat16, "cuda", 3) * 0.05
     b = _rand((576,), torch.bfloat16, "cuda", 4)
     for m in (1, 3, 8, 9, 64):
@@ -110,3 +178,30 @@ def test_cuda_math_ops_routes_decode_rows_to_the_skinny_gemm():
         ref = F.linear(x.float(), w.float(), b.float())
         for impl in (ops, plain):
             torch.testing.assert_close(impl.linear(x, w, b).float(), ref, atol=5e-2, rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [1, 2, 8, 64])
+def test_fused_port_ops_on_gpu_match_the_unfused_ops(m):
+    """TritonFusedOps.add_rms_norm_linear / silu_mul_linear at Qwen3-4B shapes: skinny at decode sizes,
+    norm kernel + GEMM above, both equal to the unfused composition."""
+    from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
+
+    ops = TritonFusedOps(CudaMathOps())
+    h, inter = 2560, 9728
+    x = _rand((m, h), torch.bfloat16, "cuda", 1)
+    r = _rand((m, h), torch.bfloat16, "cuda", 2)
+    nw = _rand((h,), torch.bfloat16, "cuda", 3) * 0.1 + 1
+    w_qkv = _rand((6144, h), torch.bfloat16, "cuda", 4) * 0.02
+    y, stream = ops.add_rms_norm_linear(x, r, nw, 1e-6, w_qkv, None)
+    normed, ref_stream = ref_add_rms_norm(x, r, nw, 1e-6)
+    torch.testing.assert_close(stream, ref_stream)
+    torch.testing.assert_close(y.float(), _reference(normed, w_qkv), atol=5e-2, rtol=3e-2)
+    y0, stream0 = ops.add_rms_norm_linear(x, None, nw, 1e-6, w_qkv, None)
+    assert stream0 is x
+    torch.testing.assert_close(y0.float(), _reference(ref_rms_norm(x, nw, 1e-6), w_qkv), atol=5e-2, rtol=3e-2)
+    gate_up = _rand((m, 2 * inter), torch.bfloat16, "cuda", 5)
+    w_down = _rand((h, inter), torch.bfloat16, "cuda", 6) * 0.02
+    torch.testing.assert_close(ops.silu_mul_linear(gate_up, w_down, None).float(),
+                               _reference(ref_silu_and_mul(gate_up), w_down), atol=5e-2, rtol=3e-2)

@@ -1,4 +1,7 @@
-"""Tune and time the skinny GEMM against cuBLAS (`F.linear`) at decode row counts, Qwen3-4B shapes, BF16.
+"""Tune and time the skinny GEMMs against their cuBLAS paths at decode row counts, Qwen3-4B shapes, BF16.
+
+Ops: `linear` against `F.linear`; `add_rms_norm_linear` (qkv, gate_up) and `silu_mul_linear` (down) against
+the unfused path the adapter would otherwise take (the elementwise Triton kernel, then `CudaMathOps.linear`).
 
 Run on the GPU machine:  PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \
     python3 packages/infer-backend-cuda/scripts/bench_skinny_gemm.py --table configs.json --json out.json
@@ -20,7 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import skinny_gemm as S
+from infer_backend_cuda.ops import CudaMathOps
 
 SHAPES = {  # Qwen3-4B: (N, K) of qkv, o, gate_up, down, lm_head
     "qkv": (6144, 2560),
@@ -29,6 +34,7 @@ SHAPES = {  # Qwen3-4B: (N, K) of qkv, o, gate_up, down, lm_head
     "down": (2560, 9728),
     "lm_head": (151936, 2560),
 }
+OP_SHAPES = {"linear": tuple(SHAPES), "add_rms_norm_linear": ("qkv", "gate_up"), "silu_mul_linear": ("down",)}
 BW = 4.27e12  # measured D2D copy bandwidth (read + write), shared/DEVICE.md
 
 
@@ -59,18 +65,51 @@ def graph_us(fn_for_copy, copies: int, reps: int = 15) -> float:
     return statistics.median(times)
 
 
-def candidates(m: int) -> list[S.SkinnyConfig]:
+def candidates(op: str, m: int) -> list[S.SkinnyConfig]:
     grid = itertools.product((2, 4, 8, 16), (128, 256, 512, 1024), (2, 4, 8), (1, 2, 3))
     out = [S.SkinnyConfig(bn, bk, w, s) for bn, bk, w, s in grid if m * bn * bk <= (16384 if m == 1 else 8192)]
-    if m > 1:  # smaller grid: the M = 1 sweep shows which corner matters
-        out = [c for c in out if c.num_stages != 2 and c.block_n <= 8]
+    if m > 1 or op != "linear":  # smaller grid: the plain M = 1 sweep showed which corner matters
+        out = [c for c in out if c.num_stages != 2 and c.block_n <= 8 and c.num_warps <= 4 and c.block_k >= 128]
     return out
+
+
+class Case:
+    """One op at one shape: the weight copies, its inputs, the skinny call and the path it replaces."""
+
+    def __init__(self, op: str, m: int, n: int, k: int, copies: int, dev: torch.device) -> None:
+        bf = torch.bfloat16
+        self.ws = [torch.randn((n, k), device=dev, dtype=bf) * 0.02 for _ in range(copies)]
+        self.op = op
+        self.out = torch.empty((m, n), device=dev, dtype=bf)
+        width = 2 * k if op == "silu_mul_linear" else k
+        self.x = torch.randn((m, width), device=dev, dtype=bf)
+        self.r = torch.randn((m, k), device=dev, dtype=bf)
+        self.r_out = torch.empty_like(self.r)
+        self.nw = torch.randn((k,), device=dev, dtype=bf) * 0.1 + 1
+        self.math = CudaMathOps()
+
+    def skinny(self, i: int, cfg: S.SkinnyConfig) -> torch.Tensor:
+        if self.op == "add_rms_norm_linear":
+            return S.skinny_add_rms_norm_linear(self.x, self.r, self.nw, 1e-6, self.ws[i], out=self.out,
+                                                residual_out=self.r_out, config=cfg)[0]
+        if self.op == "silu_mul_linear":
+            return S.skinny_silu_mul_linear(self.x, self.ws[i], out=self.out, config=cfg)
+        return S.skinny_linear(self.x, self.ws[i], out=self.out, config=cfg)
+
+    def baseline(self, i: int) -> torch.Tensor:
+        if self.op == "add_rms_norm_linear":
+            normed, _ = K.add_rms_norm(self.x, self.r, self.nw, 1e-6)
+            return self.math.linear(normed, self.ws[i])
+        if self.op == "silu_mul_linear":
+            return self.math.linear(K.silu_and_mul(self.x), self.ws[i])
+        return torch.matmul(self.x, self.ws[i].T, out=self.out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--ops", default=",".join(OP_SHAPES))
     ap.add_argument("--ms", default="1,2,4,8")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="a subset of each op's shapes")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--table", type=Path)
@@ -79,51 +118,52 @@ def main() -> None:
     name = torch.cuda.get_device_name(dev)
     t_start = time.perf_counter()
     rows, entries = [], []
-    for m in (int(v) for v in args.ms.split(",")):
-        for shape in args.shapes.split(","):
-            n, k = SHAPES[shape]
-            nbytes = n * k * 2
-            copies = max(2, -(-256 * 2**20 // nbytes))
-            ws = [torch.randn((n, k), device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
-            outs = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
-            cublas = graph_us(lambda i: torch.matmul(x, ws[i].T, out=outs), copies)
-            ref = F.linear(x.float(), ws[0].float())
-            best, best_us, tried = None, float("inf"), 0
-            for cfg in candidates(m):
-                if time.perf_counter() - t_start > args.budget_s:
-                    break
-                try:
-                    y = S.skinny_linear(x, ws[0], config=cfg)
-                    err = (y.float() - ref).abs().max().item()
-                    if err > 0.05 * ref.abs().max().item() + 1e-2:
-                        raise RuntimeError(f"wrong result (max err {err})")
-                    us = graph_us(lambda i: S.skinny_linear(x, ws[i], out=outs, config=cfg), copies)
-                except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
-                    print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                    continue
-                tried += 1
-                if us < best_us:
-                    best, best_us = cfg, us
-            floor = nbytes / BW * 1e6
-            row = dict(m=m, shape=shape, n=n, k=k, cublas_us=round(cublas, 2), skinny_us=round(best_us, 2),
-                       floor_us=round(floor, 2), cublas_tbps=round(nbytes / cublas / 1e6, 2),
-                       skinny_tbps=round(nbytes / best_us / 1e6, 2), configs_tried=tried,
-                       best=best._asdict() if best else None)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            if best is not None:
-                entries.append(dict(m=m, n=n, k=k, use=best_us < cublas, **best._asdict()))
-            del ws
-            torch.cuda.empty_cache()
-    print(f"\n{'m':>2} {'shape':>8} {'floor':>7} {'cublas':>7} {'skinny':>7} (us)  best")
+    wanted = set(args.shapes.split(","))
+    for op in args.ops.split(","):
+        for m in (int(v) for v in args.ms.split(",")):
+            for shape in (s for s in OP_SHAPES[op] if s in wanted):
+                n, k = SHAPES[shape]
+                nbytes = n * k * 2
+                case = Case(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev)
+                copies = len(case.ws)
+                baseline = graph_us(case.baseline, copies)
+                ref = case.baseline(0).float()
+                best, best_us, tried = None, float("inf"), 0
+                for cfg in candidates(op, m):
+                    if time.perf_counter() - t_start > args.budget_s:
+                        break
+                    try:
+                        err = (case.skinny(0, cfg).float() - ref).abs().max().item()
+                        if err > 0.05 * ref.abs().max().item() + 1e-2:
+                            raise RuntimeError(f"wrong result (max err {err})")
+                        us = graph_us(lambda i: case.skinny(i, cfg), copies)
+                    except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
+                        print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                        continue
+                    tried += 1
+                    if us < best_us:
+                        best, best_us = cfg, us
+                row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(baseline, 2),
+                           skinny_us=round(best_us, 2), floor_us=round(nbytes / BW * 1e6, 2),
+                           baseline_tbps=round(nbytes / baseline / 1e6, 2), skinny_tbps=round(nbytes / best_us / 1e6, 2),
+                           configs_tried=tried, best=best._asdict() if best else None)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                if best is not None:
+                    entries.append(dict(op=op, m=m, n=n, k=k, use=best_us < baseline, **best._asdict()))
+                del case
+                torch.cuda.empty_cache()
+    print(f"\n{'op':>19} {'m':>2} {'shape':>8} {'floor':>7} {'unfused':>7} {'skinny':>7} (us)  best")
     for r in rows:
-        print(f"{r['m']:>2} {r['shape']:>8} {r['floor_us']:>7.2f} {r['cublas_us']:>7.2f} {r['skinny_us']:>7.2f}  {r['best']}")
+        print(f"{r['op']:>19} {r['m']:>2} {r['shape']:>8} {r['floor_us']:>7.2f} {r['baseline_us']:>7.2f} "
+              f"{r['skinny_us']:>7.2f}  {tuple(r['best'].values()) if r['best'] else None}")
     if args.json:
         args.json.write_text(json.dumps(dict(device=name, torch=torch.__version__, rows=rows), indent=2))
     if args.table:
         table = json.loads(args.table.read_text()) if args.table.exists() else {}
-        table[name] = entries
+        key = lambda e: (e.get("op", "linear"), e["m"], e["n"], e["k"])  # noqa: E731
+        fresh = {key(e) for e in entries}
+        table[name] = [e for e in table.get(name, []) if key(e) not in fresh] + entries
         args.table.write_text(json.dumps(table, indent=1) + "\n")
 
 

@@ -75,6 +75,24 @@ class CpuFusedOps:
         residual = x + residual
         return _rms_norm(residual, weight, eps), residual
 
+    def add_rms_norm_linear(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            normed, stream = self.rms_norm(x, norm_weight, eps), x
+        else:
+            normed, stream = self.add_rms_norm(x, residual, norm_weight, eps)
+        return F.linear(normed, weight, bias), stream
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(self.silu_and_mul(gate_up), weight, bias)
+
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -95,8 +95,10 @@ class CudaBackend:
 
         sampler = CudaSampler(dev)
         sampler.warmup()  # Numba kernels compiled and loaded before any graph capture
+        # RUSTINFER_SKINNY_GEMM=0 keeps every GEMM on cuBLAS (for A/B benchmarks and debugging).
+        math = CudaMathOps(skinny_gemm=os.environ.get("RUSTINFER_SKINNY_GEMM", "1") != "0")
         self.ops = OpPorts(
-            math=CudaMathOps(skinny_gemm=os.environ.get("RUSTINFER_SKINNY_GEMM", "1") != "0"), fused=TritonFusedOps(), sampler=sampler, collective=SingleDeviceCollective()
+            math=math, fused=TritonFusedOps(math), sampler=sampler, collective=SingleDeviceCollective()
         )
         self._graph_pool = None
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from infer_backend_cuda import kernels
-from infer_backend_cuda.kernels import skinny_gemm
+from infer_backend_cuda.kernels import skinny_gemm as skinny
 from infer_core.ports.fused_ops import AttentionBatch
 
 
@@ -18,11 +18,19 @@ class CudaMathOps:
     def __init__(self, skinny_gemm: bool = True) -> None:
         self.skinny_gemm = skinny_gemm
 
+    def skinny_config(self, op: str, x: torch.Tensor, weight: torch.Tensor) -> skinny.SkinnyConfig | None:
+        """The skinny kernel's config when `op` on these operands should take it, else None (cuBLAS path).
+        fp32 stays on cuBLAS: the fp32 runs are the exact comparisons against the CPU reference."""
+        if not (self.skinny_gemm and x.dim() == 2 and 1 <= x.shape[0] <= skinny.MAX_M):
+            return None
+        if x.dtype == torch.float32 or x.stride(-1) != 1 or weight.stride(-1) != 1:
+            return None
+        return skinny.choose_config(op, x.shape[0], weight.shape[0], weight.shape[1], x.device)
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self.skinny_gemm and x.dim() == 2 and 1 <= x.shape[0] <= skinny_gemm.MAX_M and x.dtype != torch.float32:
-            config = skinny_gemm.choose_config(x.shape[0], weight.shape[0], weight.shape[1], x.device)
-            if config is not None and x.stride(-1) == 1 and weight.stride(-1) == 1:
-                return skinny_gemm.skinny_linear(x, weight, bias, config=config)
+        config = self.skinny_config("linear", x, weight)
+        if config is not None:
+            return skinny.skinny_linear(x, weight, bias, config=config)
         return F.linear(x, weight, bias)
 
     def embedding(self, token_ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -34,7 +42,11 @@ class CudaMathOps:
 
 class TritonFusedOps:
     """The `FusedOps` port on Triton kernels (see `kernels/`). Inputs are never modified; each op returns
-    fresh tensors (the KV store writes only the caches)."""
+    fresh tensors (the KV store writes only the caches). The norm+GEMM and SiLU+GEMM ops run as one skinny
+    kernel at decode sizes and as the fused elementwise kernel + `math.linear` otherwise."""
+
+    def __init__(self, math: CudaMathOps) -> None:
+        self._math = math
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return kernels.rms_norm(x, weight, eps)
@@ -46,6 +58,30 @@ class TritonFusedOps:
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return kernels.silu_and_mul(gate_up)
+
+    def add_rms_norm_linear(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        norm_weight: torch.Tensor,
+        eps: float,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        config = self._math.skinny_config("add_rms_norm_linear", x, weight)
+        if config is not None and (residual is None or residual.stride(-1) == 1):
+            return skinny.skinny_add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, config=config)
+        if residual is None:
+            normed, stream = kernels.rms_norm(x, norm_weight, eps), x
+        else:
+            normed, stream = kernels.add_rms_norm(x, residual, norm_weight, eps)
+        return self._math.linear(normed, weight, bias), stream
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        config = self._math.skinny_config("silu_mul_linear", gate_up, weight)
+        if config is not None:
+            return skinny.skinny_silu_mul_linear(gate_up, weight, bias, config=config)
+        return self._math.linear(kernels.silu_and_mul(gate_up), weight, bias)
 
     def qk_norm_rope_store(
         self,

@@ -35,9 +35,15 @@ class SkinnyConfig(NamedTuple):
     num_stages: int
 
 
+PLAIN, ADD_RMS_NORM, SILU_MUL = 0, 1, 2  # the kernel's prologue: what it makes of its input rows
+
+
 @triton.jit
 def _skinny_gemm_kernel(
     x_ptr,
+    r_ptr,
+    nw_ptr,
+    r_out_ptr,
     w_ptr,
     b_ptr,
     out_ptr,
@@ -45,34 +51,58 @@ def _skinny_gemm_kernel(
     N,
     K,
     x_stride,
+    r_stride,
+    r_out_stride,
     w_stride,
     out_stride,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
 ):
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     n_mask = rn < N
     m_mask = rm < M
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * w_stride + rk[None, :]
-    x_ptrs = x_ptr + rm[:, None] * x_stride + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
         if EVEN_K:
+            k_mask = rk < BLOCK_K
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
         else:
-            k_mask = (k0 + rk) < K
+            k_mask = kk < K
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        xm = m_mask[:, None] & k_mask[None, :]
+        x = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=xm, other=0.0)
+        if PROLOGUE == 1:  # residual add (rounded to the stream's dtype, as unfused) + RMSNorm's weight
+            if HAS_RESIDUAL:
+                x = (x.to(tl.float32) + tl.load(r_ptr + rm[:, None] * r_stride + kk[None, :], mask=xm, other=0.0)
+                     .to(tl.float32)).to(x_ptr.dtype.element_ty)
+                # One program writes the new residual stream; the rest only read it.
+                tl.store(r_out_ptr + rm[:, None] * r_out_stride + kk[None, :], x, mask=xm & ((rk * 0 + pid) == 0)[None, :])
+            a = x.to(tl.float32)
+            sum_sq += tl.sum(a * a, axis=1)
+            a = a * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        elif PROLOGUE == 2:  # SiLU(gate) * up, rounded to the activation dtype as the unfused kernel writes it
+            g = x.to(tl.float32)
+            u = tl.load(x_ptr + rm[:, None] * x_stride + K + kk[None, :], mask=xm, other=0.0).to(tl.float32)
+            a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+        else:
+            a = x.to(tl.float32)
+        acc += a[:, None, :] * w.to(tl.float32)[None, :, :]
         w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
     y = tl.sum(acc, axis=2)
+    if PROLOGUE == 1:
+        y = y * tl.rsqrt(sum_sq / K + eps)[:, None]
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
@@ -84,14 +114,17 @@ def m_bucket(m: int) -> int:
     return next_pow2(m)
 
 
+OPS = {"linear": PLAIN, "add_rms_norm_linear": ADD_RMS_NORM, "silu_mul_linear": SILU_MUL}
+
+
 @lru_cache(maxsize=None)
-def _tuned_table(device_name: str) -> dict[tuple[int, int, int], SkinnyConfig | None]:
-    """(M bucket, N, K) -> the measured best config, or None where cuBLAS measured faster."""
+def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], SkinnyConfig | None]:
+    """(op, M bucket, N, K) -> the measured best config, or None where the unfused cuBLAS path measured faster."""
     if not _TABLE.exists():
         return {}
     entries = json.loads(_TABLE.read_text()).get(device_name, [])
     return {
-        (e["m"], e["n"], e["k"]): (
+        (e.get("op", "linear"), e["m"], e["n"], e["k"]): (
             SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"]) if e["use"] else None
         )
         for e in entries
@@ -107,14 +140,79 @@ def heuristic_config(m: int, n: int, k: int) -> SkinnyConfig:
     return SkinnyConfig(block_n, block_k, 4, 2)
 
 
-def choose_config(m: int, n: int, k: int, device: torch.device) -> SkinnyConfig | None:
-    """The launch config for this shape, or None where this GPU's table says cuBLAS is faster."""
+def choose_config(op: str, m: int, n: int, k: int, device: torch.device) -> SkinnyConfig | None:
+    """The launch config of `op` at this shape, or None where cuBLAS (unfused) is the better path: where this
+    GPU's table measured it so, and for untuned shapes above 2 rows (where the CUDA-core products cost more
+    than the weight stream saves)."""
+    if op not in OPS:
+        raise ValueError(f"unknown skinny op {op!r}")
+    key = (op, m_bucket(m), n, k)
     if device.type == "cuda":
         table = _tuned_table(torch.cuda.get_device_name(device))
-        key = (m_bucket(m), n, k)
         if key in table:
             return table[key]
-    return heuristic_config(m, n, k)
+    return heuristic_config(m, n, k) if m_bucket(m) <= 2 else None
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, k: int) -> tuple[int, int]:
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(f"skinny GEMM: input {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
+    m = x.shape[0]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"the skinny GEMM takes 1..{MAX_M} rows, got {m}")
+    check_last_dim_contiguous("input", x)
+    check_last_dim_contiguous("weight", weight)
+    return m, weight.shape[0]
+
+
+def _launch(
+    prologue: int,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor | None,
+    config: SkinnyConfig | None,
+    k: int,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> torch.Tensor:
+    m, n = _check(x, weight, k)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    check_last_dim_contiguous("out", out)
+    cfg = config or heuristic_config(m, n, k)
+    r = residual if residual is not None else x
+    r_out = residual_out if residual_out is not None else x
+    _skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
+        x,
+        r,
+        norm_weight if norm_weight is not None else weight,
+        r_out,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        m,
+        n,
+        k,
+        x.stride(0),
+        r.stride(0),
+        r_out.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        eps,
+        PROLOGUE=prologue,
+        HAS_RESIDUAL=residual is not None,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=m_bucket(m),
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        EVEN_K=k % cfg.block_k == 0,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    return out
 
 
 def skinny_linear(
@@ -125,35 +223,43 @@ def skinny_linear(
     config: SkinnyConfig | None = None,
 ) -> torch.Tensor:
     """`x [M, K] @ weight[N, K].T (+ bias [N])` -> `[M, N]` in x's dtype, for `1 <= M <= 8`."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"skinny_linear: x {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
-    m, k = x.shape
-    n = weight.shape[0]
-    if not 1 <= m <= MAX_M:
-        raise ValueError(f"skinny_linear takes 1..{MAX_M} rows, got {m}")
-    check_last_dim_contiguous("x", x)
-    check_last_dim_contiguous("weight", weight)
-    if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    check_last_dim_contiguous("out", out)
-    cfg = config or choose_config(m, n, k, x.device) or heuristic_config(m, n, k)
-    _skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
-        x,
-        weight,
-        bias if bias is not None else weight,
-        out,
-        m,
-        n,
-        k,
-        x.stride(0),
-        weight.stride(0),
-        out.stride(0),
-        HAS_BIAS=bias is not None,
-        BLOCK_M=m_bucket(m),
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        EVEN_K=k % cfg.block_k == 0,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    return out
+    return _launch(PLAIN, x, weight, bias, out, config, x.shape[-1])
+
+
+def skinny_add_rms_norm_linear(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    residual_out: torch.Tensor | None = None,
+    config: SkinnyConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`h = x + residual` (just `x` when residual is None); `(linear(rms_norm(h) * norm_weight), h)`.
+
+    `residual_out` must not alias `residual` or `x`: one program writes it while the others still read them."""
+    if residual is not None:
+        if residual.shape != x.shape:
+            raise ValueError(f"residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
+        check_last_dim_contiguous("residual", residual)
+        if residual_out is None:
+            residual_out = torch.empty_like(x)
+        elif residual_out.data_ptr() in (residual.data_ptr(), x.data_ptr()):
+            raise ValueError("residual_out must not alias residual or x")
+    y = _launch(ADD_RMS_NORM, x, weight, bias, out, config, x.shape[-1], residual, norm_weight, residual_out, eps)
+    return y, (residual_out if residual is not None else x)
+
+
+def skinny_silu_mul_linear(
+    gate_up: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: SkinnyConfig | None = None,
+) -> torch.Tensor:
+    """`linear(silu(gate) * up)` for `gate_up = [gate | up]` `[M, 2K]` -> `[M, N]`."""
+    if gate_up.shape[-1] % 2:
+        raise ValueError(f"gate_up's last dimension must be even, got {gate_up.shape[-1]}")
+    return _launch(SILU_MUL, gate_up, weight, bias, out, config, gate_up.shape[-1] // 2)

@@ -38,6 +38,19 @@ class FusedOps(Protocol):
         """`[T, 2I]` -> `silu(gate) * up` `[T, I]` (gate is the first half)."""
         ...
 
+    def add_rms_norm_linear(
+        self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """`h = x + residual` (`x` itself when residual is None); returns `(linear(rms_norm(h)), h)`.
+
+        A norm and the projection after it, as one op so that an adapter can fuse the norm into the GEMM's
+        prologue where that pays (decode-size batches); the result equals the unfused ops up to rounding."""
+        ...
+
+    def silu_mul_linear(self, gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """`linear(silu_and_mul(gate_up))`: the MLP's down projection, fusable like `add_rms_norm_linear`."""
+        ...
+
     def qk_norm_rope_store(
         self,
         q: Tensor,

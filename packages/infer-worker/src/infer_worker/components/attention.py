@@ -46,8 +46,12 @@ class Attention:
         self.k_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None
 
     def __call__(self, hidden: torch.Tensor, batch: AttentionBatch, kv_cache: KvCache) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split(self.qkv_proj.part_sizes, dim=-1)
+        return self.attend(self.qkv_proj(hidden), batch, kv_cache)
+
+    def attend(self, qkv: torch.Tensor, batch: AttentionBatch, kv_cache: KvCache) -> torch.Tensor:
+        """Everything after the qkv GEMM (which the decoder layer fuses with the norm before it)."""
+        num_tokens = qkv.shape[0]
+        q, k, v = qkv.split(self.qkv_proj.part_sizes, dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)

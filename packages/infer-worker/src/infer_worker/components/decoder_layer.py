@@ -1,6 +1,7 @@
 """The pre-norm transformer block shared by the Llama family: norm -> attention -> add+norm -> MLP.
 
-The residual stream is carried separately so that every residual addition fuses into the next norm."""
+The residual stream is carried separately so that every residual addition fuses into the next norm, and each
+norm is one op with the projection after it (`FusedOps.add_rms_norm_linear`), as is SiLU with the down GEMM."""
 
 from __future__ import annotations
 
@@ -23,15 +24,12 @@ class DecoderLayer:
     def __call__(
         self, hidden: torch.Tensor, residual: torch.Tensor | None, batch: AttentionBatch, kv_cache: KvCache
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns the block's output and the residual stream *before* that output is added to it."""
-        if residual is None:  # first layer: the embedding is the residual stream
-            residual = hidden
-            hidden = self.input_norm(hidden)
-        else:
-            hidden, residual = self.input_norm.add(hidden, residual)
-        hidden = self.attention(hidden, batch, kv_cache)
-        hidden, residual = self.post_attention_norm.add(hidden, residual)
-        return self.mlp(hidden), residual
+        """Returns the block's output and the residual stream *before* that output is added to it.
+        `residual` is None at the first layer, where the embedding is the residual stream."""
+        qkv, residual = self.input_norm.project(hidden, residual, self.attention.qkv_proj)
+        hidden = self.attention.attend(qkv, batch, kv_cache)
+        gate_up, residual = self.post_attention_norm.project(hidden, residual, self.mlp.gate_up_proj)
+        return self.mlp.down(gate_up), residual
 
     def weight_slots(self) -> WeightSlots:
         """HF names relative to `model.layers.N.`."""

@@ -1,4 +1,4 @@
-"""Gated MLP: one GEMM for gate and up, SiLU(gate) * up, then down."""
+"""Gated MLP: one GEMM for gate and up, then SiLU(gate) * up fused with the down projection."""
 
 from __future__ import annotations
 
@@ -20,7 +20,11 @@ class GatedMlp:
         self.down_proj = Linear.allocate(ops, intermediate_size, hidden_size, bias, dtype, device)
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self._fused.silu_and_mul(self.gate_up_proj(hidden)))
+        return self.down(self.gate_up_proj(hidden))
+
+    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The MLP after its gate/up GEMM (which the decoder layer fuses with the norm before it)."""
+        return self._fused.silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
 
     def weight_slots(self) -> WeightSlots:
         return {**self.gate_up_proj.weight_slots(), **prefixed("down_proj.", self.down_proj.weight_slots())}

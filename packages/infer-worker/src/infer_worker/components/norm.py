@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from infer_core.ports.op_ports import OpPorts
+from infer_worker.components.linear import Linear
 from infer_worker.components.weights import WeightInit, WeightSlot, WeightSlots, empty
 
 
@@ -20,6 +21,12 @@ class RMSNorm:
     def add(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`residual = x + residual`; returns `(norm(residual), residual)`."""
         return self._fused.add_rms_norm(x, residual, self.weight, self.eps)
+
+    def project(
+        self, x: torch.Tensor, residual: torch.Tensor | None, linear: Linear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`residual = x + residual` (`x` when None); returns `(linear(norm(residual)), residual)`, fused."""
+        return self._fused.add_rms_norm_linear(x, residual, self.weight, self.eps, linear.weight, linear.bias)
 
     def weight_slots(self) -> WeightSlots:
         return {"weight": WeightSlot(self.weight, WeightInit.ONES)}
