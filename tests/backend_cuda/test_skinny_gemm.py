@@ -205,3 +205,12 @@ def test_fused_port_ops_on_gpu_match_the_unfused_ops(m):
     w_down = _rand((h, inter), torch.bfloat16, "cuda", 6) * 0.02
     torch.testing.assert_close(ops.silu_mul_linear(gate_up, w_down, None).float(),
                                _reference(ref_silu_and_mul(gate_up), w_down), atol=5e-2, rtol=3e-2)
+
+
+def test_programmatic_dependent_launch_only_on_a_hopper_gpu():
+    from infer_backend_cuda.kernels._common import pdl_launch
+
+    assert pdl_launch(torch.device("cpu")) == {"USE_PDL": False}
+    if torch.cuda.is_available():
+        hopper = torch.cuda.get_device_capability(0)[0] >= 9
+        assert pdl_launch(torch.device("cuda", 0))["USE_PDL"] is hopper

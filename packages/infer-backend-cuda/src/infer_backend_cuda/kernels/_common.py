@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import torch
+
+# RUSTINFER_PDL=0 launches every kernel without programmatic dependent launch (A/B benchmarks, debugging).
+_PDL_WANTED = os.environ.get("RUSTINFER_PDL", "1").strip() != "0"
 
 
 def interpreting() -> bool:
@@ -49,3 +53,27 @@ def norm_num_warps(block: int) -> int:
     if block <= 8192:
         return 8
     return 16
+
+
+@lru_cache(maxsize=None)
+def _pdl_supported(device_index: int) -> bool:
+    if torch.cuda.get_device_capability(device_index)[0] < 9:
+        return False
+    try:
+        import triton.language.extra.cuda as triton_cuda
+    except ImportError:
+        return False
+    return hasattr(triton_cuda, "gdc_wait")
+
+
+def pdl_launch(device: torch.device) -> dict[str, bool]:
+    """Launch options for a kernel with a `USE_PDL` constexpr: programmatic dependent launch on Hopper+.
+
+    With PDL a kernel's programs may be scheduled while the kernel before it on the stream is still finishing
+    (each program signals `gdc_launch_dependents` at once, then `gdc_wait`s for its producer before touching
+    any tensor), which hides the launch-and-ramp gap between the many small kernels of a decode step. It
+    composes with CUDA-graph capture, and kernels launched without it (cuBLAS, torch, Numba) order as usual.
+    """
+    if _PDL_WANTED and device.type == "cuda" and not interpreting() and _pdl_supported(device.index or 0):
+        return {"USE_PDL": True, "launch_pdl": True}
+    return {"USE_PDL": False}

@@ -9,11 +9,14 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import next_pow2, rows_view
+from infer_backend_cuda.kernels._common import next_pow2, pdl_launch, rows_view
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, I, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, I, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < I
@@ -37,6 +40,7 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
         return out
     block = min(1024, next_pow2(inter))
     _silu_and_mul_kernel[(n_rows, triton.cdiv(inter, block))](
-        x2, out2, x2.stride(0), out2.stride(0), inter, BLOCK=block, num_warps=4 if block >= 512 else 2
+        x2, out2, x2.stride(0), out2.stride(0), inter, BLOCK=block, num_warps=4 if block >= 512 else 2,
+        **pdl_launch(x2.device),
     )
     return out

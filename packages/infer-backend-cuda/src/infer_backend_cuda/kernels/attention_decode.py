@@ -20,7 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
+from infer_backend_cuda.kernels._common import (
+    check_last_dim_contiguous,
+    dot_in_fp32,
+    interpreting,
+    next_pow2,
+    pdl_launch,
+)
 
 MAX_SPLITS = 32
 
@@ -57,7 +63,11 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -141,7 +151,11 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
     offs_s = tl.arange(0, SPLITS_PAD)
@@ -257,6 +271,7 @@ def paged_attention_decode(
         DOT_F32=dot_in_fp32(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(q.device),
     )
     _decode_reduce_kernel[(n_seq, num_q_heads)](
         mid_o,
@@ -274,5 +289,6 @@ def paged_attention_decode(
         SPLITS_PAD=max(2, next_pow2(splits)),
         BLOCK_D=block_d,
         num_warps=1 if block_d <= 128 else 2,
+        **pdl_launch(q.device),
     )
     return out

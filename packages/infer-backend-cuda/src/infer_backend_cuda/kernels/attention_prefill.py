@@ -21,7 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
+from infer_backend_cuda.kernels._common import (
+    check_last_dim_contiguous,
+    dot_in_fp32,
+    interpreting,
+    next_pow2,
+    pdl_launch,
+)
 
 
 @triton.jit
@@ -52,7 +58,11 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
     mt = tl.program_id(2)
@@ -201,5 +211,6 @@ def paged_attention_prefill(
         DOT_F32=dot_in_fp32(q.dtype),
         num_warps=num_warps,
         num_stages=num_stages,
+        **pdl_launch(q.device),
     )
     return out

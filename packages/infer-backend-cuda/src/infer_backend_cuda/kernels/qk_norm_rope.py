@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, next_pow2
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, next_pow2, pdl_launch
 
 
 @triton.jit
@@ -101,7 +101,11 @@ def _qk_norm_rope_store_kernel(
     KH_BLOCK: tl.constexpr,
     HAS_Q_NORM: tl.constexpr,
     HAS_K_NORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, HALF_BLOCK)
@@ -228,5 +232,6 @@ def qk_norm_rope_store(
         HAS_Q_NORM=has_q,
         HAS_K_NORM=has_k,
         num_warps=2 if tile <= 2048 else (4 if tile <= 8192 else 8),
+        **pdl_launch(q.device),
     )
     return q_out, k_out

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import next_pow2, norm_num_warps, rows_view
+from infer_backend_cuda.kernels._common import next_pow2, norm_num_warps, pdl_launch, rows_view
 
 
 @triton.jit
@@ -29,7 +29,11 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -69,6 +73,7 @@ def _launch(x2, r2, weight, out2, rout2, eps: float) -> None:
         HAS_RESIDUAL=has_res,
         BLOCK=block,
         num_warps=norm_num_warps(block),
+        **pdl_launch(x2.device),
     )
 
 

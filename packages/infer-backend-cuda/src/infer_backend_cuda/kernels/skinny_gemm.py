@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, next_pow2
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, next_pow2, pdl_launch
 
 MAX_M = 8
 _TABLE = Path(__file__).resolve().parent.parent / "configs" / "skinny_gemm.json"
@@ -63,7 +63,11 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
@@ -211,6 +215,7 @@ def _launch(
         EVEN_K=k % cfg.block_k == 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl_launch(x.device),
     )
     return out
 
