@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from pathlib import Path
 
 import httpx
@@ -154,3 +155,22 @@ def test_greedy_tokens_equal_hf_transformers(smol_cluster: ServedCluster, embedd
         eos = set(tok.convert_tokens_to_ids([tok.eos_token])) | {model.generation_config.eos_token_id}
         expected = expected[: next((i + 1 for i, t in enumerate(expected) if t in eos), len(expected))]
         assert got == expected, question
+
+
+def test_idle_keep_alive_connection_outlives_client_pool_expiry(smol_cluster: ServedCluster) -> None:
+    """The server keeps an idle connection longer than httpx's 5 s pool expiry, so a client never sends a
+    request on a connection the server is closing (a connection reset under load, seen at qps 32)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", smol_cluster.port, timeout=30)
+    conn.request("GET", "/health")
+    first = conn.getresponse()
+    first.read()
+    sock = conn.sock
+    time.sleep(6.0)
+    conn.request("GET", "/health")  # on the same socket: the server has not closed it
+    second = conn.getresponse()
+    second.read()
+    assert (first.status, second.status) == (200, 200)
+    assert conn.sock is sock
+    conn.close()
