@@ -11,7 +11,8 @@ from infer_backend_cuda.kernels import skinny_gemm as S
 from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
 from tests.backend_cuda.reference import ref_add_rms_norm, ref_rms_norm, ref_silu_and_mul
 
-CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3)]
+CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3),
+           S.SkinnyConfig(16, 64, 4, 2, use_dot=True), S.SkinnyConfig(32, 32, 4, 1, use_dot=True)]
 
 
 def _rand(shape, dtype, device, seed):
@@ -32,7 +33,9 @@ def _fused_tol(dtype, ref):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}")
+@pytest.mark.parametrize(
+    "config", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}{'dot' * c.use_dot}"
+)
 def test_skinny_linear_matches_reference(m, dtype, config, device):
     # N = 37 leaves a partial row block; K = 200 a partial K chunk for every config; 128 is K-even.
     for n, k in ((37, 200), (24, 128)):
@@ -47,7 +50,8 @@ def test_skinny_linear_matches_reference(m, dtype, config, device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize("with_residual", [True, False])
-def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, device):
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, use_dot, device):
     k, n = 200, 37  # several programs (one of which writes the residual stream), a partial K chunk
     x = _rand((m, k), dtype, device, 20 + m) * 2
     residual = _rand((m, k), dtype, device, 21 + m) if with_residual else None
@@ -58,7 +62,7 @@ def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, dev
     out = poison(torch.empty((m, n), dtype=dtype, device=device))
     res_out = poison(torch.empty((m, k), dtype=dtype, device=device)) if with_residual else None
     y, stream = S.skinny_add_rms_norm_linear(x, residual, norm_w, 1e-5, w, b, out=out, residual_out=res_out,
-                                             config=S.SkinnyConfig(4, 64, 2, 1))
+                                             config=S.SkinnyConfig(16 if use_dot else 4, 64, 2, 1, use_dot))
     if with_residual:
         normed, ref_stream = ref_add_rms_norm(x, residual, norm_w, 1e-5)
         assert stream is res_out
@@ -81,12 +85,13 @@ def test_skinny_add_rms_norm_linear_refuses_an_aliased_residual_out(device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 2, 5])
-def test_skinny_silu_mul_linear_matches_unfused(m, dtype, device):
+@pytest.mark.parametrize("use_dot", [False, True])
+def test_skinny_silu_mul_linear_matches_unfused(m, dtype, use_dot, device):
     k, n = 200, 37
     gate_up = _rand((m, 2 * k), dtype, device, 30 + m) * 2
     w = _rand((n, k), dtype, device, 31)
     out = poison(torch.empty((m, n), dtype=dtype, device=device))
-    y = S.skinny_silu_mul_linear(gate_up, w, out=out, config=S.SkinnyConfig(2, 128, 4, 2))
+    y = S.skinny_silu_mul_linear(gate_up, w, out=out, config=S.SkinnyConfig(16 if use_dot else 2, 128, 4, 2, use_dot))
     ref = _reference(ref_silu_and_mul(gate_up), w)
     torch.testing.assert_close(y.float(), ref, **_fused_tol(dtype, ref))
 
@@ -142,7 +147,9 @@ def test_tuned_table_entries_are_launchable():
             assert e["m"] in (1, 2, 4, 8) and e.get("op", "linear") in S.OPS
             for key in ("block_n", "block_k", "num_warps"):
                 assert e[key] & (e[key] - 1) == 0, e
-            assert e["m"] * e["block_n"] * e["block_k"] <= 16384, e
+            rows = S.block_m(e["m"], e.get("use_dot", False))
+            assert rows * e["block_n"] * e["block_k"] <= 16384 or e.get("use_dot"), e
+            assert not e.get("use_dot") or e["block_n"] >= 16, e
             assert e["num_stages"] >= 1
 
 

@@ -65,6 +65,11 @@ def graph_us(fn_for_copy, copies: int, reps: int = 15) -> float:
     return statistics.median(times)
 
 
+def dot_candidates() -> list[S.SkinnyConfig]:
+    grid = itertools.product((16, 32, 64), (64, 128, 256, 512), (4, 8), (1, 3))
+    return [S.SkinnyConfig(bn, bk, w, s, use_dot=True) for bn, bk, w, s in grid if bn * bk <= 16384]
+
+
 def candidates(op: str, m: int) -> list[S.SkinnyConfig]:
     grid = itertools.product((2, 4, 8, 16), (128, 256, 512, 1024), (2, 4, 8), (1, 2, 3))
     out = [S.SkinnyConfig(bn, bk, w, s) for bn, bk, w, s in grid if m * bn * bk <= (16384 if m == 1 else 8192)]
@@ -111,6 +116,8 @@ def main() -> None:
     ap.add_argument("--ms", default="1,2,4,8")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="a subset of each op's shapes")
     ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--dot", action="store_true",
+                    help="try only tensor-core configs, plus the shape's current table entry (so never worse)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--table", type=Path)
     args = ap.parse_args()
@@ -129,7 +136,9 @@ def main() -> None:
                 baseline = graph_us(case.baseline, copies)
                 ref = case.baseline(0).float()
                 best, best_us, tried = None, float("inf"), 0
-                for cfg in candidates(op, m):
+                tuned = S._tuned_table(name).get((op, S.m_bucket(m), n, k))
+                configs = (dot_candidates() + ([tuned] if tuned else [])) if args.dot else candidates(op, m)
+                for cfg in configs:
                     if time.perf_counter() - t_start > args.budget_s:
                         break
                     try:

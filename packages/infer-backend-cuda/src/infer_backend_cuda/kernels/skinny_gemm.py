@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, next_pow2, pdl_launch
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 
 MAX_M = 8
 _TABLE = Path(__file__).resolve().parent.parent / "configs" / "skinny_gemm.json"
@@ -33,6 +33,7 @@ class SkinnyConfig(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
+    use_dot: bool = False  # tensor-core tiles (rows padded to 16) instead of CUDA-core products
 
 
 PLAIN, ADD_RMS_NORM, SILU_MUL = 0, 1, 2  # the kernel's prologue: what it makes of its input rows
@@ -63,6 +64,8 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     EVEN_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_F32: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
@@ -76,6 +79,7 @@ def _skinny_gemm_kernel(
     m_mask = rm < M
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * w_stride + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
@@ -102,9 +106,18 @@ def _skinny_gemm_kernel(
             a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
         else:
             a = x.to(tl.float32)
-        acc += a[:, None, :] * w.to(tl.float32)[None, :, :]
+        if USE_DOT:  # out^T tile [BLOCK_N, BLOCK_M] on the tensor cores: N fills the MMA's M side
+            if DOT_F32:
+                acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
+            else:
+                acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
+        else:
+            acc += a[:, None, :] * w.to(tl.float32)[None, :, :]
         w_ptrs += BLOCK_K
-    y = tl.sum(acc, axis=2)
+    if USE_DOT:
+        y = tl.trans(acc_t)
+    else:
+        y = tl.sum(acc, axis=2)
     if PROLOGUE == 1:
         y = y * tl.rsqrt(sum_sq / K + eps)[:, None]
     if HAS_BIAS:
@@ -114,8 +127,13 @@ def _skinny_gemm_kernel(
 
 
 def m_bucket(m: int) -> int:
-    """The padded row count a launch compiles for: 1, 2, 4 or 8."""
+    """The row count a tuned config is keyed by: 1, 2, 4 or 8."""
     return next_pow2(m)
+
+
+def block_m(m: int, use_dot: bool) -> int:
+    """The padded row count a launch compiles for (`tl.dot` tiles need at least 16)."""
+    return max(16, next_pow2(m)) if use_dot else next_pow2(m)
 
 
 OPS = {"linear": PLAIN, "add_rms_norm_linear": ADD_RMS_NORM, "silu_mul_linear": SILU_MUL}
@@ -129,7 +147,9 @@ def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], SkinnyConf
     entries = json.loads(_TABLE.read_text()).get(device_name, [])
     return {
         (e.get("op", "linear"), e["m"], e["n"], e["k"]): (
-            SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"]) if e["use"] else None
+            SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e.get("use_dot", False))
+            if e["use"]
+            else None
         )
         for e in entries
     }
@@ -209,10 +229,12 @@ def _launch(
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None,
-        BLOCK_M=m_bucket(m),
+        BLOCK_M=block_m(m, cfg.use_dot),
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0,
+        USE_DOT=cfg.use_dot,
+        DOT_F32=dot_in_fp32(x.dtype),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch(x.device),
