@@ -5,7 +5,7 @@ set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 for pdl in 1 0; do
-  RUSTINFER_PDL=$pdl timeout 150 python3 bench/decode_roofline.py --model-dir bench/models/qwen3-4b \
+  INFER_CUDA_PDL=$pdl timeout 150 python3 bench/decode_roofline.py --model-dir bench/models/qwen3-4b \
     --batches "${BATCHES:-1,2,4,8,64,256}" --eager-batches "" --out "$OUT/decode_roofline_pdl$pdl.json" 2>&1 | tail -8
 done
 timeout "${GPU_TESTS_TIMEOUT:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu tests/backend_cuda \

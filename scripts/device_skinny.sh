@@ -17,6 +17,6 @@ timeout "${TUNE_TIMEOUT:-260}" python3 packages/infer-backend-cuda/scripts/bench
   --ops "${TUNE_OPS:-linear,add_rms_norm_linear,silu_mul_linear}" --ms "${TUNE_MS:-1,2,4,8}" --budget-s "${TUNE_BUDGET:-200}" --table "$TABLE" --json "$OUT/skinny_gemm_sweep.json" > "$OUT/skinny_tune.log" 2>&1
 echo "tune rc=$?"; tail -22 "$OUT/skinny_tune.log"; cp "$TABLE" "$OUT/skinny_gemm.json"
 for skinny in ${SKINNY_AB:-0 1}; do
-  RUSTINFER_SKINNY_GEMM=$skinny timeout 150 python3 bench/decode_roofline.py --model-dir bench/models/qwen3-4b \
+  INFER_CUDA_SKINNY_GEMM=$skinny timeout 150 python3 bench/decode_roofline.py --model-dir bench/models/qwen3-4b \
     --batches "${BATCHES:-1,2,4,8,64}" --eager-batches "" --out "$OUT/decode_roofline_skinny$skinny.json" 2>&1 | tail -7
 done

@@ -221,3 +221,15 @@ def test_programmatic_dependent_launch_only_on_a_hopper_gpu():
     if torch.cuda.is_available():
         hopper = torch.cuda.get_device_capability(0)[0] >= 9
         assert pdl_launch(torch.device("cuda", 0))["USE_PDL"] is hopper
+
+
+def test_adapter_switches_are_not_taken_for_config_fields(monkeypatch):
+    """The CUDA adapter's A/B switches live outside the RUSTINFER_ prefix, which the config loader reserves
+    (and refuses unknown names under)."""
+    from infer_backend_cuda.backend import SKINNY_GEMM_ENV
+    from infer_backend_cuda.kernels._common import PDL_ENV
+    from infer_protocol.config import load_config
+
+    monkeypatch.setenv(SKINNY_GEMM_ENV, "0")
+    monkeypatch.setenv(PDL_ENV, "0")
+    assert load_config(None).backend  # loads: the switches are not taken for (unknown) config fields

@@ -16,6 +16,8 @@ from infer_core.dtypes import DType
 from infer_core.ports.backend import MemoryInfo
 from infer_core.ports.op_ports import OpPorts
 
+SKINNY_GEMM_ENV = "INFER_CUDA_SKINNY_GEMM"  # not under RUSTINFER_, the config loader's prefix
+
 _TORCH_DTYPES = {
     DType.FLOAT32: torch.float32,
     DType.BFLOAT16: torch.bfloat16,
@@ -95,8 +97,8 @@ class CudaBackend:
 
         sampler = CudaSampler(dev)
         sampler.warmup()  # Numba kernels compiled and loaded before any graph capture
-        # RUSTINFER_SKINNY_GEMM=0 keeps every GEMM on cuBLAS (for A/B benchmarks and debugging).
-        math = CudaMathOps(skinny_gemm=os.environ.get("RUSTINFER_SKINNY_GEMM", "1") != "0")
+        # INFER_CUDA_SKINNY_GEMM=0 keeps every GEMM on cuBLAS (for A/B benchmarks and debugging).
+        math = CudaMathOps(skinny_gemm=os.environ.get(SKINNY_GEMM_ENV, "1") != "0")
         self.ops = OpPorts(
             math=math, fused=TritonFusedOps(math), sampler=sampler, collective=SingleDeviceCollective()
         )

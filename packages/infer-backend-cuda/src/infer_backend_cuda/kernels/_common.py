@@ -7,8 +7,10 @@ from functools import lru_cache
 
 import torch
 
-# RUSTINFER_PDL=0 launches every kernel without programmatic dependent launch (A/B benchmarks, debugging).
-_PDL_WANTED = os.environ.get("RUSTINFER_PDL", "1").strip() != "0"
+# INFER_CUDA_PDL=0 launches every kernel without programmatic dependent launch (A/B benchmarks, debugging).
+# Not under RUSTINFER_: that prefix is the config loader's, which refuses names it does not know.
+PDL_ENV = "INFER_CUDA_PDL"
+_PDL_WANTED = os.environ.get(PDL_ENV, "1").strip() != "0"
 
 
 def interpreting() -> bool:
