@@ -12,7 +12,8 @@ from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
 from tests.backend_cuda.reference import ref_add_rms_norm, ref_rms_norm, ref_silu_and_mul
 
 CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3),
-           S.SkinnyConfig(16, 64, 4, 2, use_dot=True), S.SkinnyConfig(32, 32, 4, 1, use_dot=True)]
+           S.SkinnyConfig(16, 64, 4, 2, use_dot=True), S.SkinnyConfig(32, 32, 4, 1, use_dot=True),
+           S.SkinnyConfig(4, 64, 2, 1, prefetch=True), S.SkinnyConfig(16, 64, 4, 2, use_dot=True, prefetch=True)]
 
 
 def _rand(shape, dtype, device, seed):
@@ -34,7 +35,9 @@ def _fused_tol(dtype, ref):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
 @pytest.mark.parametrize(
-    "config", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}{'dot' * c.use_dot}"
+    "config",
+    CONFIGS,
+    ids=lambda c: f"n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}{'dot' * c.use_dot}{'pf' * c.prefetch}",
 )
 def test_skinny_linear_matches_reference(m, dtype, config, device):
     # N = 37 leaves a partial row block; K = 200 a partial K chunk for every config; 128 is K-even.
@@ -52,6 +55,7 @@ def test_skinny_linear_matches_reference(m, dtype, config, device):
 @pytest.mark.parametrize("with_residual", [True, False])
 @pytest.mark.parametrize("use_dot", [False, True])
 def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, use_dot, device):
+    prefetch = m == 3  # one row count also runs the weight-prefetching loop
     k, n = 200, 37  # several programs (one of which writes the residual stream), a partial K chunk
     x = _rand((m, k), dtype, device, 20 + m) * 2
     residual = _rand((m, k), dtype, device, 21 + m) if with_residual else None
@@ -62,7 +66,7 @@ def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, use
     out = poison(torch.empty((m, n), dtype=dtype, device=device))
     res_out = poison(torch.empty((m, k), dtype=dtype, device=device)) if with_residual else None
     y, stream = S.skinny_add_rms_norm_linear(x, residual, norm_w, 1e-5, w, b, out=out, residual_out=res_out,
-                                             config=S.SkinnyConfig(16 if use_dot else 4, 64, 2, 1, use_dot))
+                                             config=S.SkinnyConfig(16 if use_dot else 4, 64, 2, 1, use_dot, prefetch))
     if with_residual:
         normed, ref_stream = ref_add_rms_norm(x, residual, norm_w, 1e-5)
         assert stream is res_out

@@ -70,6 +70,17 @@ def dot_candidates() -> list[S.SkinnyConfig]:
     return [S.SkinnyConfig(bn, bk, w, s, use_dot=True) for bn, bk, w, s in grid if bn * bk <= 16384]
 
 
+def prefetch_candidates(tuned: S.SkinnyConfig | None) -> list[S.SkinnyConfig]:
+    winners = [S.SkinnyConfig(4, 512, 2, 1), S.SkinnyConfig(4, 1024, 4, 3), S.SkinnyConfig(4, 256, 2, 1),
+               S.SkinnyConfig(2, 1024, 2, 3), S.SkinnyConfig(64, 256, 4, 3, True), S.SkinnyConfig(32, 128, 4, 3, True),
+               S.SkinnyConfig(64, 128, 4, 3, True)]
+    out = [tuned, tuned._replace(prefetch=True)] if tuned else []
+    for c in winners:
+        for stages in (1, 2):
+            out.append(c._replace(prefetch=True, num_stages=stages))
+    return out
+
+
 def candidates(op: str, m: int) -> list[S.SkinnyConfig]:
     grid = itertools.product((2, 4, 8, 16), (128, 256, 512, 1024), (2, 4, 8), (1, 2, 3))
     out = [S.SkinnyConfig(bn, bk, w, s) for bn, bk, w, s in grid if m * bn * bk <= (16384 if m == 1 else 8192)]
@@ -118,6 +129,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--dot", action="store_true",
                     help="try only tensor-core configs, plus the shape's current table entry (so never worse)")
+    ap.add_argument("--prefetch", action="store_true",
+                    help="try the shape's current table entry with and without weight prefetch, and prefetching "
+                         "variants of the tile shapes that won elsewhere")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--table", type=Path)
     args = ap.parse_args()
@@ -137,7 +151,12 @@ def main() -> None:
                 ref = case.baseline(0).float()
                 best, best_us, tried = None, float("inf"), 0
                 tuned = S._tuned_table(name).get((op, S.m_bucket(m), n, k))
-                configs = (dot_candidates() + ([tuned] if tuned else [])) if args.dot else candidates(op, m)
+                if args.prefetch:
+                    configs = prefetch_candidates(tuned)
+                elif args.dot:
+                    configs = dot_candidates() + ([tuned] if tuned else [])
+                else:
+                    configs = candidates(op, m)
                 for cfg in configs:
                     if time.perf_counter() - t_start > args.budget_s:
                         break

@@ -34,6 +34,7 @@ class SkinnyConfig(NamedTuple):
     num_warps: int
     num_stages: int
     use_dot: bool = False  # tensor-core tiles (rows padded to 16) instead of CUDA-core products
+    prefetch: bool = False  # load each weight tile one iteration ahead, the first before waiting for the producer
 
 
 PLAIN, ADD_RMS_NORM, SILU_MUL = 0, 1, 2  # the kernel's prologue: what it makes of its input rows
@@ -66,11 +67,13 @@ def _skinny_gemm_kernel(
     EVEN_K: tl.constexpr,
     USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr,
+    PREFETCH: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+        if not PREFETCH:
+            tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = tl.arange(0, BLOCK_M)
@@ -81,13 +84,27 @@ def _skinny_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if PREFETCH:
+        # Weights are never written by a kernel, so the first tile may stream in while the producer of x is still
+        # finishing (under PDL); each next tile is loaded one iteration ahead.
+        w_next = tl.load(w_ptrs, mask=n_mask[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+    else:
+        w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)  # unused
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
             k_mask = rk < BLOCK_K
-            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
         else:
             k_mask = kk < K
+        if PREFETCH:
+            w = w_next
+            w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
+                             eviction_policy="evict_first")
+        elif EVEN_K:
+            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
+        else:
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
         xm = m_mask[:, None] & k_mask[None, :]
         x = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=xm, other=0.0)
@@ -147,7 +164,8 @@ def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], SkinnyConf
     entries = json.loads(_TABLE.read_text()).get(device_name, [])
     return {
         (e.get("op", "linear"), e["m"], e["n"], e["k"]): (
-            SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e.get("use_dot", False))
+            SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e.get("use_dot", False),
+                         e.get("prefetch", False))
             if e["use"]
             else None
         )
@@ -235,6 +253,7 @@ def _launch(
         EVEN_K=k % cfg.block_k == 0,
         USE_DOT=cfg.use_dot,
         DOT_F32=dot_in_fp32(x.dtype),
+        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch(x.device),
