@@ -2,15 +2,16 @@
 
 At decode batch sizes a linear layer is a weight stream: `N·K·s` bytes against `2·M·N·K` FLOPs, so the
 kernel is judged by bandwidth alone. cuBLAS reaches ~70-75 % of the copy bandwidth on Qwen3-4B's per-layer
-shapes at M = 1 (docs/kernels.md); this kernel gives each program `BLOCK_N` whole weight rows, walks K in
-`BLOCK_K` chunks with independent fp32 products kept in registers (one reduction at the end, no tensor cores:
-there is nothing to gain from them at M <= 8), and uses no split-K, so the result is deterministic and one
-launch. Many small programs (`BLOCK_N` of 2-8 rows) keep every SM streaming until the end of the grid.
+shapes at M = 1 (docs/kernels.md). Each program here takes `BLOCK_N` whole weight rows and walks K in `BLOCK_K`
+chunks, with no split-K (deterministic, one launch). Two tile forms: fp32 products kept in registers with one
+reduction at the end (best at one row: many programs of 2-4 rows keep every SM streaming to the end of the
+grid), or the transposed product `W·Xᵀ` on the tensor cores with the rows padded to 16 (as cheap at 8 rows as
+at one). Variants fuse the residual add + RMSNorm, or SiLU-and-mul, into the prologue; an option prefetches each
+weight tile one iteration ahead, the first one before waiting on the producer kernel (under PDL).
 
-Launch configurations are chosen per (M bucket, N, K) from a table measured on the GPU
+Launch configurations are chosen per (op, M bucket, N, K) from a table measured on the GPU
 (`configs/skinny_gemm.json`, written by `scripts/bench_skinny_gemm.py`), with a shape heuristic otherwise.
 """
-
 from __future__ import annotations
 
 import json
@@ -113,7 +114,8 @@ def _skinny_gemm_kernel(
                 x = (x.to(tl.float32) + tl.load(r_ptr + rm[:, None] * r_stride + kk[None, :], mask=xm, other=0.0)
                      .to(tl.float32)).to(x_ptr.dtype.element_ty)
                 # One program writes the new residual stream; the rest only read it.
-                tl.store(r_out_ptr + rm[:, None] * r_out_stride + kk[None, :], x, mask=xm & ((rk * 0 + pid) == 0)[None, :])
+                writer = ((rk * 0 + pid) == 0)[None, :]
+                tl.store(r_out_ptr + rm[:, None] * r_out_stride + kk[None, :], x, mask=xm & writer)
             a = x.to(tl.float32)
             sum_sq += tl.sum(a * a, axis=1)
             a = a * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
