@@ -14,6 +14,7 @@ import json
 import torch
 import triton
 
+from graph_timing import graph_replay_us
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda import numba_kernels
 from infer_backend_cuda.sampler import CudaSampler, cut_thresholds
@@ -40,26 +41,7 @@ def bench(fn, calls: int = 10, reps: int = 20) -> tuple[float, float]:
             fn()
         torch.cuda.synchronize()
         eager.append((time.perf_counter() - t0) / (calls * 4) * 1e6)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(eager), statistics.median(times)
+    return statistics.median(eager), graph_replay_us(lambda _: fn(), calls, reps)
 
 
 def paged(batch, ctx):

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from graph_timing import graph_replay_us
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import skinny_gemm as S
 from infer_backend_cuda.ops import CudaMathOps
@@ -36,33 +36,6 @@ SHAPES = {  # Qwen3-4B: (N, K) of qkv, o, gate_up, down, lm_head
 }
 OP_SHAPES = {"linear": tuple(SHAPES), "add_rms_norm_linear": ("qkv", "gate_up"), "silu_mul_linear": ("down",)}
 BW = 4.27e12  # measured D2D copy bandwidth (read + write), shared/DEVICE.md
-
-
-def graph_us(fn_for_copy, copies: int, reps: int = 15) -> float:
-    """GPU microseconds per call: a graph of `copies` calls (one per weight copy), median of replays."""
-    for i in range(copies):
-        fn_for_copy(i)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn_for_copy(0)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(copies):
-            fn_for_copy(i)
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / copies)
-    return statistics.median(times)
 
 
 def dot_candidates() -> list[S.SkinnyConfig]:
@@ -147,7 +120,7 @@ def main() -> None:
                 nbytes = n * k * 2
                 case = Case(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev)
                 copies = len(case.ws)
-                baseline = graph_us(case.baseline, copies)
+                baseline = graph_replay_us(case.baseline, copies, reps=15)
                 ref = case.baseline(0).float()
                 best, best_us, tried = None, float("inf"), 0
                 tuned = S._tuned_table(name).get((op, S.m_bucket(m), n, k))
@@ -164,7 +137,7 @@ def main() -> None:
                         err = (case.skinny(0, cfg).float() - ref).abs().max().item()
                         if err > 0.05 * ref.abs().max().item() + 1e-2:
                             raise RuntimeError(f"wrong result (max err {err})")
-                        us = graph_us(lambda i: case.skinny(i, cfg), copies)
+                        us = graph_replay_us(lambda i: case.skinny(i, cfg), copies, reps=15)
                     except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
                         print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
                         continue
