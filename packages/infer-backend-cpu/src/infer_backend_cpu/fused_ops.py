@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from infer_core.ports.fused_ops import AttentionBatch
+from infer_core.ports.fused_ops import AttentionBatch, unfused_add_rms_norm_linear, unfused_silu_mul_linear
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -84,14 +84,10 @@ class CpuFusedOps:
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            normed, stream = self.rms_norm(x, norm_weight, eps), x
-        else:
-            normed, stream = self.add_rms_norm(x, residual, norm_weight, eps)
-        return F.linear(normed, weight, bias), stream
+        return unfused_add_rms_norm_linear(self, F.linear, x, residual, norm_weight, eps, weight, bias)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(self.silu_and_mul(gate_up), weight, bias)
+        return unfused_silu_mul_linear(self, F.linear, gate_up, weight, bias)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from infer_backend_cuda import kernels
 from infer_backend_cuda.kernels import skinny_gemm as skinny
-from infer_core.ports.fused_ops import AttentionBatch
+from infer_core.ports.fused_ops import AttentionBatch, unfused_add_rms_norm_linear, unfused_silu_mul_linear
 
 
 class CudaMathOps:
@@ -71,17 +71,13 @@ class TritonFusedOps:
         config = self._math.skinny_config("add_rms_norm_linear", x, weight)
         if config is not None and (residual is None or residual.stride(-1) == 1):
             return skinny.skinny_add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, config=config)
-        if residual is None:
-            normed, stream = kernels.rms_norm(x, norm_weight, eps), x
-        else:
-            normed, stream = kernels.add_rms_norm(x, residual, norm_weight, eps)
-        return self._math.linear(normed, weight, bias), stream
+        return unfused_add_rms_norm_linear(self, self._math.linear, x, residual, norm_weight, eps, weight, bias)
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         config = self._math.skinny_config("silu_mul_linear", gate_up, weight)
         if config is not None:
             return skinny.skinny_silu_mul_linear(gate_up, weight, bias, config=config)
-        return self._math.linear(kernels.silu_and_mul(gate_up), weight, bias)
+        return unfused_silu_mul_linear(self, self._math.linear, gate_up, weight, bias)
 
     def qk_norm_rope_store(
         self,

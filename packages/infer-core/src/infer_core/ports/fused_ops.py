@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 from infer_core.ports.tensor import Tensor
 
@@ -79,3 +79,31 @@ class FusedOps(Protocol):
         """Causal attention of q `[T, Hq, D]` over each sequence's paged context (prefix + new tokens, already
         stored). Grouped-query: query head h reads KV head `h // (Hq // Hkv)`. Returns `[T, Hq, D]`."""
         ...
+
+
+Linear = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+def unfused_add_rms_norm_linear(
+    fused: FusedOps,
+    linear: Linear,
+    x: Tensor,
+    residual: Tensor | None,
+    norm_weight: Tensor,
+    eps: float,
+    weight: Tensor,
+    bias: Tensor | None,
+) -> tuple[Tensor, Tensor]:
+    """`FusedOps.add_rms_norm_linear` as the separate ops it stands for: the CPU reference's meaning of the op, and
+    an adapter's path where fusing does not pay."""
+    if residual is None:
+        return linear(fused.rms_norm(x, norm_weight, eps), weight, bias), x
+    normed, stream = fused.add_rms_norm(x, residual, norm_weight, eps)
+    return linear(normed, weight, bias), stream
+
+
+def unfused_silu_mul_linear(
+    fused: FusedOps, linear: Linear, gate_up: Tensor, weight: Tensor, bias: Tensor | None
+) -> Tensor:
+    """`FusedOps.silu_mul_linear` as the separate ops it stands for."""
+    return linear(fused.silu_and_mul(gate_up), weight, bias)
