@@ -62,33 +62,45 @@ class Cluster:
         return None
 
     def stop(self) -> None:
-        """Drain, then stop: SIGTERM to the server and the scheduler, which both let the requests in flight
-        finish (up to shutdown_timeout_secs); the scheduler then tells the worker to exit (a worker signalled
-        at once would abandon the drain). The worker gets SIGTERM only once the scheduler is gone; whatever
-        still runs a few seconds past the drain deadline is killed."""
+        """Drain, then stop, in the order requests flow. The servers get SIGTERM first and finish the requests
+        they accepted (up to shutdown_timeout_secs) while the scheduler still serves them — signalled together,
+        the scheduler would refuse a request a server had accepted but not yet forwarded. Then the scheduler
+        gets SIGTERM and tells the worker to exit (a worker signalled at once would abandon the drain); the
+        worker gets SIGTERM only once the scheduler is gone. Whatever still runs past its deadline is killed."""
         deadline = time.monotonic() + self.config.shutdown_timeout_secs + _STOP_GRACE_SECS
         servers = [name for name in self.procs if name.startswith("server")]
-        for role in (*servers, "scheduler"):
-            proc = self.procs.get(role)
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for role in ("scheduler", "worker", *servers):
-            proc = self.procs.get(role)
-            if proc is None:
-                continue
-            if role == "worker" and proc.poll() is None:
-                try:  # the scheduler's Shutdown normally stops it
-                    proc.wait(timeout=min(_STOP_GRACE_SECS, max(0.1, deadline - time.monotonic())))
-                except subprocess.TimeoutExpired:
-                    proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        self._signal(servers)
+        for role in servers:
+            self._wait(role, deadline)
+        self._signal(["scheduler"])
+        deadline = max(deadline, time.monotonic() + _STOP_GRACE_SECS)
+        self._wait("scheduler", deadline)
+        worker = self.procs.get("worker")
+        if worker is not None and worker.poll() is None:
+            try:  # the scheduler's Shutdown normally stops it
+                worker.wait(timeout=min(_STOP_GRACE_SECS, max(0.1, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                worker.send_signal(signal.SIGTERM)
+        self._wait("worker", deadline)
         Path(self._config_path).unlink(missing_ok=True)
         if self._metrics_dir is not None:
             shutil.rmtree(self._metrics_dir, ignore_errors=True)
+
+    def _signal(self, roles: list[str]) -> None:
+        for role in roles:
+            proc = self.procs.get(role)
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def _wait(self, role: str, deadline: float) -> None:
+        proc = self.procs.get(role)
+        if proc is None:
+            return
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _ready_status(client: httpx.Client, url: str) -> tuple[bool, str]:

@@ -69,6 +69,7 @@ class Call:
     error: BaseException | None = None
     first_token: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    finished_at: float | None = None
 
     @property
     def payloads(self) -> list[Any]:
@@ -82,7 +83,10 @@ class Call:
             raise self.error
 
 
-def start_call(url: str, path: str, body: dict[str, Any], *, stream: bool, timeout: float = 90) -> Call:
+def start_call(url: str, path: str, body: dict[str, Any], *, stream: bool, timeout: float = 90,
+               on_first_token: Callable[[], None] | None = None) -> Call:
+    """`on_first_token` runs on the call's own thread as the first token arrives: a test that acts there does not
+    depend on its main thread being scheduled before the request finishes."""
     call = Call()
 
     def run() -> None:
@@ -100,16 +104,62 @@ def start_call(url: str, path: str, body: dict[str, Any], *, stream: bool, timeo
                         data = line[6:]
                         payload = data if data == "[DONE]" else json.loads(data)
                         call.events.append((time.monotonic(), payload))
-                        if isinstance(payload, dict) and payload.get("choices"):
+                        if isinstance(payload, dict) and payload.get("choices") and not call.first_token.is_set():
+                            if on_first_token is not None:
+                                on_first_token()
                             call.first_token.set()
         except BaseException as exc:  # reported by join()
             call.error = exc
         finally:
+            call.finished_at = time.monotonic()
             call.first_token.set()
 
     call.thread = threading.Thread(target=run, daemon=True)
     call.thread.start()
     return call
+
+
+@dataclass
+class MidFlight:
+    stream: Call
+    plain: list[Call]
+    signalled_at: list[float]
+
+
+def signal_mid_flight(url: str, proc: Any, n_plain: int, n_tokens: int) -> MidFlight:
+    """Sends SIGTERM to `proc` while one stream and `n_plain` plain requests are running: from the stream's own
+    thread at its first token, once the server counts every request in flight. The plain requests start after the
+    stream with as many tokens, so they cannot finish before it; nothing depends on the test's main thread being
+    scheduled in time on a loaded machine."""
+    body = LONG | {"max_tokens": n_tokens}
+    signalled_at: list[float] = []
+
+    def send() -> None:
+        wait_for(f"{n_plain + 1} requests in flight",
+                 lambda: scrape(url)["rustinfer_num_requests_inflight"] == n_plain + 1, 30, 0.01)
+        proc.send_signal(signal.SIGTERM)
+        signalled_at.append(time.monotonic())
+
+    stream = start_call(url, "/v1/completions", body, stream=True, on_first_token=send)
+    plain = [start_call(url, "/v1/completions", body, stream=False) for _ in range(n_plain)]
+    assert stream.first_token.wait(90) and signalled_at, f"not signalled: {stream.status} {stream.error!r}"
+    return MidFlight(stream, plain, signalled_at)
+
+
+def assert_drained(flight: MidFlight, n_tokens: int, timeout: float = 120) -> None:
+    """Every request of `flight` completed in full, the stream and the plain ones after the signal."""
+    for call in [flight.stream, *flight.plain]:
+        call.join(timeout)
+    signalled_at = flight.signalled_at[0]
+    for p in flight.plain:
+        assert p.status == 200, p.body
+        assert p.body["usage"]["completion_tokens"] == n_tokens
+        assert p.body["choices"][0]["finish_reason"] == "length"
+        assert p.finished_at is not None and p.finished_at > signalled_at, "a request had finished before the signal"
+    payloads = flight.stream.payloads
+    assert payloads[-1] == "[DONE]" and not any(isinstance(p, dict) and "error" in p for p in payloads)
+    assert payloads[-2]["choices"][0]["finish_reason"] == "length"
+    assert flight.stream.events[-1][0] > signalled_at, "the stream had finished before the signal"
 
 
 def assert_error_then_done(call: Call, code: str) -> None:
@@ -391,79 +441,94 @@ def test_request_id_is_echoed(tiny_cluster: ServedCluster) -> None:
 def test_sigterm_to_rustinfer_serve_drains(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`rustinfer serve` forwards SIGTERM so that requests in flight finish: server and scheduler drain, the
     scheduler stops the worker, and the launcher exits 0."""
-    cluster = ServedCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=1024, block_size=4,
-                            shutdown_timeout_secs=30.0)
+    cluster = ServedCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=2048, block_size=4,
+                            shutdown_timeout_secs=60.0)
     cluster.start(timeout=300)
     try:
-        url = cluster.url
         children = cluster.pids()
-        # Long enough that both are still running when the gauge is read (80 tokens could finish in between on a
-        # quiet machine with the one-step-ahead pipeline).
-        n = 600
-        stream = start_call(url, "/v1/completions", LONG | {"max_tokens": n}, stream=True)
-        plain = start_call(url, "/v1/completions", LONG | {"max_tokens": n}, stream=False)
-        assert stream.first_token.wait(60)
-        wait_for("2 requests in flight", lambda: scrape(url)["rustinfer_num_requests_inflight"] == 2, 30, 0.02)
         assert cluster.proc is not None
-        cluster.proc.send_signal(signal.SIGTERM)
-        signalled_at = time.monotonic()
-        for call in (stream, plain):
-            call.join(timeout=60)
-        assert plain.status == 200 and plain.body["usage"]["completion_tokens"] == n, plain.body
-        assert stream.payloads[-1] == "[DONE]" and stream.payloads[-2]["choices"][0]["finish_reason"] == "length"
-        assert stream.events[-1][0] > signalled_at, "the stream had finished before the signal"
-        assert cluster.proc.wait(timeout=40) == 0, cluster.log()
+        n = 300
+        assert_drained(signal_mid_flight(cluster.url, cluster.proc, 1, n), n)
+        assert cluster.proc.wait(timeout=70) == 0, cluster.log()
         wait_for("every child gone", lambda: not any(Path(f"/proc/{pid}").exists() for pid in children.values()), 10)
     finally:
         cluster.stop()
 
 
-def test_sigterm_drains_server_then_scheduler(tmp_path: Path, tiny_model_dir: Path) -> None:
-    cluster = DirectCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=1024, block_size=4,
-                            shutdown_timeout_secs=30.0)
+def test_sigterm_to_rustinfer_serve_mid_burst_fails_no_accepted_request(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """SIGTERM while a burst of requests is still arriving: a request the server accepted completes in full, one
+    it did not accept is refused by the server. The launcher drains the server before it signals the scheduler;
+    signalled together, the scheduler refused requests the server had accepted but not yet forwarded."""
+    cluster = ServedCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=1024, block_size=4,
+                            shutdown_timeout_secs=60.0)
+    cluster.start(timeout=300)
+    try:
+        assert cluster.proc is not None
+        n = 40
+        stream = start_call(cluster.url, "/v1/completions", LONG | {"max_tokens": n}, stream=True,
+                            on_first_token=lambda: cluster.proc.send_signal(signal.SIGTERM))  # type: ignore[union-attr]
+        burst = [start_call(cluster.url, "/v1/completions", LONG | {"max_tokens": n}, stream=False) for _ in range(16)]
+        stream.join(90)
+        assert stream.payloads[-2]["choices"][0]["finish_reason"] == "length" and stream.payloads[-1] == "[DONE]"
+        for call in burst:
+            assert call.thread is not None
+            call.thread.join(90)
+            assert not call.thread.is_alive(), "request still open after 90 s"
+            if call.status == 200:
+                assert call.body["usage"]["completion_tokens"] == n, call.body
+            else:  # never got into the server: refused connection or the server's own 503
+                assert isinstance(call.error, httpx.TransportError) or (
+                    call.status == 503 and call.body["error"]["code"] == "server_shutdown"), (call.status, call.body)
+        assert cluster.proc.wait(timeout=70) == 0, cluster.log()
+    finally:
+        cluster.stop()
+
+
+def test_server_drain_deadline_ends_open_requests_with_server_shutdown(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Requests still running at the server's drain deadline end with the OpenAI-format `server_shutdown` error
+    (JSON 503; an error event then [DONE] on a stream) — not a bare 500 from uvicorn cancelling them — and are
+    aborted at the scheduler, which frees their KV blocks for the next server."""
+    cluster = DirectCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=2048, block_size=4,
+                            shutdown_timeout_secs=1.0)
     cluster.start(timeout=300)
     try:
         url = cluster.url
-
-        def in_flight(n_tokens: int) -> tuple[Call, list[Call]]:
-            stream = start_call(url, "/v1/completions", LONG | {"max_tokens": n_tokens}, stream=True)
-            plain = [start_call(url, "/v1/completions", LONG | {"max_tokens": n_tokens}, stream=False)
-                     for _ in range(2)]
-            assert stream.first_token.wait(60)
-            wait_for("3 requests in flight", lambda: scrape(url)["rustinfer_num_requests_inflight"] == 3, 30, 0.02)
-            return stream, plain
-
-        def assert_complete(stream: Call, plain: list[Call], n_tokens: int, signalled_at: float) -> None:
-            for call in [stream, *plain]:
-                call.join(timeout=60)
-            for p in plain:
-                assert p.status == 200, p.body
-                assert p.body["usage"]["completion_tokens"] == n_tokens
-                assert p.body["choices"][0]["finish_reason"] == "length"
-            payloads = stream.payloads
-            assert payloads[-1] == "[DONE]" and not any(isinstance(p, dict) and "error" in p for p in payloads)
-            assert payloads[-2]["choices"][0]["finish_reason"] == "length"
-            assert stream.events[-1][0] > signalled_at, "the stream had finished before the signal"
-
-        # 1. the server: in-flight requests complete, then it exits 0
-        stream, plain = in_flight(80)
+        n = 4000  # far more than the deadline lets either finish
         server = cluster.procs["server"]
-        server.send_signal(signal.SIGTERM)
-        signalled_at = time.monotonic()
-        assert_complete(stream, plain, 80, signalled_at)
+        flight = signal_mid_flight(url, server, 1, n)
+        for call in [flight.stream, *flight.plain]:
+            call.join(60)
+        plain = flight.plain[0]
+        assert plain.status == 503 and plain.body["error"]["code"] == "server_shutdown", (plain.status, plain.body)
+        assert_error_then_done(flight.stream, "server_shutdown")
+        assert server.wait(timeout=30) == 0
+        cluster.restart("server", timeout=60)
+        wait_for("the aborted requests' KV blocks free", lambda: kv_settled(url), 30)
+    finally:
+        cluster.stop()
+
+
+def test_sigterm_drains_server_then_scheduler(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cluster = DirectCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=2048, block_size=4,
+                            shutdown_timeout_secs=60.0)
+    cluster.start(timeout=300)
+    try:
+        url = cluster.url
+        n = 300
+        # 1. the server: in-flight requests complete, then it exits 0
+        server = cluster.procs["server"]
+        assert_drained(signal_mid_flight(url, server, 2, n), n)
         assert server.wait(timeout=30) == 0
 
         # 2. a fresh server joins the running scheduler and worker
         cluster.restart("server", timeout=60)
 
         # 3. the scheduler: it finishes what it runs, refuses new work, stops the worker, exits 0
-        stream, plain = in_flight(80)
         scheduler = cluster.procs["scheduler"]
-        scheduler.send_signal(signal.SIGTERM)
-        signalled_at = time.monotonic()
+        flight = signal_mid_flight(url, scheduler, 2, n)
         refused = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=30)
         assert refused.status_code == 503, refused.text
-        assert_complete(stream, plain, 80, signalled_at)
+        assert_drained(flight, n)
         assert scheduler.wait(timeout=30) == 0
         assert cluster.procs["worker"].wait(timeout=30) == 0
         wait_for("/ready 503", lambda: httpx.get(f"{url}/ready", timeout=5).status_code == 503, 15)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import uvicorn
 
 from infer_protocol.config import ConfigError, load_config
 
@@ -19,6 +22,27 @@ PROG = "rustinfer-server"
 # client reusing a connection just as the server closed it got a connection reset on a POST it cannot retry:
 # one such request failed in the qps-32 benchmark.
 KEEP_ALIVE_SECS = 75
+# uvicorn's own graceful-shutdown timeout comes this long after the server's drain deadline: it cancels the
+# requests still open, and a cancelled request answers a bare text/plain 500.
+_UVICORN_GRACE_SECS = 2
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, ending its drain at the server's deadline with the OpenAI-format `server_shutdown` error (503, or an
+    error event on a stream) for every request still open, aborted at the scheduler, instead of cancelling them."""
+
+    def __init__(self, config: uvicorn.Config, drain_secs: float, on_deadline: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._drain_secs = drain_secs
+        self._on_deadline = on_deadline
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        timer = asyncio.get_running_loop().call_later(self._drain_secs, self._on_deadline)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            timer.cancel()
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="RustInfer OpenAI-compatible HTTP server.")
@@ -39,25 +63,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s server %(name)s: %(message)s",
     )
-    import uvicorn  # after the config: a bad config fails fast
-
-    from infer_server.app import create_app
+    from infer_server.app import create_app  # after the config: a bad config fails fast
 
     app = create_app(config)
+    client = app.state.server.client
     # uvicorn drains on SIGTERM/SIGINT, then re-raises the signal to die by it. A drained shutdown is a
     # clean exit here: these handlers receive that re-raised signal and main returns 0 (130 for Ctrl-C).
     stopped_by: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stopped_by.append(signum))
-    server = uvicorn.Server(uvicorn.Config(
+    server = DrainingServer(uvicorn.Config(
         app,
         host=config.host,
         port=config.port,
         log_level=config.log_level,
         access_log=config.log_level == "debug",
-        timeout_graceful_shutdown=max(1, int(config.shutdown_timeout_secs)),
+        timeout_graceful_shutdown=int(config.shutdown_timeout_secs) + _UVICORN_GRACE_SECS,
         timeout_keep_alive=KEEP_ALIVE_SECS,
-    ))
+    ), drain_secs=config.shutdown_timeout_secs,
+        on_deadline=lambda: client.end_all("server_shutdown", "the server is shutting down", 503))
     # Several server processes share the port: each binds it with SO_REUSEPORT and the kernel spreads the
     # connections over them.
     sockets = [_shared_socket(config.host, config.port)] if config.server_processes > 1 else None

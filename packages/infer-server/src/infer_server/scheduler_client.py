@@ -232,6 +232,12 @@ class SchedulerClient:
         except SchedulerUnavailable:
             log.debug("abort of %s not delivered: scheduler unavailable", request_id)
 
+    def end_all(self, code: str, message: str, status: int) -> None:
+        """Ends every open request: aborted at the scheduler, and `code` delivered to its caller as an error."""
+        for request_id in list(self._handles):
+            self.abort(request_id)
+        self._fail_all(code, message, status)
+
     def _forget(self, handle: RequestHandle) -> None:
         if self._handles.get(handle.request_id) is handle:
             del self._handles[handle.request_id]
