@@ -1,4 +1,4 @@
-"""Penalties, min_tokens, logprobs and echo end to end: the three real processes serving the embedded SmolLM2
+"""Penalties, logit_bias, min_tokens, logprobs and echo end to end: the three real processes serving the embedded SmolLM2
 on the CPU backend, checked against themselves, against HF transformers, and across batch neighbours."""
 
 from __future__ import annotations
@@ -58,6 +58,32 @@ def test_streamed_completion_logprobs_equal_the_non_streamed(smol_cluster: Serve
     for token, lp, top in zip(full["logprobs"]["tokens"], full["logprobs"]["token_logprobs"],
                               full["logprobs"]["top_logprobs"]):
         assert 2 <= len(top) <= 3 and top[token] == pytest.approx(lp, abs=1e-4) and max(top.values()) == pytest.approx(lp, abs=1e-4)
+
+
+def test_logit_bias_equals_hf_sequence_bias(smol_cluster: ServedCluster, embedded_model_dir: Path) -> None:
+    """Greedy with logit_bias against HF's `sequence_bias` on one-token sequences (an additive bias): the repeated
+    " cat" pushed down, " dog" pulled up; the unbiased neighbour in the same batch is unaffected."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    tok = transformers.AutoTokenizer.from_pretrained(embedded_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32)
+    prompt_ids = tok(REPEATING)["input_ids"]
+    (cat,), (dog,) = tok(" cat")["input_ids"], tok(" dog")["input_ids"]
+    bias = {cat: -30.0, dog: 12.0}
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=12, do_sample=False,
+                             sequence_bias={(t,): b for t, b in bias.items()})
+    expected = out[0, len(prompt_ids):].tolist()
+    body = {"prompt": prompt_ids, "temperature": 0, "max_tokens": 12, "return_token_ids": True, "ignore_eos": True}
+    with cf.ThreadPoolExecutor(2) as pool:
+        plain_f = pool.submit(_post, smol_cluster, "/v1/completions", body)
+        biased_f = pool.submit(_post, smol_cluster, "/v1/completions",
+                               body | {"logit_bias": {str(t): b for t, b in bias.items()}})
+        plain, biased = plain_f.result()["choices"][0], biased_f.result()["choices"][0]
+    assert plain["text"].startswith(" sat on the mat. The cat")  # unbiased, it repeats " cat"
+    assert biased["token_ids"] == expected
+    assert cat not in biased["token_ids"] and dog in biased["token_ids"]
 
 
 def test_repetition_penalty_equals_hf_transformers(smol_cluster: ServedCluster, embedded_model_dir: Path) -> None:

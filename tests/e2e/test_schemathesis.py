@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import collections
 import json
+import math
+import re
 from typing import Any
 
 import httpx
@@ -39,8 +41,7 @@ CORE = {
     "skip_special_tokens", "return_token_ids", "user", "add_generation_prompt", "tokens", "add_special_tokens",
 }
 # refused with a 400 whatever their value (or any value but a neutral one): `shaped` drops them
-REFUSED = {"tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias", "suffix",
-           "best_of"}
+REFUSED = {"tools", "tool_choice", "functions", "function_call", "response_format", "suffix", "best_of"}
 
 
 def _is_int(value: Any) -> bool:
@@ -90,6 +91,10 @@ def _shape(body: dict[str, Any], path: str, level: str) -> None:
     for key in ("stop_token_ids", "tokens"):
         if key in body:
             body[key] = _fold(body[key])
+    if isinstance(body.get("logit_bias"), dict):
+        body["logit_bias"] = {str(abs(int(k)) % VOCAB): max(-100.0, min(100.0, v))
+                              for k, v in body["logit_bias"].items()
+                              if re.fullmatch(r"-?[0-9]{1,18}", k) and isinstance(v, (int, float)) and math.isfinite(v)}
     for message in body.get("messages") or []:
         _shape_message(message)
     prompt = body.get("prompt")

@@ -277,6 +277,18 @@ def _bad_cases(tok: Tokenizer) -> list[tuple[str, str, Any, int, str, str | None
         ("min_tokens > max_tokens", "/v1/completions", {"prompt": "x", "max_tokens": 2, "min_tokens": 5},
          400, "invalid_value", "min_tokens"),
         ("n too large", "/v1/completions", {"prompt": "x", "n": 1000}, 400, "invalid_value", "n"),
+        ("logit_bias key not a token id", "/v1/completions", {"prompt": "x", "logit_bias": {"hello": 1}},
+         400, "invalid_value", "logit_bias"),
+        ("logit_bias key not canonical", "/v1/completions", {"prompt": "x", "logit_bias": {"007": 1}},
+         400, "invalid_value", "logit_bias"),
+        ("logit_bias negative id", "/v1/chat/completions", {"messages": USER, "logit_bias": {"-3": 1}},
+         400, "invalid_value", "logit_bias"),
+        ("logit_bias id outside vocab", "/v1/chat/completions", {"messages": USER, "logit_bias": {"1000000": 1}},
+         400, "invalid_value", "logit_bias"),
+        ("logit_bias value out of range", "/v1/completions", {"prompt": "x", "logit_bias": {"5": 100.5}},
+         400, "invalid_value", "logit_bias"),
+        ("logit_bias too many entries", "/v1/completions",
+         {"prompt": "x", "logit_bias": {str(i): 1.0 for i in range(1025)}}, 400, "invalid_value", "logit_bias"),
         ("wrong type", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, 400, "invalid_value", "max_tokens"),
     ]
 

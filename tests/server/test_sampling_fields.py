@@ -48,6 +48,19 @@ def test_submit_carries_the_sampling_fields(server: ServerHarness) -> None:
     assert (s.logprobs, s.top_logprobs) == (True, 0)
 
 
+def test_submit_carries_logit_bias_as_sorted_pairs(server: ServerHarness) -> None:
+    r = server.http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "bias"}], "max_tokens": 5,
+        "logit_bias": {"17": -100, "3": 2.5, "250": 100}})
+    assert r.status_code == 200, r.text
+    assert server.fake.submits[-1].sampling.logit_bias == ((3, 2.5), (17, -100.0), (250, 100.0))
+    r = server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "n": 2, "logit_bias": {"9": 1}})
+    assert r.status_code == 200, r.text
+    assert [sub.sampling.logit_bias for sub in server.fake.submits[-2:]] == [((9, 1.0),)] * 2  # every choice
+    server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "logit_bias": {}})
+    assert server.fake.submits[-1].sampling.logit_bias == ()
+
+
 def _check_chat_entries(content: list[dict[str, Any]], tok: Tokenizer, k: int) -> None:
     ids = _answer_ids(tok)
     assert len(content) == len(ids)  # every visible token; the EOS that ended the answer has none

@@ -90,6 +90,58 @@ def test_min_tokens_masks_stop_ids_until_enough_tokens_are_out() -> None:
     assert plan_processing([_seq([1, 2, 3], 3, p)]) is None
 
 
+def test_logit_bias_is_added_before_the_penalties_and_leaves_masks_alone() -> None:
+    rng = np.random.default_rng(11)
+    biased = SamplingParams(logit_bias=((2, 5.0), (7, -100.0), (39, 0.5)))
+    both = SamplingParams(logit_bias=((4, 3.0), (5, 1.0)), repetition_penalty=2.0, min_tokens=4)
+    seqs = [
+        _seq([1, 2, 3, 9], 3, biased),
+        _seq([1, 4, 8, 8], 3, SamplingParams()),  # an unbiased row in the same batch stays untouched
+        _seq([4, 6, 8, 8], 3, both, stop=(5,)),  # 1 generated < min_tokens: token 5 masked, bias or not
+    ]
+    assert all(s.needs_processing for s in (seqs[0], seqs[2])) and not seqs[1].needs_processing
+    logits = torch.from_numpy(rng.normal(0, 2, size=(3, V)).astype(np.float32))
+    plan = plan_processing(seqs)
+    assert plan is not None and plan.bias_rows.tolist() == [0, 0, 0, 2, 2]
+    got = process_logits(logits, plan, to_device)
+    want = logits.clone()
+    for token, bias in biased.logit_bias:
+        want[0, token] += bias
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], logits[1])
+    row = logits[2].clone()
+    row[4] += 3.0  # biased first, then penalised as a seen token (4 is in the prompt)
+    row[4] = row[4] / 2.0 if row[4] > 0 else row[4] * 2.0
+    for seen in (6, 8):
+        row[seen] = row[seen] / 2.0 if row[seen] > 0 else row[seen] * 2.0
+    row[5] = -math.inf
+    assert got[2].tolist() == pytest.approx(row.tolist(), rel=1e-6, abs=1e-6)
+    # logprobs stay those of the raw distribution for the biased rows too
+    assert 0 in plan.modified_rows.tolist() and 2 in plan.modified_rows.tolist()
+
+
+def test_greedy_logit_bias_equals_hf_generate_with_sequence_bias(llama_dir: tuple[Path, object]) -> None:
+    path, hf = llama_dir
+    prompt = [5, 9, 9, 17, 3, 5, 9, 44]
+    engine = Engine.open(path)
+    plain = engine.new_seq(1, prompt)
+    engine.step([(plain, len(prompt))])
+    for _ in range(9):
+        engine.step([(plain, 1)])
+    unbiased = plain.token_ids[len(prompt):]
+    # push down the two tokens greedy picks first, pull up one it never picks
+    bias = {unbiased[0]: -8.0, unbiased[1]: -3.5, next(t for t in range(V) if t not in unbiased): 2.5}
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, min_new_tokens=10, do_sample=False,  # type: ignore[attr-defined]
+                          sequence_bias={(t,): b for t, b in bias.items()})
+    expected = out[0, len(prompt):].tolist()
+    biased = engine.new_seq(2, prompt, SamplingParams(temperature=0.0, logit_bias=tuple(sorted(bias.items()))))
+    engine.step([(biased, len(prompt))])
+    for _ in range(9):
+        engine.step([(biased, 1)])
+    assert biased.token_ids[len(prompt):] == expected
+    assert expected != unbiased  # the bias made a difference on this prompt
+
+
 def test_top_logprobs_and_sampled_logprobs_are_of_the_raw_distribution() -> None:
     rng = np.random.default_rng(5)
     raw = torch.from_numpy(rng.normal(0, 3, size=(3, V)).astype(np.float32))

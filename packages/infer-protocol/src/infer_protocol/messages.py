@@ -9,7 +9,7 @@ import msgspec
 
 # 2: penalties, min_tokens masking, top logprobs (SamplingParams, NewSeq, StepResult, TokenOutput)
 # 3: the one-step-ahead pipeline's per-step host timings (StepResult.launch_ms, SchedulerStats step timings)
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -28,6 +28,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence among the generated tokens
     repetition_penalty: float = 1.0  # HF/vLLM: divides positive / multiplies negative logits of prompt+generated
     min_tokens: int = 0  # stop tokens are masked (-inf) until this many tokens are generated
+    logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI: (token id, bias) added to the logits, ids ascending
 
 
 # ---------------------------------------------------------------- server <-> scheduler

@@ -65,7 +65,7 @@ class GenerationFields(_Strict):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)  # OpenAI, over generated tokens
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)  # OpenAI, over generated tokens
     repetition_penalty: float | None = Field(default=None, gt=0.0)  # HF/vLLM, over prompt + generated tokens
-    # known, not implemented: only the neutral value is accepted (checked in params.py)
+    # OpenAI: token id (a decimal string) -> bias in [-100, 100] added to its logit (checked in params.py)
     logit_bias: dict[str, float] | None = None
 
 

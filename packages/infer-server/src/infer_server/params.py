@@ -5,6 +5,7 @@ Everything a request asks for is either honoured or refused here with a 400 nami
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from infer_server.model_assets import ModelAssets
 from infer_server.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
 
 _SEED_MOD = 2**63  # seeds travel as non-negative int64
+# Each entry costs every step of the request a scatter over its logits row; far more than anyone biases by hand.
+MAX_LOGIT_BIAS_ENTRIES = 1024
+LOGIT_BIAS_LIMIT = 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +58,6 @@ def check_model(requested: str | None, assets: ModelAssets) -> None:
 
 
 def _check_common(req: GenerationFields) -> None:
-    if req.logit_bias:
-        raise unsupported("logit_bias")
     if req.stream_options is not None:
         if not req.stream:
             raise invalid_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
@@ -168,6 +170,26 @@ def check_token_ids(ids: Sequence[int], assets: ModelAssets, param: str) -> None
 # ------------------------------------------------------------------ limits and sampling
 
 
+def resolve_logit_bias(bias: dict[str, float] | None, assets: ModelAssets) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias` (token id as a decimal string -> bias in [-100, 100]) as (id, bias) pairs, ids
+    ascending; a key that is not a token id of the vocabulary or a value out of range is a 400."""
+    if not bias:
+        return ()
+    if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+        raise invalid_request(f"'logit_bias' holds {len(bias)} entries; at most {MAX_LOGIT_BIAS_ENTRIES} are accepted",
+                              param="logit_bias")
+    pairs = []
+    for key, value in bias.items():
+        if not (key.isascii() and key.isdigit() and str(int(key)) == key):
+            raise invalid_request(f"'logit_bias' key {key!r} is not a token id (a decimal integer)", param="logit_bias")
+        if not (math.isfinite(value) and -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT):
+            raise invalid_request(f"'logit_bias' value {value} for token {key} is outside [-100, 100]",
+                                  param="logit_bias")
+        pairs.append((int(key), float(value)))
+    check_token_ids([token for token, _ in pairs], assets, "logit_bias")
+    return tuple(sorted(pairs))
+
+
 def context_error(limit: int, prompt_len: int, max_tokens: int | None, what: str, param: str) -> ApiError:
     completion = "at least 1" if max_tokens is None else str(max_tokens)
     requested = prompt_len + (1 if max_tokens is None else max_tokens)
@@ -221,6 +243,7 @@ def build_params(
     if not ignore_eos:
         stop_ids += [e for e in assets.eos_token_ids if e not in client_stop_ids]
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    logit_bias = resolve_logit_bias(req.logit_bias, assets)
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
     if top_k >= (assets.vocab_size or 2**31):
         top_k = 0  # keeps every token, like off (and a huge k would not fit the engine's int32)
@@ -239,6 +262,7 @@ def build_params(
             frequency_penalty=req.frequency_penalty or 0.0,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             min_tokens=req.min_tokens,
+            logit_bias=logit_bias,
         )
         out.append(
             GenerationParams(

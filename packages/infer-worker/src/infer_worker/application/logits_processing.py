@@ -4,9 +4,10 @@ Backend-agnostic: plain torch ops on the device the logits live on. Per sampling
 (vLLM's semantics):
 1. min_tokens: the row's stop ids (EOS + stop_token_ids, as the scheduler stops on them) get -inf while
    fewer than `min_tokens` tokens are generated.
-2. repetition_penalty (HF / vLLM, > 0, 1 = off): every token seen in the prompt or the output has its
+2. logit_bias (OpenAI, [-100, 100] per token id): added to the token's logit.
+3. repetition_penalty (HF / vLLM, > 0, 1 = off): every token seen in the prompt or the output has its
    logit divided by the penalty when positive, multiplied by it otherwise.
-3. frequency_penalty and presence_penalty (OpenAI, [-2, 2], 0 = off), over the generated tokens only:
+4. frequency_penalty and presence_penalty (OpenAI, [-2, 2], 0 = off), over the generated tokens only:
    `logit -= frequency * count + presence * (count > 0)`.
 The sampler then applies temperature / top-k / top-p / min-p to the processed logits. Its draw stays a pure
 function of (seed, position): penalties change the distribution, never the random numbers.
@@ -52,16 +53,19 @@ class ProcessingPlan(NamedTuple):
     penalties: Penalties | None
     mask_rows: np.ndarray  # [M] int64 } (row, token) pairs set to -inf (min_tokens)
     mask_ids: np.ndarray  # [M] int64 }
+    bias_rows: np.ndarray  # [B] int64   } (row, token, bias) added to the logits (logit_bias)
+    bias_ids: np.ndarray  # [B] int64    }
+    bias_values: np.ndarray  # [B] float32 }
     top_rows: np.ndarray  # [K] int64, the rows that asked for top logprobs
     top_counts: list[int]  # [K] how many each asked for
 
     @property
     def modifies(self) -> bool:
-        return self.penalties is not None or len(self.mask_rows) > 0
+        return self.penalties is not None or len(self.mask_rows) > 0 or len(self.bias_rows) > 0
 
     @property
     def modified_rows(self) -> np.ndarray:
-        rows = [self.mask_rows]
+        rows = [self.mask_rows, self.bias_rows]
         if self.penalties is not None:
             rows.append(self.penalties.rows)
         return np.unique(np.concatenate(rows))
@@ -82,6 +86,7 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
     pen: list[int] = []
     mask_rows: list[int] = []
     mask_ids: list[int] = []
+    biased: list[int] = []
     top_rows: list[int] = []
     top_counts: list[int] = []
     for i, s in enumerate(seqs):
@@ -91,6 +96,8 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
         if p.min_tokens > 0 and s.stop_token_ids and len(s.token_ids) - s.prompt_len < p.min_tokens:
             mask_rows.extend([i] * len(s.stop_token_ids))
             mask_ids.extend(s.stop_token_ids)
+        if p.logit_bias:
+            biased.append(i)
         if p.logprobs and p.top_logprobs > 0:
             top_rows.append(i)
             top_counts.append(p.top_logprobs)
@@ -110,10 +117,15 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
             seen_rows=_owners(prompts),
             seen_ids=_ids(prompts),
         )
+    biases = [seqs[i].sampling.logit_bias for i in biased]
+    bias_pairs = list(itertools.chain.from_iterable(biases))
     return ProcessingPlan(
         penalties=penalties,
         mask_rows=np.asarray(mask_rows, dtype=np.int64),
         mask_ids=np.asarray(mask_ids, dtype=np.int64),
+        bias_rows=np.asarray(biased, dtype=np.int64)[_owners(biases)],
+        bias_ids=np.asarray([token for token, _ in bias_pairs], dtype=np.int64),
+        bias_values=np.asarray([bias for _, bias in bias_pairs], dtype=np.float32),
         top_rows=np.asarray(top_rows, dtype=np.int64),
         top_counts=top_counts,
     )
@@ -157,6 +169,10 @@ def process_logits(logits: torch.Tensor, plan: ProcessingPlan, to_device: ToDevi
     if len(plan.mask_rows):
         rows, ids = _in_vocab(plan.mask_rows, plan.mask_ids, out.shape[-1])
         out[to_device(rows), to_device(ids)] = float("-inf")
+    if len(plan.bias_rows):
+        keep = (plan.bias_ids >= 0) & (plan.bias_ids < out.shape[-1])
+        out.index_put_((to_device(plan.bias_rows[keep]), to_device(plan.bias_ids[keep])),
+                       to_device(plan.bias_values[keep]), accumulate=True)
     if plan.penalties is not None:
         apply_penalties(out, plan.penalties, to_device)
     return out
