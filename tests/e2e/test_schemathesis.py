@@ -86,8 +86,6 @@ def _shape(body: dict[str, Any], path: str, level: str) -> None:
         body.pop("stream_options", None)
     else:
         body.pop("return_token_ids", None)
-    if isinstance(body.get("stream_options"), dict):
-        body["stream_options"].pop("continuous_usage_stats", None)
     for key in ("stop_token_ids", "tokens"):
         if key in body:
             body[key] = _fold(body[key])

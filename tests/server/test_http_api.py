@@ -90,6 +90,30 @@ def test_chat_streaming_exact_chunks_with_usage(server: ServerHarness, tokenizer
     assert all(c["usage"] is None for c in chunks[:-1])  # OpenAI: null usage on every other chunk
 
 
+def test_chat_streaming_continuous_usage(server: ServerHarness, tokenizer: Tokenizer) -> None:
+    """vLLM's `continuous_usage_stats`: every chunk carries the running usage; alone it reports nothing."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    _, events = _stream(server, "/v1/chat/completions", {"messages": USER, "stream": True, "stream_options": options})
+    chunks = events[:-1]
+    prompt_len = len(_chat_prompt_ids(tokenizer, USER))
+    completion = len(tokenizer.encode(ANSWER, add_special_tokens=False)) + 1
+    assert chat_text(chunks) == ANSWER and chunks[-1]["choices"] == []
+    assert all(c["usage"]["prompt_tokens"] == prompt_len
+               and c["usage"]["total_tokens"] == prompt_len + c["usage"]["completion_tokens"] for c in chunks)
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    content = chunks[1:-2]
+    assert counts[0] == 0  # the role chunk
+    assert counts[1:-2] == sorted(set(counts[1:-2])) and counts[-2:] == [completion, completion]  # + finish, usage
+    answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    text = ""
+    for chunk, count in zip(content, counts[1:-2]):  # each count covers exactly the text streamed so far
+        text += chunk["choices"][0]["delta"]["content"]
+        assert tokenizer.decode(answer_ids[:count]) == text
+    _, events = _stream(server, "/v1/chat/completions", {"messages": USER, "stream": True,
+                                                          "stream_options": {"continuous_usage_stats": True}})
+    assert all("usage" not in e for e in events[:-1]) and chat_text(events) == ANSWER
+
+
 def test_chat_streaming_without_usage(server: ServerHarness) -> None:
     _, events = _stream(server, "/v1/chat/completions", {"messages": USER, "stream": True})
     assert events[-1] == "[DONE]"

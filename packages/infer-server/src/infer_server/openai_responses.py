@@ -3,10 +3,19 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any, Literal
 
 Kind = Literal["chat", "completion"]
+
+
+class UsageReporting(enum.Enum):
+    """Where a stream reports `usage` (OpenAI's `stream_options`)."""
+
+    NONE = "none"
+    FINAL = "final"  # include_usage: a last chunk with `choices: []`; every other chunk has `usage: null`
+    CONTINUOUS = "continuous"  # and continuous_usage_stats (vLLM): every chunk carries the running usage
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -27,8 +36,12 @@ class ResponseShape:
     model: str
     n: int
     prompt_tokens: int
-    include_usage: bool = False
+    usage_reporting: UsageReporting = UsageReporting.NONE
     return_token_ids: bool = False
+
+    @property
+    def include_usage(self) -> bool:
+        return self.usage_reporting is not UsageReporting.NONE
 
     # ---------------------------------------------------------------- streaming
 
@@ -43,6 +56,12 @@ class ResponseShape:
         if self.include_usage:
             body["usage"] = None
         return body
+
+    def counted(self, chunk: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
+        """`chunk` with the running usage when the client asked for continuous usage stats."""
+        if self.usage_reporting is UsageReporting.CONTINUOUS:
+            chunk["usage"] = usage(self.prompt_tokens, completion_tokens)
+        return chunk
 
     def role_chunk(self, index: int) -> dict[str, Any]:
         return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

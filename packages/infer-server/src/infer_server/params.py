@@ -16,7 +16,14 @@ from infer_protocol.messages import SamplingParams, Submit
 
 from infer_server.errors import ApiError, invalid_request, model_not_found, unsupported
 from infer_server.model_assets import ModelAssets
-from infer_server.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest, GenerationFields
+from infer_server.openai_models import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    GenerationFields,
+    StreamOptions,
+)
+from infer_server.openai_responses import UsageReporting
 
 _SEED_MOD = 2**63  # seeds travel as non-negative int64
 # Each entry costs every step of the request a scatter over its logits row; far more than anyone biases by hand.
@@ -61,8 +68,6 @@ def _check_common(req: GenerationFields) -> None:
     if req.stream_options is not None:
         if not req.stream:
             raise invalid_request("'stream_options' is only allowed when 'stream' is true", param="stream_options")
-        if req.stream_options.continuous_usage_stats:
-            raise unsupported("stream_options.continuous_usage_stats")
     if req.return_token_ids and req.stream:
         raise unsupported("return_token_ids", "only without 'stream'")
 
@@ -91,6 +96,12 @@ def check_completion_request(req: CompletionRequest) -> None:
         raise unsupported("best_of", "only best_of equal to n is accepted")
     if req.suffix:
         raise unsupported("suffix")
+
+
+def usage_reporting(options: StreamOptions | None) -> UsageReporting:
+    if options is None or not options.include_usage:
+        return UsageReporting.NONE  # continuous_usage_stats alone reports nothing (vLLM: it refines include_usage)
+    return UsageReporting.CONTINUOUS if options.continuous_usage_stats else UsageReporting.FINAL
 
 
 # ------------------------------------------------------------------ prompts

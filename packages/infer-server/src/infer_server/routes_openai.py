@@ -20,6 +20,7 @@ from infer_server.params import (
     completion_prompt_ids,
     echo_text,
     template_messages,
+    usage_reporting,
 )
 from infer_server.serving import serve_generation
 from infer_server.state import server_state
@@ -56,9 +57,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages",
                           logprobs=logprobs)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await serve_generation(state, request, kind="chat", params=params, model=assets.served_name,
-                                  stream=body.stream, include_usage=include_usage,
+                                  stream=body.stream, usage_reporting=usage_reporting(body.stream_options),
                                   return_token_ids=body.return_token_ids, logprobs=logprobs is not None)
 
 
@@ -71,9 +71,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     prompt_ids = completion_prompt_ids(body, assets)
     params = build_params(body, prompt_ids, body.max_tokens, assets, state.config, what="prompt", param="prompt",
                           logprobs=body.logprobs)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await serve_generation(state, request, kind="completion", params=params, model=assets.served_name,
-                                  stream=body.stream, include_usage=include_usage,
+                                  stream=body.stream, usage_reporting=usage_reporting(body.stream_options),
                                   return_token_ids=body.return_token_ids, logprobs=body.logprobs is not None,
                                   echo=echo_text(body, assets, prompt_ids))
 

@@ -23,7 +23,7 @@ from infer_server.errors import ApiError
 from infer_server.generation import Generation, iterate, start_generations
 from infer_server.logprobs import LogprobsFormatter, TokenLogprob
 from infer_server.metrics import ServerMetrics
-from infer_server.openai_responses import Kind, ResponseShape
+from infer_server.openai_responses import Kind, ResponseShape, UsageReporting
 from infer_server.params import GenerationParams
 from infer_server.sse import DONE, EventStreamResponse, sse_event
 from infer_server.state import ServerState
@@ -55,6 +55,11 @@ def _record(metrics: ServerMetrics, kind: Kind, gens: Sequence[Generation], erro
                     metrics.tpot.observe((g.finished_at - g.first_token_at) / (g.num_tokens - 1))
 
 
+def _tokens(gens: Sequence[Generation]) -> int:
+    """The completion tokens of every choice so far."""
+    return sum(g.num_tokens for g in gens)
+
+
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -70,7 +75,7 @@ async def serve_generation(
     params: Sequence[GenerationParams],
     model: str,
     stream: bool,
-    include_usage: bool,
+    usage_reporting: UsageReporting = UsageReporting.NONE,
     return_token_ids: bool = False,
     logprobs: bool = False,
     echo: str | None = None,
@@ -85,7 +90,7 @@ async def serve_generation(
         model=model,
         n=len(params),
         prompt_tokens=len(params[0].prompt_token_ids),
-        include_usage=include_usage,
+        usage_reporting=usage_reporting,
         return_token_ids=return_token_ids,
     )
     assets = state.require_assets()
@@ -112,20 +117,21 @@ async def _events(state: ServerState, shape: ResponseShape, gens: list[Generatio
         try:
             if shape.kind == "chat":
                 for i in range(shape.n):
-                    yield sse_event(shape.role_chunk(i))
+                    yield sse_event(shape.counted(shape.role_chunk(i), 0))
             elif echo:
                 for i in range(shape.n):
-                    yield sse_event(shape.text_chunk(i, echo))
+                    yield sse_event(shape.counted(shape.text_chunk(i, echo), 0))
             async with aclosing(iterate(gens)) as deltas:
                 async for delta in deltas:
                     lp = fmt.format(delta.index, delta.logprobs) if fmt is not None and delta.logprobs else None
                     if delta.text:
-                        yield sse_event(shape.text_chunk(delta.index, delta.text, lp))
+                        yield sse_event(shape.counted(shape.text_chunk(delta.index, delta.text, lp), _tokens(gens)))
                         lp = None
                     if delta.finish_reason is not None:
-                        yield sse_event(shape.finish_chunk(delta.index, delta.finish_reason, lp))
+                        yield sse_event(shape.counted(shape.finish_chunk(delta.index, delta.finish_reason, lp),
+                                                      _tokens(gens)))
             if shape.include_usage:
-                yield sse_event(shape.usage_chunk(sum(g.num_tokens for g in gens)))
+                yield sse_event(shape.usage_chunk(_tokens(gens)))
             error_code = None
         except ApiError as exc:
             error_code = exc.code or "error"
@@ -153,7 +159,7 @@ async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFo
             if delta.finish_reason is not None:
                 reasons[delta.index] = delta.finish_reason
     logprobs = None if fmt is None else [fmt.format(i, e) for i, e in enumerate(entries)]
-    body = shape.full_response(["".join(p) for p in parts], reasons, sum(g.num_tokens for g in gens),
+    body = shape.full_response(["".join(p) for p in parts], reasons, _tokens(gens),
                                [g.token_ids for g in gens], logprobs)
     return msgspec.json.encode(body)
 
