@@ -73,6 +73,21 @@ def test_completions_with_string_and_token_prompts(smol_cluster: ServedCluster) 
     assert by_ids["usage"]["completion_tokens"] == 8
 
 
+def test_batched_completion_prompts_equal_separate_requests(smol_cluster: ServedCluster) -> None:
+    """A list of prompts answers what one request per prompt answers, choice for choice (greedy, and seeded
+    sampling with n = 2: each prompt's choices draw with the seeds its own request would)."""
+    url = f"{smol_cluster.url}/v1/completions"
+    prompts = ["The capital of France is", "def fib(n):", "Once upon a time"]
+    for params in ({"temperature": 0}, {"temperature": 0.8, "seed": 5, "n": 2}):
+        body = {"model": MODEL, "max_tokens": 10, "ignore_eos": True} | params
+        batched = httpx.post(url, json=body | {"prompt": prompts}, timeout=300).json()
+        separate = [httpx.post(url, json=body | {"prompt": p}, timeout=300).json() for p in prompts]
+        assert [c["text"] for c in batched["choices"]] == [c["text"] for r in separate for c in r["choices"]]
+        assert [c["index"] for c in batched["choices"]] == list(range(len(batched["choices"])))
+        assert batched["usage"]["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in separate)
+        assert batched["usage"]["completion_tokens"] == 10 * len(batched["choices"])
+
+
 QUESTIONS = [
     "What is the capital of France?",
     "Name three primary colors.",

@@ -208,6 +208,38 @@ def test_completion_single_string_in_list(server: ServerHarness) -> None:
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("kind", ["strings", "token lists"])
+def test_completion_batched_prompts(server: ServerHarness, tokenizer: Tokenizer, kind: str) -> None:
+    """OpenAI's list of prompts: choices prompt-major (index = prompt * n + choice), each prompt with the seeds a
+    request of its own would get, usage counting each prompt once."""
+    texts = ["Hi", "The capital of France is", "Once"]
+    ids = [tokenizer.encode(t) for t in texts]
+    prompt: Any = texts if kind == "strings" else ids
+    r = server.http.post("/v1/completions", json={"prompt": prompt, "n": 2, "seed": 40, "max_tokens": 30})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == list(range(6))
+    assert all(c["text"] == ANSWER and c["finish_reason"] == "stop" for c in body["choices"])
+    subs = server.fake.submits[-6:]
+    assert [s.prompt_token_ids for s in subs] == [p for p in ids for _ in range(2)]
+    assert [s.sampling.seed for s in subs] == [40, 41] * 3
+    answer_tokens = len(tokenizer.encode(ANSWER, add_special_tokens=False)) + 1
+    assert body["usage"] == {"prompt_tokens": sum(map(len, ids)), "completion_tokens": 6 * answer_tokens,
+                             "total_tokens": sum(map(len, ids)) + 6 * answer_tokens}
+    # echo puts each choice's own prompt before it, streamed or not
+    r = server.http.post("/v1/completions", json={"prompt": prompt, "echo": True, "max_tokens": 30})
+    echoed = [t if kind == "strings" else tokenizer.decode(i) for t, i in zip(texts, ids)]
+    assert [c["text"] for c in r.json()["choices"]] == [e + ANSWER for e in echoed]
+    _, events = _stream(server, "/v1/completions", {"prompt": prompt, "echo": True, "stream": True, "max_tokens": 30,
+                                                    "stream_options": {"include_usage": True}})
+    chunks = events[:-1]
+    for i, e in enumerate(echoed):
+        mine = [c for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert mine[0]["choices"][0]["text"] == e and completion_text(mine) == e + ANSWER
+        assert mine[-1]["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"]["prompt_tokens"] == sum(map(len, ids))
+
+
 # ------------------------------------------------------------------ stop strings
 
 
@@ -289,7 +321,11 @@ def _bad_cases(tok: Tokenizer) -> list[tuple[str, str, Any, int, str, str | None
         ("echo with logprobs", "/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1}, 400, "unsupported_parameter", "echo"),
         ("completion logprobs too large", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "invalid_value", "logprobs"),
         ("best_of", "/v1/completions", {"prompt": "x", "best_of": 3}, 400, "unsupported_parameter", "best_of"),
-        ("batched prompts", "/v1/completions", {"prompt": ["a", "b"]}, 400, "unsupported_parameter", "prompt"),
+        ("too many choices", "/v1/completions", {"prompt": ["a"] * 65, "n": 2}, 400, "invalid_value", "prompt"),
+        ("one batched prompt outside vocab", "/v1/completions", {"prompt": [[1, 2], [3, 10**6]]},
+         400, "invalid_value", "prompt"),
+        ("one batched prompt too long", "/v1/completions", {"prompt": ["x", "x " * MAX_MODEL_LEN]},
+         400, "context_length_exceeded", "prompt"),
         ("empty token prompt", "/v1/completions", {"prompt": []}, 400, "invalid_value", "prompt"),
         ("token id outside vocab", "/v1/completions", {"prompt": [1, 10**6]}, 400, "invalid_value", "prompt"),
         ("image part", "/v1/chat/completions",

@@ -29,6 +29,8 @@ _SEED_MOD = 2**63  # seeds travel as non-negative int64
 # Each entry costs every step of the request a scatter over its logits row; far more than anyone biases by hand.
 MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_LIMIT = 100.0
+# Choices of one completion request (prompts x n): each is a sequence in the scheduler, admitted at once.
+MAX_CHOICES = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,38 +139,44 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def completion_prompt_ids(req: CompletionRequest, assets: ModelAssets) -> list[int]:
+def completion_prompts(req: CompletionRequest, assets: ModelAssets) -> list[list[int]]:
+    """The token ids of each prompt of a completion request: a string, a list of strings, a list of token ids
+    (one prompt) or a list of token-id lists (one prompt each)."""
     prompt = req.prompt
     if isinstance(prompt, str):
-        return assets.tokenizer.encode(prompt, add_special_tokens=True)
+        return [assets.tokenizer.encode(prompt, add_special_tokens=True)]
     if not prompt:
         raise invalid_request("'prompt' must not be empty", param="prompt")
-    first = prompt[0]
-    if isinstance(first, str):
-        if len(prompt) > 1:
-            raise unsupported("prompt", "a list of several prompts (send one prompt per request)")
-        return assets.tokenizer.encode(first, add_special_tokens=True)
-    if isinstance(first, list):
-        if len(prompt) > 1:
-            raise unsupported("prompt", "a list of several prompts (send one prompt per request)")
-        ids = list(first)
+    if _is_int(prompt[0]):
+        prompts = [[int(t) for t in prompt]]  # type: ignore[arg-type]
     else:
-        ids = [int(t) for t in prompt]  # type: ignore[arg-type]
-    check_token_ids(ids, assets, "prompt")
-    return ids
+        if len(prompt) * req.n > MAX_CHOICES:
+            raise invalid_request(f"{len(prompt)} prompts x n={req.n} make {len(prompt) * req.n} choices; at most "
+                                  f"{MAX_CHOICES} are served in one request", param="prompt")
+        prompts = [assets.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)
+                   for p in prompt]  # type: ignore[union-attr]
+    for ids in prompts:
+        check_token_ids(ids, assets, "prompt")
+    return prompts
 
 
-def echo_text(req: CompletionRequest, assets: ModelAssets, prompt_ids: list[int]) -> str | None:
-    """The prompt text `echo` prepends to each choice (None without echo): the prompt string as sent, or the
-    decoded token ids for a token prompt."""
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def echo_texts(req: CompletionRequest, assets: ModelAssets, prompts: list[list[int]]) -> list[str] | None:
+    """The prompt text `echo` prepends to each choice (None without echo), prompt-major like the choices: the
+    prompt string as sent, or the decoded token ids for a token prompt."""
     if not req.echo:
         return None
     prompt = req.prompt
     if isinstance(prompt, str):
-        return prompt
-    if prompt and isinstance(prompt[0], str):
-        return str(prompt[0])
-    return assets.tokenizer.decode(prompt_ids, skip_special_tokens=req.skip_special_tokens)
+        texts = [prompt]
+    elif isinstance(prompt[0], str):
+        texts = [str(p) for p in prompt]
+    else:
+        texts = [assets.tokenizer.decode(ids, skip_special_tokens=req.skip_special_tokens) for ids in prompts]
+    return [text for text in texts for _ in range(req.n)]
 
 
 def check_token_ids(ids: Sequence[int], assets: ModelAssets, param: str) -> None:

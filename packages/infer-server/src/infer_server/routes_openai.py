@@ -17,8 +17,8 @@ from infer_server.params import (
     check_chat_request,
     check_completion_request,
     check_model,
-    completion_prompt_ids,
-    echo_text,
+    completion_prompts,
+    echo_texts,
     template_messages,
     usage_reporting,
 )
@@ -58,7 +58,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages",
                           logprobs=logprobs)
     return await serve_generation(state, request, kind="chat", params=params, model=assets.served_name,
-                                  stream=body.stream, usage_reporting=usage_reporting(body.stream_options),
+                                  stream=body.stream, prompt_tokens=len(prompt_ids), usage_reporting=usage_reporting(body.stream_options),
                                   return_token_ids=body.return_token_ids, logprobs=logprobs is not None)
 
 
@@ -68,13 +68,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     assets = state.require_assets()
     check_model(body.model, assets)
     check_completion_request(body)
-    prompt_ids = completion_prompt_ids(body, assets)
-    params = build_params(body, prompt_ids, body.max_tokens, assets, state.config, what="prompt", param="prompt",
-                          logprobs=body.logprobs)
+    prompts = completion_prompts(body, assets)
+    params = [p for ids in prompts for p in build_params(body, ids, body.max_tokens, assets, state.config,
+                                                         what="prompt", param="prompt", logprobs=body.logprobs)]
     return await serve_generation(state, request, kind="completion", params=params, model=assets.served_name,
-                                  stream=body.stream, usage_reporting=usage_reporting(body.stream_options),
+                                  stream=body.stream, prompt_tokens=sum(len(ids) for ids in prompts),
+                                  usage_reporting=usage_reporting(body.stream_options),
                                   return_token_ids=body.return_token_ids, logprobs=body.logprobs is not None,
-                                  echo=echo_text(body, assets, prompt_ids))
+                                  echo=echo_texts(body, assets, prompts))
 
 
 @router.get("/v1/models")

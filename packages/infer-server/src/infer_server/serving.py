@@ -75,13 +75,16 @@ async def serve_generation(
     params: Sequence[GenerationParams],
     model: str,
     stream: bool,
+    prompt_tokens: int,
     usage_reporting: UsageReporting = UsageReporting.NONE,
     return_token_ids: bool = False,
     logprobs: bool = False,
-    echo: str | None = None,
+    echo: list[str] | None = None,
 ) -> Response:
-    """`logprobs`: format the tokens' logprobs into each choice (the sampling params asked the engine for
-    them); `echo`: the prompt text to put before each completion's text."""
+    """`params`: one per choice, in the order of the response's choice indexes; `prompt_tokens`: the usage's
+    prompt tokens (each prompt once, however many choices it has); `logprobs`: format the tokens' logprobs into
+    each choice (the sampling params asked the engine for them); `echo`: per choice, the prompt text to put
+    before its text."""
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     shape = ResponseShape(
         kind=kind,
@@ -89,7 +92,7 @@ async def serve_generation(
         created=int(time.time()),
         model=model,
         n=len(params),
-        prompt_tokens=len(params[0].prompt_token_ids),
+        prompt_tokens=prompt_tokens,
         usage_reporting=usage_reporting,
         return_token_ids=return_token_ids,
     )
@@ -111,7 +114,7 @@ async def serve_generation(
 
 
 async def _events(state: ServerState, shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,
-                  echo: str | None) -> AsyncGenerator[bytes, None]:
+                  echo: list[str] | None) -> AsyncGenerator[bytes, None]:
     error_code: str | None = "client_disconnected"
     try:
         try:
@@ -119,8 +122,8 @@ async def _events(state: ServerState, shape: ResponseShape, gens: list[Generatio
                 for i in range(shape.n):
                     yield sse_event(shape.counted(shape.role_chunk(i), 0))
             elif echo:
-                for i in range(shape.n):
-                    yield sse_event(shape.counted(shape.text_chunk(i, echo), 0))
+                for i, text in enumerate(echo):
+                    yield sse_event(shape.counted(shape.text_chunk(i, text), 0))
             async with aclosing(iterate(gens)) as deltas:
                 async for delta in deltas:
                     lp = fmt.format(delta.index, delta.logprobs) if fmt is not None and delta.logprobs else None
@@ -146,8 +149,8 @@ async def _events(state: ServerState, shape: ResponseShape, gens: list[Generatio
 
 
 async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,
-                   echo: str | None) -> bytes:
-    parts: list[list[str]] = [[echo] if echo else [] for _ in range(shape.n)]
+                   echo: list[str] | None) -> bytes:
+    parts: list[list[str]] = [[text] for text in echo] if echo else [[] for _ in range(shape.n)]
     reasons: list[str | None] = [None] * shape.n
     entries: list[list[TokenLogprob]] = [[] for _ in range(shape.n)]
     async with aclosing(iterate(gens)) as deltas:
@@ -165,7 +168,7 @@ async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFo
 
 
 async def _respond(state: ServerState, request: Request, shape: ResponseShape, gens: list[Generation],
-                   fmt: LogprobsFormatter | None, echo: str | None) -> Response:
+                   fmt: LogprobsFormatter | None, echo: list[str] | None) -> Response:
     error_code: str | None = "client_disconnected"
     work = asyncio.create_task(_collect(shape, gens, fmt, echo))
     watcher = asyncio.create_task(_wait_disconnect(request))
