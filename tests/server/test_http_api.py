@@ -264,6 +264,16 @@ def test_stop_string_across_tokens_streaming(server: ServerHarness, tokenizer: T
     assert server.fake.wait_for(lambda: events[0]["id"] in server.fake.aborts)
 
 
+def test_include_stop_str_in_output(server: ServerHarness) -> None:
+    body = {"messages": USER, "stop": ["nothing", "capital"], "include_stop_str_in_output": True}
+    r = server.http.post("/v1/chat/completions", json=body)
+    assert r.json()["choices"][0]["message"]["content"] == "Hello world! 🙂 The capital"
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
+    _, events = _stream(server, "/v1/completions", {"prompt": "q", "stream": True, "stop": " is Pa",
+                                                    "include_stop_str_in_output": True})
+    assert completion_text(events[:-1]) == "Hello world! 🙂 The capital of France is Pa"
+
+
 def test_stop_token_id_text_not_shown(server: ServerHarness, tokenizer: Tokenizer) -> None:
     paris = tokenizer.token_to_id("ĠParis")
     r = server.http.post("/v1/completions", json={"prompt": "q", "stop_token_ids": [paris]})

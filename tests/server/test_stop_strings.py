@@ -1,12 +1,12 @@
-"""Stop strings: matched across deltas, held back while they may still match, never emitted."""
+"""Stop strings: matched across deltas, held back while they may still match, never emitted (unless asked)."""
 
 from __future__ import annotations
 
 from infer_server.stop_strings import StopStringMatcher
 
 
-def _feed(stops: list[str], deltas: list[str]) -> tuple[list[str], bool]:
-    m = StopStringMatcher(stops)
+def _feed(stops: list[str], deltas: list[str], include_stop: bool = False) -> tuple[list[str], bool]:
+    m = StopStringMatcher(stops, include_stop)
     out = []
     for d in deltas:
         text, hit = m.push(d)
@@ -65,3 +65,17 @@ def test_after_hit_nothing_more() -> None:
     assert m.push("ax") == ("a", True)
     assert m.push("more") == ("", True)
     assert m.flush() == ""
+
+
+def test_include_stop_emits_the_matched_stop_string_and_nothing_after() -> None:
+    out, hit = _feed(["STOP"], ["Hello S", "T", "OP world"], include_stop=True)
+    assert hit and out == ["Hello ", "", "STOP"]
+    out, hit = _feed(["\n\n"], ["line one\n\nline two"], include_stop=True)
+    assert hit and out == ["line one\n\n"]
+
+
+def test_include_stop_takes_the_longest_of_stops_starting_at_the_same_place() -> None:
+    out, hit = _feed(["ab", "abc"], ["xabcd"], include_stop=True)
+    assert hit and out == ["xabc"]
+    out, hit = _feed(["abc", "ab"], ["xabcd"])
+    assert hit and out == ["x"]

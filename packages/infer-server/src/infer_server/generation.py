@@ -63,7 +63,7 @@ class Generation:
         self.finished_at: float | None = None
         self._stop_ids = frozenset(params.stop_token_ids)
         self._detok = tokenizer.detokenizer(params.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
-        self._stops = StopStringMatcher(params.stop)
+        self._stops = StopStringMatcher(params.stop, params.include_stop)
         self._want_logprobs = params.sampling.logprobs
         self._pending_logprobs: list[TokenLogprob] = []  # tokens whose text has not been emitted yet
         try:

@@ -55,6 +55,7 @@ class GenerationFields(_Strict):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False  # vLLM's extension: the matched stop string ends the text
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)

@@ -44,6 +44,7 @@ class GenerationParams:
     ignore_eos: bool
     min_tokens: int
     stop: tuple[str, ...]
+    include_stop: bool
     skip_special_tokens: bool
 
     def submit(self, request_id: str) -> Submit:
@@ -292,6 +293,7 @@ def build_params(
                 ignore_eos=ignore_eos,
                 min_tokens=req.min_tokens,
                 stop=stop,
+                include_stop=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
             )
         )

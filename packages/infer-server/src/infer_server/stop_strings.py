@@ -1,7 +1,8 @@
 """Stop strings matched across token boundaries.
 
 Text arrives in deltas. Any tail of the pending text that could still grow into a stop string is held
-back; text before a match is emitted and the stop string itself never is. Because every possible start
+back; text before a match is emitted and the stop string itself is not, unless `include_stop` (vLLM's
+`include_stop_str_in_output`) asks for it. Because every possible start
 of a match is held, a match can only begin inside the small pending buffer, so each push is cheap.
 """
 
@@ -11,12 +12,13 @@ from collections.abc import Iterable
 
 
 class StopStringMatcher:
-    __slots__ = ("_stops", "_buf", "_done")
+    __slots__ = ("_stops", "_buf", "_done", "_include_stop")
 
-    def __init__(self, stops: Iterable[str]) -> None:
+    def __init__(self, stops: Iterable[str], include_stop: bool = False) -> None:
         self._stops = tuple(dict.fromkeys(s for s in stops if s))
         self._buf = ""
         self._done = False
+        self._include_stop = include_stop
 
     @property
     def active(self) -> bool:
@@ -35,15 +37,15 @@ class StopStringMatcher:
         buf = self._buf + text
         if not buf:
             return "", False
-        hit = -1
+        hit, end = -1, -1
         for stop in self._stops:
             idx = buf.find(stop)
-            if idx != -1 and (hit == -1 or idx < hit):
-                hit = idx
+            if idx != -1 and (hit == -1 or idx < hit or (idx == hit and idx + len(stop) > end)):
+                hit, end = idx, idx + len(stop)
         if hit != -1:
             self._buf = ""
             self._done = True
-            return buf[:hit], True
+            return buf[:end if self._include_stop else hit], True
         hold = self._partial_suffix(buf)
         cut = len(buf) - hold
         self._buf = buf[cut:]
