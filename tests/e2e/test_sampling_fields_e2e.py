@@ -1,4 +1,4 @@
-"""Penalties, logit_bias, min_tokens, logprobs and echo end to end: the three real processes serving the embedded SmolLM2
+"""Penalties, logit_bias, allowed_token_ids, min_tokens, logprobs and echo end to end: the three real processes serving the embedded SmolLM2
 on the CPU backend, checked against themselves, against HF transformers, and across batch neighbours."""
 
 from __future__ import annotations
@@ -84,6 +84,27 @@ def test_logit_bias_equals_hf_sequence_bias(smol_cluster: ServedCluster, embedde
     assert plain["text"].startswith(" sat on the mat. The cat")  # unbiased, it repeats " cat"
     assert biased["token_ids"] == expected
     assert cat not in biased["token_ids"] and dog in biased["token_ids"]
+
+
+def test_allowed_token_ids_equal_hf_prefix_allowed_tokens(smol_cluster: ServedCluster,
+                                                          embedded_model_dir: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    tok = transformers.AutoTokenizer.from_pretrained(embedded_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32)
+    prompt_ids = tok(REPEATING)["input_ids"]
+    allowed = sorted({t for w in (" dog", " ran", " far", " away", ".") for t in tok(w)["input_ids"]})
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=10, do_sample=False,
+                             prefix_allowed_tokens_fn=lambda _batch, _ids: allowed)
+    expected = out[0, len(prompt_ids):].tolist()
+    body = {"prompt": prompt_ids, "temperature": 0, "max_tokens": 10, "return_token_ids": True, "ignore_eos": True}
+    got = _post(smol_cluster, "/v1/completions", body | {"allowed_token_ids": allowed})["choices"][0]["token_ids"]
+    assert got == expected and set(got) <= set(allowed)
+    sampled = _post(smol_cluster, "/v1/completions", body | {"allowed_token_ids": allowed, "temperature": 1.0,
+                                                             "seed": 3})["choices"][0]["token_ids"]
+    assert set(sampled) <= set(allowed)
 
 
 def test_repetition_penalty_equals_hf_transformers(smol_cluster: ServedCluster, embedded_model_dir: Path) -> None:

@@ -61,6 +61,14 @@ def test_submit_carries_logit_bias_as_sorted_pairs(server: ServerHarness) -> Non
     assert server.fake.submits[-1].sampling.logit_bias == ()
 
 
+def test_submit_carries_allowed_token_ids_sorted_and_unique(server: ServerHarness) -> None:
+    r = server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "allowed_token_ids": [9, 2, 9, 40]})
+    assert r.status_code == 200, r.text
+    assert server.fake.submits[-1].sampling.allowed_token_ids == (2, 9, 40)
+    server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 3})
+    assert server.fake.submits[-1].sampling.allowed_token_ids == ()
+
+
 def _check_chat_entries(content: list[dict[str, Any]], tok: Tokenizer, k: int) -> None:
     ids = _answer_ids(tok)
     assert len(content) == len(ids)  # every visible token; the EOS that ended the answer has none

@@ -119,6 +119,24 @@ def test_logit_bias_is_added_before_the_penalties_and_leaves_masks_alone() -> No
     assert 0 in plan.modified_rows.tolist() and 2 in plan.modified_rows.tolist()
 
 
+def test_allowed_token_ids_mask_every_other_token_after_the_bias() -> None:
+    rng = np.random.default_rng(12)
+    only = SamplingParams(allowed_token_ids=(3, 17, 38))
+    biased = SamplingParams(allowed_token_ids=(0, 5), logit_bias=((5, 2.0), (6, 50.0)))
+    seqs = [_seq([1, 2, 9], 2, only), _seq([1, 2, 9], 2, SamplingParams()), _seq([4, 4], 1, biased)]
+    assert seqs[0].needs_processing and not seqs[1].needs_processing
+    logits = torch.from_numpy(rng.normal(0, 2, size=(3, V)).astype(np.float32))
+    plan = plan_processing(seqs)
+    assert plan is not None and plan.allow_rows.tolist() == [0, 2]
+    got = process_logits(logits, plan, to_device)
+    kept = torch.isfinite(got)
+    assert kept[0].nonzero().flatten().tolist() == [3, 17, 38]
+    assert torch.equal(got[0, [3, 17, 38]], logits[0, [3, 17, 38]]) and torch.equal(got[1], logits[1])
+    assert kept[2].nonzero().flatten().tolist() == [0, 5]  # the bias on 6 does not let it back in
+    assert got[2, 5].item() == pytest.approx(logits[2, 5].item() + 2.0) and got[2, 0] == logits[2, 0]
+    assert set(plan.modified_rows.tolist()) == {0, 2}
+
+
 def test_greedy_logit_bias_equals_hf_generate_with_sequence_bias(llama_dir: tuple[Path, object]) -> None:
     path, hf = llama_dir
     prompt = [5, 9, 9, 17, 3, 5, 9, 44]

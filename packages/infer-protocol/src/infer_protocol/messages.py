@@ -29,6 +29,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     repetition_penalty: float = 1.0  # HF/vLLM: divides positive / multiplies negative logits of prompt+generated
     min_tokens: int = 0  # stop tokens are masked (-inf) until this many tokens are generated
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI: (token id, bias) added to the logits, ids ascending
+    allowed_token_ids: tuple[int, ...] = ()  # vLLM: when given, every other token is masked (-inf); ascending
 
 
 # ---------------------------------------------------------------- server <-> scheduler

@@ -68,6 +68,7 @@ class GenerationFields(_Strict):
     repetition_penalty: float | None = Field(default=None, gt=0.0)  # HF/vLLM, over prompt + generated tokens
     # OpenAI: token id (a decimal string) -> bias in [-100, 100] added to its logit (checked in params.py)
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None  # vLLM's extension: sample only among these tokens
 
 
 class ChatCompletionRequest(GenerationFields):

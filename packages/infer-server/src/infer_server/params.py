@@ -264,6 +264,13 @@ def build_params(
         stop_ids += [e for e in assets.eos_token_ids if e not in client_stop_ids]
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     logit_bias = resolve_logit_bias(req.logit_bias, assets)
+    allowed = tuple(sorted(set(req.allowed_token_ids or ())))
+    if req.allowed_token_ids is not None and not allowed:
+        raise invalid_request("'allowed_token_ids' must not be empty", param="allowed_token_ids")
+    check_token_ids(allowed, assets, "allowed_token_ids")
+    if allowed and req.min_tokens > 0 and set(allowed) <= set(stop_ids):
+        raise invalid_request("'allowed_token_ids' holds only stop tokens, which 'min_tokens' masks: nothing is left "
+                              "to sample", param="allowed_token_ids")
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
     if top_k >= (assets.vocab_size or 2**31):
         top_k = 0  # keeps every token, like off (and a huge k would not fit the engine's int32)
@@ -283,6 +290,7 @@ def build_params(
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
             min_tokens=req.min_tokens,
             logit_bias=logit_bias,
+            allowed_token_ids=allowed,
         )
         out.append(
             GenerationParams(

@@ -4,7 +4,8 @@ Backend-agnostic: plain torch ops on the device the logits live on. Per sampling
 (vLLM's semantics):
 1. min_tokens: the row's stop ids (EOS + stop_token_ids, as the scheduler stops on them) get -inf while
    fewer than `min_tokens` tokens are generated.
-2. logit_bias (OpenAI, [-100, 100] per token id): added to the token's logit.
+2. logit_bias (OpenAI, [-100, 100] per token id): added to the token's logit; then allowed_token_ids (vLLM):
+   every token outside the set gets -inf.
 3. repetition_penalty (HF / vLLM, > 0, 1 = off): every token seen in the prompt or the output has its
    logit divided by the penalty when positive, multiplied by it otherwise.
 4. frequency_penalty and presence_penalty (OpenAI, [-2, 2], 0 = off), over the generated tokens only:
@@ -56,16 +57,19 @@ class ProcessingPlan(NamedTuple):
     bias_rows: np.ndarray  # [B] int64   } (row, token, bias) added to the logits (logit_bias)
     bias_ids: np.ndarray  # [B] int64    }
     bias_values: np.ndarray  # [B] float32 }
+    allow_rows: np.ndarray  # [A] int64, the rows restricted to allowed tokens
+    allowed_rows: np.ndarray  # [T] int64 } (index into allow_rows, token) pairs that stay
+    allowed_ids: np.ndarray  # [T] int64  }
     top_rows: np.ndarray  # [K] int64, the rows that asked for top logprobs
     top_counts: list[int]  # [K] how many each asked for
 
     @property
     def modifies(self) -> bool:
-        return self.penalties is not None or len(self.mask_rows) > 0 or len(self.bias_rows) > 0
+        return self.penalties is not None or any(len(r) for r in (self.mask_rows, self.bias_rows, self.allow_rows))
 
     @property
     def modified_rows(self) -> np.ndarray:
-        rows = [self.mask_rows, self.bias_rows]
+        rows = [self.mask_rows, self.bias_rows, self.allow_rows]
         if self.penalties is not None:
             rows.append(self.penalties.rows)
         return np.unique(np.concatenate(rows))
@@ -87,6 +91,7 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
     mask_rows: list[int] = []
     mask_ids: list[int] = []
     biased: list[int] = []
+    restricted: list[int] = []
     top_rows: list[int] = []
     top_counts: list[int] = []
     for i, s in enumerate(seqs):
@@ -98,6 +103,8 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
             mask_ids.extend(s.stop_token_ids)
         if p.logit_bias:
             biased.append(i)
+        if p.allowed_token_ids:
+            restricted.append(i)
         if p.logprobs and p.top_logprobs > 0:
             top_rows.append(i)
             top_counts.append(p.top_logprobs)
@@ -119,6 +126,7 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
         )
     biases = [seqs[i].sampling.logit_bias for i in biased]
     bias_pairs = list(itertools.chain.from_iterable(biases))
+    allowed = [seqs[i].sampling.allowed_token_ids for i in restricted]
     return ProcessingPlan(
         penalties=penalties,
         mask_rows=np.asarray(mask_rows, dtype=np.int64),
@@ -126,6 +134,9 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
         bias_rows=np.asarray(biased, dtype=np.int64)[_owners(biases)],
         bias_ids=np.asarray([token for token, _ in bias_pairs], dtype=np.int64),
         bias_values=np.asarray([bias for _, bias in bias_pairs], dtype=np.float32),
+        allow_rows=np.asarray(restricted, dtype=np.int64),
+        allowed_rows=_owners(allowed),
+        allowed_ids=_ids(allowed),
         top_rows=np.asarray(top_rows, dtype=np.int64),
         top_counts=top_counts,
     )
@@ -173,6 +184,12 @@ def process_logits(logits: torch.Tensor, plan: ProcessingPlan, to_device: ToDevi
         keep = (plan.bias_ids >= 0) & (plan.bias_ids < out.shape[-1])
         out.index_put_((to_device(plan.bias_rows[keep]), to_device(plan.bias_ids[keep])),
                        to_device(plan.bias_values[keep]), accumulate=True)
+    if len(plan.allow_rows):
+        rows, ids = _in_vocab(plan.allowed_rows, plan.allowed_ids, out.shape[-1])
+        outside = torch.ones((len(plan.allow_rows), out.shape[-1]), dtype=torch.bool, device=out.device)
+        outside[to_device(rows), to_device(ids)] = False
+        allow_rows = to_device(plan.allow_rows)
+        out.index_copy_(0, allow_rows, out.index_select(0, allow_rows).masked_fill(outside, float("-inf")))
     if plan.penalties is not None:
         apply_penalties(out, plan.penalties, to_device)
     return out

@@ -21,7 +21,7 @@ class Sequence:
     prompt_len: int = -1  # leading tokens of token_ids that are the prompt (-1: all given at construction)
     stop_token_ids: tuple[int, ...] = ()  # what sampling.min_tokens masks until that many tokens are out
     # Sequences with len(token_ids) below this need the logits-processing step (penalties, logit bias,
-    # min_tokens, top logprobs) before sampling; 0 for most, so the fast path costs one comparison per row.
+    # allowed tokens, min_tokens, top logprobs) before sampling; 0 for most, so the fast path costs one comparison per row.
     process_until: int = 0
     # Where the PENDING token lives until collected: the runner launch that samples it and its row in that
     # launch's sampled-token tensor (the next step gathers its input id from there, on the device).
@@ -33,7 +33,7 @@ class Sequence:
             self.prompt_len = len(self.token_ids)
         p = self.sampling
         if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0 or (
-                p.logprobs and p.top_logprobs > 0) or p.logit_bias:
+                p.logprobs and p.top_logprobs > 0) or p.logit_bias or p.allowed_token_ids:
             self.process_until = _FOREVER
         elif p.min_tokens > 0 and self.stop_token_ids:
             self.process_until = self.prompt_len + p.min_tokens
