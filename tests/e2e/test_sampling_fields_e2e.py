@@ -1,5 +1,6 @@
-"""Penalties, logit_bias, allowed_token_ids, min_tokens, logprobs and echo end to end: the three real processes serving the embedded SmolLM2
-on the CPU backend, checked against themselves, against HF transformers, and across batch neighbours."""
+"""Penalties, logit_bias, allowed_token_ids, min_tokens, logprobs and echo end to end: the three real processes
+serving the embedded SmolLM2 on the CPU backend, checked against themselves, against HF transformers, and across
+batch neighbours."""
 
 from __future__ import annotations
 

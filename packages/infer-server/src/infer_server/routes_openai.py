@@ -58,7 +58,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages",
                           logprobs=logprobs)
     return await serve_generation(state, request, kind="chat", params=params, model=assets.served_name,
-                                  stream=body.stream, prompt_tokens=len(prompt_ids), usage_reporting=usage_reporting(body.stream_options),
+                                  stream=body.stream, prompt_tokens=len(prompt_ids),
+                                  usage_reporting=usage_reporting(body.stream_options),
                                   return_token_ids=body.return_token_ids, logprobs=logprobs is not None)
 
 

@@ -21,7 +21,8 @@ class Sequence:
     prompt_len: int = -1  # leading tokens of token_ids that are the prompt (-1: all given at construction)
     stop_token_ids: tuple[int, ...] = ()  # what sampling.min_tokens masks until that many tokens are out
     # Sequences with len(token_ids) below this need the logits-processing step (penalties, logit bias,
-    # allowed tokens, min_tokens, top logprobs) before sampling; 0 for most, so the fast path costs one comparison per row.
+    # allowed tokens, min_tokens, top logprobs) before sampling; 0 for most, so the fast path costs one
+    # comparison per row.
     process_until: int = 0
     # Where the PENDING token lives until collected: the runner launch that samples it and its row in that
     # launch's sampled-token tensor (the next step gathers its input id from there, on the device).
