@@ -157,8 +157,33 @@ def test_echo_prepends_the_prompt(smol_cluster: ServedCluster) -> None:
     plain = _post(smol_cluster, "/v1/completions", body)["choices"][0]["text"]
     echoed = _post(smol_cluster, "/v1/completions", body | {"echo": True})["choices"][0]["text"]
     assert echoed == "The capital of France is" + plain
-    resp = httpx.post(f"{smol_cluster.url}/v1/completions", json={"model": MODEL} | body | {"echo": True, "logprobs": 1})
-    assert resp.status_code == 400 and resp.json()["error"]["param"] == "echo"
+
+
+def test_echo_logprobs_score_the_prompt_like_hf(smol_cluster: ServedCluster, embedded_model_dir: Path) -> None:
+    """lm-eval's loglikelihood request (echo, logprobs, max_tokens 1, a batch of token prompts): every prompt
+    token after the first gets HF transformers' log_softmax, also when the prefix cache holds the prompt."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    tok = transformers.AutoTokenizer.from_pretrained(embedded_model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(embedded_model_dir, dtype=torch.float32)
+    ids = tok(REPEATING + " on the mat, and the dog sat by the door.")["input_ids"]
+    with torch.no_grad():
+        ref = torch.log_softmax(model(torch.tensor([ids])).logits[0], dim=-1)
+    body = {"temperature": 0, "max_tokens": 1, "ignore_eos": True}
+    _post(smol_cluster, "/v1/completions", body | {"prompt": ids})  # the prompt's pages into the prefix cache
+    choices = _post(smol_cluster, "/v1/completions", body | {"prompt": [ids, ids[:5]], "echo": True,
+                                                             "logprobs": 2})["choices"]
+    lp = choices[0]["logprobs"]
+    assert len(lp["tokens"]) == len(ids) + 1 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    want = [ref[p - 1, ids[p]].item() for p in range(1, len(ids))] + [ref[-1].max().item()]
+    assert lp["token_logprobs"][1:] == pytest.approx(want, abs=1e-3)
+    for p in range(1, len(ids)):  # the two most likely alternatives, and the prompt token itself
+        top = lp["top_logprobs"][p]
+        best = ref[p - 1].topk(2).indices.tolist()
+        assert set(top) == {tok.decode([t]) for t in best + [ids[p]]}
+        assert max(top.values()) == pytest.approx(ref[p - 1].max().item(), abs=1e-3)
+    assert choices[1]["logprobs"]["token_logprobs"][1:5] == pytest.approx(want[:4], abs=1e-3)
 
 
 SEEDED = {"prompt": "Once upon a time", "temperature": 0.8, "seed": 7, "max_tokens": 12, "return_token_ids": True,

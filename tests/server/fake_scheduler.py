@@ -6,7 +6,8 @@ IPC path, speaking the real wire messages with the real codecs.
   in one TokenBatch per step. A sequence finishes on a token in its stop_token_ids (after min_tokens) with
   "stop", or at max_tokens with "length", like the real scheduler. After the script runs out a filler
   token repeats. With `sampling.logprobs` each token carries `fake_logprob(i)` and `sampling.top_logprobs`
-  alternatives, the sampled token first.
+  alternatives, the sampled token first; with `sampling.prompt_logprobs` the first output carries
+  `fake_prompt_logprob(position)` for prompt tokens 1.., alternatives alike.
 - Abort -> the request is dropped; every Submit and Abort is recorded for the tests to inspect.
 """
 
@@ -25,6 +26,7 @@ from infer_protocol.messages import (
     Abort,
     ModelInfo,
     Ping,
+    PromptLogprobs,
     Pong,
     RequestError,
     SchedulerStats,
@@ -32,6 +34,11 @@ from infer_protocol.messages import (
     TokenBatch,
     TokenOutput,
 )
+
+
+def fake_prompt_logprob(position: int) -> float:
+    """The fake logprob of the prompt token at `position` (>= 1), when the sampling asks for prompt logprobs."""
+    return -position / 16
 
 
 def fake_logprob(i: int) -> float:
@@ -166,6 +173,15 @@ class FakeScheduler:
                 self.aborts.append(msg.request_id)
                 self._running.pop(msg.request_id, None)
 
+    def _prompt_logprobs(self, sub: Submit) -> PromptLogprobs | None:
+        if not sub.sampling.prompt_logprobs:
+            return None
+        ids = sub.prompt_token_ids
+        lps = [fake_prompt_logprob(p) for p in range(1, len(ids))]
+        tops = [[((t + j) % self.vocab_size, lp - j) for j in range(sub.sampling.top_logprobs)]
+                for t, lp in zip(ids[1:], lps)]
+        return PromptLogprobs(seq_id=-1, start=1, logprobs=lps, top=tops)
+
     def _step(self, sock: zmq.Socket, encode: Callable[[object], bytes], step: int) -> None:
         by_identity: dict[bytes, list[TokenOutput]] = {}
         with self._lock:
@@ -187,7 +203,7 @@ class FakeScheduler:
                     lps = [lp]
                     tops = [[((token + j) % self.vocab_size, lp - j) for j in range(sub.sampling.top_logprobs)]]
                 out = TokenOutput(rid, [token], lps, finish, num_prompt_tokens=len(sub.prompt_token_ids),
-                                  top_logprobs=tops)
+                                  top_logprobs=tops, prompt_logprobs=self._prompt_logprobs(sub) if i == 0 else None)
                 by_identity.setdefault(run.identity, []).append(out)
                 if finish is not None:
                     del self._running[rid]

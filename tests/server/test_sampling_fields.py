@@ -10,7 +10,7 @@ import pytest
 
 from infer_server.tokenizer import Tokenizer
 from tests.server.conftest import ANSWER, ServerHarness
-from tests.server.fake_scheduler import fake_logprob
+from tests.server.fake_scheduler import fake_logprob, fake_prompt_logprob
 from tests.server.sse_util import chat_text, completion_text, parse_sse
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -171,8 +171,34 @@ def test_echo(server: ServerHarness, tokenizer: Tokenizer) -> None:
     assert r.json()["choices"][0]["text"] == ANSWER
 
 
+def test_echo_with_logprobs_puts_the_prompt_tokens_first(server: ServerHarness, tokenizer: Tokenizer) -> None:
+    """OpenAI's legacy scoring form (lm-eval's loglikelihood): the prompt tokens' logprobs precede the generated
+    ones, the first prompt token with null; text offsets run over the echoed prompt, then the completion."""
+    prompt_ids = tokenizer.encode(PROMPT, add_special_tokens=False)
+    r = server.http.post("/v1/completions", json={"prompt": [prompt_ids, prompt_ids[:2]], "echo": True,
+                                                  "logprobs": 2, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    subs = server.fake.submits[-2:]
+    assert all(s.sampling.prompt_logprobs and s.sampling.logprobs and s.sampling.top_logprobs == 2 for s in subs)
+    first, short = r.json()["choices"]
+    lp = first["logprobs"]
+    texts = [tokenizer.token_bytes(t).decode() for t in prompt_ids]
+    answer_first = tokenizer.encode(ANSWER, add_special_tokens=False)[0]
+    assert lp["tokens"] == texts + [tokenizer.token_bytes(answer_first).decode()]
+    assert lp["token_logprobs"] == [None] + [fake_prompt_logprob(p) for p in range(1, len(prompt_ids))] + [
+        fake_logprob(0)]
+    assert lp["top_logprobs"][0] is None and len(lp["top_logprobs"][1]) == 2
+    assert lp["top_logprobs"][1][texts[1]] == fake_prompt_logprob(1)
+    offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts) + 1)]
+    assert lp["text_offset"] == offsets and first["text"].startswith(tokenizer.decode(prompt_ids))
+    assert short["logprobs"]["token_logprobs"][:2] == [None, fake_prompt_logprob(1)]
+    # without echo, the prompt's logprobs are neither asked for nor shown
+    r = server.http.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 1, "max_tokens": 1})
+    assert not server.fake.submits[-1].sampling.prompt_logprobs and len(r.json()["choices"][0]["logprobs"]["tokens"]) == 1
+
+
 @pytest.mark.parametrize(("path", "body", "code", "param"), [
-    ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 0}, "unsupported_parameter", "echo"),
+    ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 0, "stream": True}, "unsupported_parameter", "echo"),
     ("/v1/chat/completions", {"messages": USER, "top_logprobs": 1}, "invalid_value", "top_logprobs"),
     ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": -1}, "invalid_value", "top_logprobs"),
     ("/v1/chat/completions", {"messages": USER, "frequency_penalty": -2.01}, "invalid_value", "frequency_penalty"),

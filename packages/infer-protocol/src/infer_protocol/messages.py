@@ -9,7 +9,7 @@ import msgspec
 
 # 2: penalties, min_tokens masking, top logprobs (SamplingParams, NewSeq, StepResult, TokenOutput)
 # 3: the one-step-ahead pipeline's per-step host timings (StepResult.launch_ms, SchedulerStats step timings)
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -30,6 +30,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     min_tokens: int = 0  # stop tokens are masked (-inf) until this many tokens are generated
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI: (token id, bias) added to the logits, ids ascending
     allowed_token_ids: tuple[int, ...] = ()  # vLLM: when given, every other token is masked (-inf); ascending
+    prompt_logprobs: bool = False  # the logprob (and top_logprobs alternatives) of every prompt token after the first
 
 
 # ---------------------------------------------------------------- server <-> scheduler
@@ -53,6 +54,16 @@ class Ping(_Msg, tag="ping"):
     version: int = PROTOCOL_VERSION
 
 
+class PromptLogprobs(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """Logprobs of consecutive prompt tokens, of the raw distribution: `logprobs[i]` is that of the token at
+    position `start + i` given the tokens before it (`start` >= 1), `top[i]` its most likely alternatives."""
+
+    seq_id: int
+    start: int
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+
+
 class TokenOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     request_id: str
     token_ids: list[int]
@@ -64,6 +75,8 @@ class TokenOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     top_logprobs: list[list[tuple[int, float]]] | None = None
     # on a request's first output only: seconds from its arrival at the scheduler to its first scheduled step
     queue_time: float | None = None
+    # on a request's first output only, when sampling.prompt_logprobs: prompt tokens 1.. (seq_id -1, start 1)
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class TokenBatch(_Msg, tag="token_batch"):
@@ -165,6 +178,8 @@ class StepResult(_Msg, tag="step_result"):
     # None when no sequence of the step asked for any
     top_logprobs: list[list[tuple[int, float]]] | None = None
     launch_ms: float = 0.0  # the worker's host time to apply the plan, prepare the inputs and queue the step
+    # prompt tokens computed this step by sequences with sampling.prompt_logprobs (any sequence of the step)
+    prompt_logprobs: list[PromptLogprobs] = []
 
 
 class Ready(_Msg, tag="ready"):

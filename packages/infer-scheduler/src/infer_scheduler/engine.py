@@ -230,6 +230,10 @@ class Engine:
             raise ResultMismatch(f"step {result.step}: {len(result.token_ids)} sampled tokens for {len(samplers)} "
                                  "sampling sequences")
         sched = self._inflight.popleft()
+        for chunk in result.prompt_logprobs:
+            owner = self._by_seq.get(chunk.seq_id)
+            if owner is not None:
+                owner.absorb_prompt_logprobs(chunk)
         # The hot loop: the stop rules of Request.append_token, inlined.
         outputs: list[TokenOutput] = []
         out_append = outputs.append
@@ -250,7 +254,11 @@ class Engine:
             stops = req.stop_token_ids
             if stops and tok in stops and n > req.min_len:
                 reason = _STOP
-            if req.want_logprobs and lp is not None:
+            if req.prompt_lps is not None:  # its first output (rare: echo with logprobs)
+                out_append(TokenOutput(req.request_id, [tok], None if lp is None else [lp], reason,
+                                       req.num_prompt_tokens, req.num_cached_tokens, None if top is None else [top],
+                                       prompt_logprobs=req.take_prompt_logprobs()))
+            elif req.want_logprobs and lp is not None:
                 out_append(TokenOutput(req.request_id, [tok], [lp], reason, req.num_prompt_tokens,
                                        req.num_cached_tokens, None if top is None else [top]))
             else:

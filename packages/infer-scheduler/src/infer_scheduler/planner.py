@@ -161,7 +161,7 @@ class Planner:
             req = waiting[0]
             if req.num_pending:
                 break  # preempted while a step in flight samples its token: re-admit it once the token is known
-            num_cached = kv.match(req)
+            num_cached = 0 if req.prompt_lps is not None else kv.match(req)  # prompt logprobs: compute it all
             n = min(len(req.token_ids) - num_cached, self.policy.chunk_size, budget)
             need = -(-(num_cached + n) // bs) - len(req.block_ids)
             if need > kv.num_available:

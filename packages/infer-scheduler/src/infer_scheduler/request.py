@@ -15,10 +15,11 @@ the same thing seen from here: a decode is simply a request with one token left 
 
 from __future__ import annotations
 
+import math
 from enum import Enum
 
 from infer_core.plan import FinishReason
-from infer_protocol.messages import ContinueSeq, SamplingParams, Submit
+from infer_protocol.messages import ContinueSeq, PromptLogprobs, SamplingParams, Submit
 
 
 PENDING = -1  # a placeholder in token_ids: sampled by a step in flight, not known yet
@@ -39,7 +40,7 @@ class Request:
         "request_id", "seq_id", "token_ids", "num_prompt_tokens", "sampling", "max_tokens", "stop_token_ids",
         "min_tokens", "max_len", "min_len", "want_logprobs", "status", "num_computed", "block_ids", "cache_node",
         "cache_len", "num_cached_tokens", "num_preemptions", "scheduled_step", "on_worker", "finish_reason",
-        "decode_msg", "num_pending",
+        "decode_msg", "num_pending", "prompt_lps", "prompt_top",
     )
 
     def __init__(self, msg: Submit, seq_id: int, max_model_len: int) -> None:
@@ -69,6 +70,29 @@ class Request:
         # A decode that needs no new block is the same (frozen) message every step: built once.
         self.decode_msg = ContinueSeq(seq_id, 1)
         self.num_pending = 0  # trailing PENDING placeholders in token_ids
+        # sampling.prompt_logprobs: those of prompt tokens 1.. as the worker computes them, until the first output
+        # carries them (None: not asked, or sent). Until then no prefix-cache hit may skip a prompt token.
+        self.prompt_lps: list[float] | None = [math.nan] * (p - 1) if msg.sampling.prompt_logprobs else None
+        self.prompt_top: list[list[tuple[int, float]]] = [[] for _ in range(p - 1)] if self.prompt_lps else []
+
+    # ------------------------------------------------------------------ prompt logprobs
+
+    def absorb_prompt_logprobs(self, chunk: PromptLogprobs) -> None:
+        if self.prompt_lps is None:
+            return
+        for i, (lp, top) in enumerate(zip(chunk.logprobs, chunk.top, strict=True)):
+            index = chunk.start - 1 + i
+            if 0 <= index < len(self.prompt_lps):
+                self.prompt_lps[index] = lp
+                self.prompt_top[index] = top
+
+    def take_prompt_logprobs(self) -> PromptLogprobs | None:
+        """The prompt logprobs for the request's first output (None once sent or when not asked)."""
+        if self.prompt_lps is None:
+            return None
+        out = PromptLogprobs(seq_id=-1, start=1, logprobs=self.prompt_lps, top=self.prompt_top)
+        self.prompt_lps, self.prompt_top = None, []
+        return out
 
     # ------------------------------------------------------------------ views
 

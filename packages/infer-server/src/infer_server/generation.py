@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
-from infer_protocol.messages import RequestError
+from infer_protocol.messages import PromptLogprobs, RequestError
 
 from infer_server.errors import ApiError
 from infer_server.logprobs import TokenLogprob
@@ -58,6 +58,7 @@ class Generation:
         self.num_tokens = 0
         self.token_ids: list[int] = []  # every generated id, the stop/EOS token included (as counted in usage)
         self.finish_reason: str | None = None
+        self.prompt_logprobs: PromptLogprobs | None = None  # with sampling.prompt_logprobs, from the first output
         self.submitted_at = time.monotonic()
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
@@ -88,6 +89,8 @@ class Generation:
             if event.finish_reason == "abort":
                 raise ApiError(503, "The request was aborted by the engine.", code="aborted")
             raise ApiError(500, "The engine failed while generating this request.", code="engine_error")
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
         ids = event.token_ids
         now = time.monotonic()
         if ids and self.first_token_at is None:

@@ -67,6 +67,16 @@ class LogprobsFormatter:
             "top_logprobs": [{"token": self._text(t), "logprob": _lp(v), "bytes": list(bytes_of(t))} for t, v in e.top],
         }
 
+    def prompt(self, index: int, prompt_ids: Sequence[int], logprobs: Sequence[float],
+               tops: Sequence[Sequence[tuple[int, float]]]) -> dict[str, Any]:
+        """Completions' `logprobs` for the prompt tokens of an echoed choice (before its generated ones, which
+        `format` then offsets after them): the first token has no logprob (null), as in OpenAI's legacy API."""
+        first = self._completion(index, [TokenLogprob(prompt_ids[0], 0.0, ())])
+        first["token_logprobs"], first["top_logprobs"] = [None], [None]
+        rest = self._completion(index, [TokenLogprob(t, lp, top)
+                                        for t, lp, top in zip(prompt_ids[1:], logprobs, tops, strict=True)])
+        return {key: first[key] + rest[key] for key in first}
+
     def _completion(self, index: int, entries: Sequence[TokenLogprob]) -> dict[str, Any]:
         tokens: list[str] = []
         token_logprobs: list[float] = []

@@ -93,8 +93,8 @@ def check_chat_request(req: ChatCompletionRequest) -> None:
 
 def check_completion_request(req: CompletionRequest) -> None:
     _check_common(req)
-    if req.echo and req.logprobs is not None:
-        raise unsupported("echo", "together with 'logprobs' (the prompt tokens' logprobs are not computed)")
+    if req.echo and req.logprobs is not None and req.stream:
+        raise unsupported("echo", "together with 'logprobs' while streaming (only without 'stream')")
     if req.best_of is not None and req.best_of != req.n:
         raise unsupported("best_of", "only best_of equal to n is accepted")
     if req.suffix:
@@ -249,9 +249,11 @@ def build_params(
     what: str,
     param: str,
     logprobs: int | None = None,
+    prompt_logprobs: bool = False,
 ) -> list[GenerationParams]:
     """One GenerationParams per choice (n), or a 400 naming the offending field. `logprobs`: None = no
-    logprobs, k = the sampled token's logprob and the k most likely alternatives per token."""
+    logprobs, k = the sampled token's logprob and the k most likely alternatives per token; `prompt_logprobs`: the
+    same for the prompt tokens (completions' echo with logprobs)."""
     limit = assets.max_model_len
     resolved = resolve_max_tokens(len(prompt_ids), max_tokens, limit, what=what, param=param)
     if req.min_tokens > resolved:
@@ -291,6 +293,7 @@ def build_params(
             min_tokens=req.min_tokens,
             logit_bias=logit_bias,
             allowed_token_ids=allowed,
+            prompt_logprobs=prompt_logprobs,
         )
         out.append(
             GenerationParams(

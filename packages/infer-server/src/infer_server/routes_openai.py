@@ -70,8 +70,10 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     check_model(body.model, assets)
     check_completion_request(body)
     prompts = completion_prompts(body, assets)
+    echo_logprobs = bool(body.echo) and body.logprobs is not None
     params = [p for ids in prompts for p in build_params(body, ids, body.max_tokens, assets, state.config,
-                                                         what="prompt", param="prompt", logprobs=body.logprobs)]
+                                                         what="prompt", param="prompt", logprobs=body.logprobs,
+                                                         prompt_logprobs=echo_logprobs)]
     return await serve_generation(state, request, kind="completion", params=params, model=assets.served_name,
                                   stream=body.stream, prompt_tokens=sum(len(ids) for ids in prompts),
                                   usage_reporting=usage_reporting(body.stream_options),

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
+from typing import Any
 
 import msgspec
 from fastapi import Request
@@ -161,10 +162,22 @@ async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFo
                 entries[delta.index].extend(delta.logprobs)
             if delta.finish_reason is not None:
                 reasons[delta.index] = delta.finish_reason
-    logprobs = None if fmt is None else [fmt.format(i, e) for i, e in enumerate(entries)]
+    logprobs = None if fmt is None else [_choice_logprobs(fmt, i, g, e)
+                                         for i, (g, e) in enumerate(zip(gens, entries, strict=True))]
     body = shape.full_response(["".join(p) for p in parts], reasons, _tokens(gens),
                                [g.token_ids for g in gens], logprobs)
     return msgspec.json.encode(body)
+
+
+def _choice_logprobs(fmt: LogprobsFormatter, index: int, gen: Generation,
+                     entries: list[TokenLogprob]) -> dict[str, Any]:
+    """A choice's logprobs: with `echo`, those of its prompt tokens first (the engine sent them when asked)."""
+    prompt = gen.prompt_logprobs
+    if prompt is None:
+        return fmt.format(index, entries)
+    echoed = fmt.prompt(index, gen.params.prompt_token_ids, prompt.logprobs, prompt.top)
+    generated = fmt.format(index, entries)
+    return {key: echoed[key] + generated[key] for key in echoed}
 
 
 async def _respond(state: ServerState, request: Request, shape: ResponseShape, gens: list[Generation],

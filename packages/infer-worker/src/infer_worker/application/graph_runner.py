@@ -31,6 +31,7 @@ from infer_core.ports.sampler import SamplingBatch
 
 from infer_worker.application.input_upload import SLOTS, aligned, device_views, host_views
 from infer_worker.application.model_runner import HostStep, LaunchedStep, ModelRunner, prepare_step, sampling_arrays
+from infer_worker.application.prompt_logprobs import needs_prompt_logprobs
 from infer_worker.domain.sequence import ScheduledSeq
 
 log = logging.getLogger("rustinfer.worker")
@@ -205,8 +206,12 @@ class GraphModelRunner(ModelRunner):
         if not self._graphs or n == 0 or n > self.capture_sizes[-1]:
             return None
         # A row that needs logits processing (penalties, min_tokens, top logprobs) cannot use a decode graph,
-        # which samples inside; a mixed graph stops at the logits, so it serves such a batch too.
+        # which samples inside; a mixed graph stops at the logits, so it serves such a batch too. Prompt
+        # logprobs (which count as processing until the prompt is done) read the hidden rows of every prompt
+        # token, which a graph drops: eager.
         processing = any(s.seq.needs_processing for s in scheduled)
+        if processing and needs_prompt_logprobs(scheduled):
+            return None
         if not processing and all(s.num_new == 1 and s.samples for s in scheduled):
             seqs = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
             return seqs, seqs, True  # every row decodes (and so samples)

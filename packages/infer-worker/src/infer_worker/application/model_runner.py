@@ -19,9 +19,10 @@ from infer_core.plan import blocks_needed
 from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
-from infer_protocol.messages import SamplingParams
+from infer_protocol.messages import PromptLogprobs, SamplingParams
 from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
+from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
 from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM, KvCaches
 
@@ -147,6 +148,7 @@ class LaunchedStep:
         self.seqs = seqs
         self._transfer = transfer
         self._done = done
+        self.prompt_logprobs: list[PromptLogprobs] = []  # computed synchronously at launch (rare: see launch)
 
     def ready(self) -> bool:
         return self._done is not None or self._transfer is None or self._transfer.ready()
@@ -158,6 +160,8 @@ class LaunchedStep:
             else:
                 tokens, logprobs = self._transfer.wait()
                 self._done = SampledTokens([s.seq_id for s in self.seqs], tokens.tolist(), logprobs.tolist())
+        if self.prompt_logprobs and not self._done.prompt_logprobs:
+            self._done = self._done._replace(prompt_logprobs=self.prompt_logprobs)
         return self._done
 
 
@@ -246,10 +250,16 @@ class ModelRunner:
             self._fill_pending(input_ids, step, pending_pos, pending_rows)
         with trace("forward"):
             hidden = self.model.forward(input_ids, batch, self.kv_caches)
+        prompt_lps = []
+        if needs_prompt_logprobs(scheduled):  # waits for the forward: only requests that ask pay for it
+            prompt_lps = compute_prompt_logprobs(scheduled, step.query_start_loc, hidden, self.model.compute_logits)
         if sampling is None:  # every sequence is mid-prefill: nothing to sample
-            return LaunchedStep(self.num_launches, [])
-        with trace("sample"):
-            return self._sample(self.model.compute_logits(hidden[sample_rows]), seqs, sampling)
+            launched = LaunchedStep(self.num_launches, [])
+        else:
+            with trace("sample"):
+                launched = self._sample(self.model.compute_logits(hidden[sample_rows]), seqs, sampling)
+        launched.prompt_logprobs = prompt_lps
+        return launched
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], sampling: SamplingBatch) -> LaunchedStep:
         """Sample the rows' logits (after logits processing when a row needs it) and launch the ids' way back."""

@@ -111,6 +111,7 @@ class WorkerService:
             elapsed_ms=(time.perf_counter() - flight.started) * 1e3,
             top_logprobs=sampled.top_logprobs,
             launch_ms=flight.launch_ms,
+            prompt_logprobs=sampled.prompt_logprobs,
         )
 
     def _admit(self, new: NewSeq) -> ScheduledSeq:

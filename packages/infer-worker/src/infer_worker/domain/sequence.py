@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from infer_protocol.messages import SamplingParams
+from infer_protocol.messages import PromptLogprobs, SamplingParams
 
 
 PENDING = -1  # a token id in token_ids that a step in flight is sampling (the worker fills it in on collection)
@@ -38,6 +38,8 @@ class Sequence:
             self.process_until = _FOREVER
         elif p.min_tokens > 0 and self.stop_token_ids:
             self.process_until = self.prompt_len + p.min_tokens
+        if p.prompt_logprobs:  # (not processing proper: it keeps the prompt's steps off the graphs' fast checks)
+            self.process_until = max(self.process_until, self.prompt_len + 1)
 
     @property
     def num_tokens(self) -> int:
@@ -76,3 +78,5 @@ class SampledTokens(NamedTuple):
     logprobs: list[float]
     # per row, the (token id, logprob) alternatives it asked for ([] if none); None when no row asked
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # the prompt tokens the step computed for sequences that asked for their logprobs (any sequence of the step)
+    prompt_logprobs: list[PromptLogprobs] = []
