@@ -11,6 +11,7 @@ import torch
 
 from infer_protocol.messages import PromptLogprobs, SamplingParams, StepResult, Submit
 from infer_scheduler.engine import Engine as SchedulerEngine
+from infer_worker.application import prompt_logprobs
 from infer_worker.application.model_runner import ModelRunner
 from infer_worker.domain.sequence import ScheduledSeq, Sequence
 from tests.worker.test_logits_processing import _runner
@@ -62,6 +63,16 @@ def test_prompt_logprobs_equal_hf_log_softmax_across_chunks(checkpoint: tuple[Pa
         assert [v for _, v in top] == pytest.approx(values.tolist(), abs=2e-4)
     if graphs:
         assert runner.eager_steps == 2 and runner.graph_steps == 0  # type: ignore[attr-defined]
+
+
+def test_slices_of_rows_give_the_same_logprobs(checkpoint: tuple[Path, torch.Tensor],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    path, _ = checkpoint
+    whole = _run_chunked(_runner(path, graphs=False))
+    monkeypatch.setattr(prompt_logprobs, "_ROWS_PER_SLICE", 2)  # 5 rows per chunk: slices of 2, 2 and 1
+    sliced = _run_chunked(_runner(path, graphs=False))
+    assert [lp for c in sliced for lp in c.logprobs] == pytest.approx([lp for c in whole for lp in c.logprobs], abs=1e-6)
+    assert [[t for t, _ in top] for c in sliced for top in c.top] == [[t for t, _ in top] for c in whole for top in c.top]
 
 
 def test_a_sequence_that_does_not_ask_costs_nothing(checkpoint: tuple[Path, torch.Tensor]) -> None:

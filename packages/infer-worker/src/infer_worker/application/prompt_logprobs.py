@@ -2,9 +2,11 @@
 prompt token after the first given the tokens before it, and its most likely alternatives — of the raw
 distribution, from the hidden states of the prompt positions the step computes anyway.
 
-Only steps that compute such positions pay for it: their rows' logits (`[rows, vocab]` float32, in slices of
-`_ROWS_PER_SLICE` so a long prompt does not hold them all at once) and one log_softmax. The graph runner sends
-those steps down the eager path, which keeps every hidden row.
+Only steps that compute such positions pay for it: their rows' logits (`[rows, vocab]` float32) and one
+log_softmax, in slices of `_ROWS_PER_SLICE` rows: no larger than the logits a full batch of `max_batch_seqs`
+sampling rows takes, so a long prompt needs no memory the KV sizing did not leave (the worst-case forward's
+activations are freed by then). The graph runner sends those steps down the eager path, which keeps every
+hidden row.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from infer_protocol.messages import PromptLogprobs
 from infer_worker.domain.sequence import ScheduledSeq
 
-_ROWS_PER_SLICE = 1024
+_ROWS_PER_SLICE = 256
 
 
 def prompt_span(item: ScheduledSeq) -> tuple[int, int] | None:
