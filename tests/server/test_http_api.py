@@ -332,6 +332,8 @@ def _bad_cases(tok: Tokenizer) -> list[tuple[str, str, Any, int, str, str | None
          400, "unsupported_parameter", "echo"),
         ("completion logprobs too large", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "invalid_value", "logprobs"),
         ("best_of", "/v1/completions", {"prompt": "x", "best_of": 3}, 400, "unsupported_parameter", "best_of"),
+        ("too many stop strings", "/v1/completions", {"prompt": "x", "stop": [f"s{i}" for i in range(65)]},
+         400, "invalid_value", "stop"),
         ("too many choices", "/v1/completions", {"prompt": ["a"] * 65, "n": 2}, 400, "invalid_value", "prompt"),
         ("one batched prompt outside vocab", "/v1/completions", {"prompt": [[1, 2], [3, 10**6]]},
          400, "invalid_value", "prompt"),

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from infer_server.stop_strings import StopStringMatcher
 
 
@@ -79,3 +82,30 @@ def test_include_stop_takes_the_longest_of_stops_starting_at_the_same_place() ->
     assert hit and out == ["xabc"]
     out, hit = _feed(["abc", "ab"], ["xabcd"])
     assert hit and out == ["x"]
+
+
+def _held_reference(stops: list[str], buf: str) -> int:
+    """The definition: the longest tail of `buf` that is a proper prefix of some stop string."""
+    return max([k for s in stops if s for k in range(1, len(s)) if k <= len(buf) and buf.endswith(s[:k])], default=0)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.lists(st.text(alphabet="abx", min_size=0, max_size=6), min_size=1, max_size=4),
+       st.lists(st.text(alphabet="abxy", max_size=5), max_size=8))
+def test_held_text_is_exactly_the_longest_partial_match(stops: list[str], deltas: list[str]) -> None:
+    """Whatever the stops and deltas: the matcher emits the text up to the earliest full match, holds back exactly
+    the longest tail that could still grow into a stop, and emits everything when nothing matches."""
+    m = StopStringMatcher(stops)
+    text = ""
+    emitted = ""
+    for d in deltas:
+        text += d
+        out, hit = m.push(d)
+        emitted += out
+        if hit:
+            firsts = [text.find(s) for s in stops if s and s in text]
+            assert emitted == text[:min(firsts)]
+            return
+        assert not any(s and s in text for s in stops)
+        assert emitted + m.held == text and len(m.held) == _held_reference(stops, text)
+    assert emitted + m.flush() == text

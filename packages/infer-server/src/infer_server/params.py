@@ -29,6 +29,8 @@ _SEED_MOD = 2**63  # seeds travel as non-negative int64
 # Each entry costs every step of the request a scatter over its logits row; far more than anyone biases by hand.
 MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_LIMIT = 100.0
+# Every stop string is matched against every streamed delta on the server's event loop, shared by all requests.
+MAX_STOP_STRINGS = 64
 # Choices of one completion request (prompts x n): each is a sequence in the scheduler, admitted at once.
 MAX_CHOICES = 128
 
@@ -265,6 +267,8 @@ def build_params(
     if not ignore_eos:
         stop_ids += [e for e in assets.eos_token_ids if e not in client_stop_ids]
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if len(stop) > MAX_STOP_STRINGS:
+        raise invalid_request(f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are accepted", param="stop")
     logit_bias = resolve_logit_bias(req.logit_bias, assets)
     allowed = tuple(sorted(set(req.allowed_token_ids or ())))
     if req.allowed_token_ids is not None and not allowed:
