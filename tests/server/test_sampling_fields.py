@@ -192,6 +192,9 @@ def test_echo_with_logprobs_puts_the_prompt_tokens_first(server: ServerHarness, 
     offsets = [sum(len(t) for t in texts[:i]) for i in range(len(texts) + 1)]
     assert lp["text_offset"] == offsets and first["text"].startswith(tokenizer.decode(prompt_ids))
     assert short["logprobs"]["token_logprobs"][:2] == [None, fake_prompt_logprob(1)]
+    one = server.http.post("/v1/completions", json={"prompt": prompt_ids[:1], "echo": True, "logprobs": 0,
+                                                    "max_tokens": 1}).json()["choices"][0]["logprobs"]
+    assert one["token_logprobs"] == [None, fake_logprob(0)] and one["text_offset"] == [0, len(texts[0])]
     # without echo, the prompt's logprobs are neither asked for nor shown
     r = server.http.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 1, "max_tokens": 1})
     assert not server.fake.submits[-1].sampling.prompt_logprobs and len(r.json()["choices"][0]["logprobs"]["tokens"]) == 1
