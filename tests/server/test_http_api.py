@@ -328,8 +328,6 @@ def _bad_cases(tok: Tokenizer) -> list[tuple[str, str, Any, int, str, str | None
         ("tools", "/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, 400, "unsupported_parameter", "tools"),
         ("penalty out of range", "/v1/chat/completions", {"messages": USER, "presence_penalty": 2.5}, 400, "invalid_value", "presence_penalty"),
         ("repetition_penalty 0", "/v1/completions", {"prompt": "x", "repetition_penalty": 0}, 400, "invalid_value", "repetition_penalty"),
-        ("echo with logprobs streamed", "/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1, "stream": True},
-         400, "unsupported_parameter", "echo"),
         ("completion logprobs too large", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "invalid_value", "logprobs"),
         ("best_of", "/v1/completions", {"prompt": "x", "best_of": 3}, 400, "unsupported_parameter", "best_of"),
         ("too many stop strings", "/v1/completions", {"prompt": "x", "stop": [f"s{i}" for i in range(65)]},

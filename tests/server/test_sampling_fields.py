@@ -195,13 +195,21 @@ def test_echo_with_logprobs_puts_the_prompt_tokens_first(server: ServerHarness, 
     one = server.http.post("/v1/completions", json={"prompt": prompt_ids[:1], "echo": True, "logprobs": 0,
                                                     "max_tokens": 1}).json()["choices"][0]["logprobs"]
     assert one["token_logprobs"] == [None, fake_logprob(0)] and one["text_offset"] == [0, len(texts[0])]
+    # streamed: the echo chunk waits for the prompt's logprobs; merged, the chunks equal the whole response
+    chunks = _stream(server, "/v1/completions", {"prompt": [prompt_ids, prompt_ids[:2]], "echo": True, "logprobs": 2,
+                                                 "max_tokens": 1})
+    for index, choice in enumerate((first, short)):
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == index]
+        assert mine[0]["text"] == tokenizer.decode(choice_prompt := [prompt_ids, prompt_ids[:2]][index])
+        assert len(mine[0]["logprobs"]["tokens"]) == len(choice_prompt)
+        merged = {k: [v for c in mine if c["logprobs"] for v in c["logprobs"][k]] for k in choice["logprobs"]}
+        assert merged == choice["logprobs"] and "".join(c["text"] for c in mine) == choice["text"]
     # without echo, the prompt's logprobs are neither asked for nor shown
     r = server.http.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 1, "max_tokens": 1})
     assert not server.fake.submits[-1].sampling.prompt_logprobs and len(r.json()["choices"][0]["logprobs"]["tokens"]) == 1
 
 
 @pytest.mark.parametrize(("path", "body", "code", "param"), [
-    ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 0, "stream": True}, "unsupported_parameter", "echo"),
     ("/v1/chat/completions", {"messages": USER, "top_logprobs": 1}, "invalid_value", "top_logprobs"),
     ("/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": -1}, "invalid_value", "top_logprobs"),
     ("/v1/chat/completions", {"messages": USER, "frequency_penalty": -2.01}, "invalid_value", "frequency_penalty"),

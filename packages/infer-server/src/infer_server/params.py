@@ -95,8 +95,6 @@ def check_chat_request(req: ChatCompletionRequest) -> None:
 
 def check_completion_request(req: CompletionRequest) -> None:
     _check_common(req)
-    if req.echo and req.logprobs is not None and req.stream:
-        raise unsupported("echo", "together with 'logprobs' while streaming (only without 'stream')")
     if req.best_of is not None and req.best_of != req.n:
         raise unsupported("best_of", "only best_of equal to n is accepted")
     if req.suffix:

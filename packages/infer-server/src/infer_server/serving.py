@@ -122,11 +122,21 @@ async def _events(state: ServerState, shape: ResponseShape, gens: list[Generatio
             if shape.kind == "chat":
                 for i in range(shape.n):
                     yield sse_event(shape.counted(shape.role_chunk(i), 0))
-            elif echo:
+            # An echo whose prompt logprobs were asked for waits for them: they come with the choice's first output.
+            deferred: list[str | None] = [None] * shape.n
+            if shape.kind != "chat" and echo:
                 for i, text in enumerate(echo):
-                    yield sse_event(shape.counted(shape.text_chunk(i, text), 0))
+                    if fmt is not None and gens[i].params.sampling.prompt_logprobs:
+                        deferred[i] = text
+                    else:
+                        yield sse_event(shape.counted(shape.text_chunk(i, text), 0))
             async with aclosing(iterate(gens)) as deltas:
                 async for delta in deltas:
+                    echoed = deferred[delta.index]
+                    if echoed is not None and fmt is not None:
+                        deferred[delta.index] = None
+                        yield sse_event(shape.counted(shape.text_chunk(
+                            delta.index, echoed, _prompt_logprobs(fmt, delta.index, gens[delta.index])), _tokens(gens)))
                     lp = fmt.format(delta.index, delta.logprobs) if fmt is not None and delta.logprobs else None
                     if delta.text:
                         yield sse_event(shape.counted(shape.text_chunk(delta.index, delta.text, lp), _tokens(gens)))
@@ -169,15 +179,20 @@ async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFo
     return msgspec.json.encode(body)
 
 
-def _choice_logprobs(fmt: LogprobsFormatter, index: int, gen: Generation,
-                     entries: list[TokenLogprob]) -> dict[str, Any]:
-    """A choice's logprobs: with `echo`, those of its prompt tokens first (the engine sent them when asked)."""
+def _prompt_logprobs(fmt: LogprobsFormatter, index: int, gen: Generation) -> dict[str, Any] | None:
+    """The echoed prompt's logprobs of a choice (None unless the engine sent them: echo with logprobs)."""
     prompt = gen.prompt_logprobs
     if prompt is None:
-        return fmt.format(index, entries)
-    echoed = fmt.prompt(index, gen.params.prompt_token_ids, prompt.logprobs, prompt.top)
+        return None
+    return fmt.prompt(index, gen.params.prompt_token_ids, prompt.logprobs, prompt.top)
+
+
+def _choice_logprobs(fmt: LogprobsFormatter, index: int, gen: Generation,
+                     entries: list[TokenLogprob]) -> dict[str, Any]:
+    """A choice's logprobs: with `echo`, those of its prompt tokens first."""
+    echoed = _prompt_logprobs(fmt, index, gen)
     generated = fmt.format(index, entries)
-    return {key: echoed[key] + generated[key] for key in echoed}
+    return generated if echoed is None else {key: echoed[key] + generated[key] for key in echoed}
 
 
 async def _respond(state: ServerState, request: Request, shape: ResponseShape, gens: list[Generation],
