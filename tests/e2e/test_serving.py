@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from infer_protocol.config import Config
 from tests.e2e.cluster import ServedCluster
 from tests.e2e.sse import stream_events
 
@@ -86,6 +87,20 @@ def test_batched_completion_prompts_equal_separate_requests(smol_cluster: Served
         assert [c["index"] for c in batched["choices"]] == list(range(len(batched["choices"])))
         assert batched["usage"]["prompt_tokens"] == sum(r["usage"]["prompt_tokens"] for r in separate)
         assert batched["usage"]["completion_tokens"] == 10 * len(batched["choices"])
+
+
+def test_usage_reports_the_prompt_tokens_the_prefix_cache_served(smol_cluster: ServedCluster) -> None:
+    url = f"{smol_cluster.url}/v1/completions"
+    prompt = "A unique prompt for the cached-token count: " + " ".join(f"w{i}" for i in range(60))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0}
+    first = httpx.post(url, json=body, timeout=300).json()["usage"]
+    second = httpx.post(url, json=body, timeout=300).json()["usage"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    cached = second["prompt_tokens_details"]["cached_tokens"]
+    assert second["prompt_tokens"] == first["prompt_tokens"] and 0 < cached < first["prompt_tokens"]
+    # the cache holds whole pages: all of the prompt but its last, partial page (the last token is always computed)
+    block = Config().block_size  # smol_cluster keeps the default
+    assert cached == (first["prompt_tokens"] - 1) // block * block
 
 
 QUESTIONS = [

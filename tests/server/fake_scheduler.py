@@ -7,7 +7,8 @@ IPC path, speaking the real wire messages with the real codecs.
   "stop", or at max_tokens with "length", like the real scheduler. After the script runs out a filler
   token repeats. With `sampling.logprobs` each token carries `fake_logprob(i)` and `sampling.top_logprobs`
   alternatives, the sampled token first; with `sampling.prompt_logprobs` the first output carries
-  `fake_prompt_logprob(position)` for prompt tokens 1.., alternatives alike.
+  `fake_prompt_logprob(position)` for prompt tokens 1.., alternatives alike. Every output reports
+  `fake_cached_tokens(prompt length)` prompt tokens served by the prefix cache.
 - Abort -> the request is dropped; every Submit and Abort is recorded for the tests to inspect.
 """
 
@@ -34,6 +35,11 @@ from infer_protocol.messages import (
     TokenBatch,
     TokenOutput,
 )
+
+
+def fake_cached_tokens(num_prompt_tokens: int) -> int:
+    """The prefix-cache hit every output reports for a prompt of this length."""
+    return num_prompt_tokens // 2
 
 
 def fake_prompt_logprob(position: int) -> float:
@@ -203,7 +209,8 @@ class FakeScheduler:
                     lps = [lp]
                     tops = [[((token + j) % self.vocab_size, lp - j) for j in range(sub.sampling.top_logprobs)]]
                 out = TokenOutput(rid, [token], lps, finish, num_prompt_tokens=len(sub.prompt_token_ids),
-                                  top_logprobs=tops, prompt_logprobs=self._prompt_logprobs(sub) if i == 0 else None)
+                                  num_cached_tokens=fake_cached_tokens(len(sub.prompt_token_ids)), top_logprobs=tops,
+                                  prompt_logprobs=self._prompt_logprobs(sub) if i == 0 else None)
                 by_identity.setdefault(run.identity, []).append(out)
                 if finish is not None:
                     del self._running[rid]

@@ -11,6 +11,7 @@ import pytest
 
 from infer_server.tokenizer import Tokenizer
 from tests.server.conftest import ANSWER, MAX_MODEL_LEN, ServerHarness
+from tests.server.fake_scheduler import fake_cached_tokens
 from tests.server.sse_util import chat_text, completion_text, parse_sse
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -50,7 +51,8 @@ def test_chat_non_streaming(server: ServerHarness, tokenizer: Tokenizer) -> None
     prompt_ids = _chat_prompt_ids(tokenizer, USER)
     answer_len = len(tokenizer.encode(ANSWER, add_special_tokens=False)) + 1  # + the EOS token
     assert body["usage"] == {"prompt_tokens": len(prompt_ids), "completion_tokens": answer_len,
-                             "total_tokens": len(prompt_ids) + answer_len}
+                             "total_tokens": len(prompt_ids) + answer_len,
+                             "prompt_tokens_details": {"cached_tokens": fake_cached_tokens(len(prompt_ids))}}
     sub = server.fake.submit_for(body["id"])
     assert sub.prompt_token_ids == prompt_ids
     assert sub.max_tokens == MAX_MODEL_LEN - len(prompt_ids)  # omitted = the rest of the context
@@ -86,7 +88,8 @@ def test_chat_streaming_exact_chunks_with_usage(server: ServerHarness, tokenizer
     prompt_len = len(_chat_prompt_ids(tokenizer, USER))
     completion = len(tokenizer.encode(ANSWER, add_special_tokens=False)) + 1
     assert usage_chunk["usage"] == {"prompt_tokens": prompt_len, "completion_tokens": completion,
-                                    "total_tokens": prompt_len + completion}
+                                    "total_tokens": prompt_len + completion,
+                                    "prompt_tokens_details": {"cached_tokens": fake_cached_tokens(prompt_len)}}
     assert all(c["usage"] is None for c in chunks[:-1])  # OpenAI: null usage on every other chunk
 
 
@@ -225,7 +228,8 @@ def test_completion_batched_prompts(server: ServerHarness, tokenizer: Tokenizer,
     assert [s.sampling.seed for s in subs] == [40, 41] * 3
     answer_tokens = len(tokenizer.encode(ANSWER, add_special_tokens=False)) + 1
     assert body["usage"] == {"prompt_tokens": sum(map(len, ids)), "completion_tokens": 6 * answer_tokens,
-                             "total_tokens": sum(map(len, ids)) + 6 * answer_tokens}
+                             "total_tokens": sum(map(len, ids)) + 6 * answer_tokens,  # each prompt's hit once:
+                             "prompt_tokens_details": {"cached_tokens": sum(fake_cached_tokens(len(i)) for i in ids)}}
     # echo puts each choice's own prompt before it, streamed or not
     r = server.http.post("/v1/completions", json={"prompt": prompt, "echo": True, "max_tokens": 30})
     echoed = [t if kind == "strings" else tokenizer.decode(i) for t, i in zip(texts, ids)]

@@ -59,6 +59,7 @@ class Generation:
         self.token_ids: list[int] = []  # every generated id, the stop/EOS token included (as counted in usage)
         self.finish_reason: str | None = None
         self.prompt_logprobs: PromptLogprobs | None = None  # with sampling.prompt_logprobs, from the first output
+        self.num_cached_tokens = 0  # the prompt tokens the prefix cache served (every output carries it)
         self.submitted_at = time.monotonic()
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
@@ -91,6 +92,7 @@ class Generation:
             raise ApiError(500, "The engine failed while generating this request.", code="engine_error")
         if event.prompt_logprobs is not None:
             self.prompt_logprobs = event.prompt_logprobs
+        self.num_cached_tokens = event.num_cached_tokens
         ids = event.token_ids
         now = time.monotonic()
         if ids and self.first_token_at is None:

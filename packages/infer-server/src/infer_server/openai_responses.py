@@ -18,11 +18,13 @@ class UsageReporting(enum.Enum):
     CONTINUOUS = "continuous"  # and continuous_usage_stats (vLLM): every chunk carries the running usage
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage block; `cached_tokens`: the prompt tokens the prefix cache served."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -57,10 +59,10 @@ class ResponseShape:
             body["usage"] = None
         return body
 
-    def counted(self, chunk: dict[str, Any], completion_tokens: int) -> dict[str, Any]:
+    def counted(self, chunk: dict[str, Any], completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         """`chunk` with the running usage when the client asked for continuous usage stats."""
         if self.usage_reporting is UsageReporting.CONTINUOUS:
-            chunk["usage"] = usage(self.prompt_tokens, completion_tokens)
+            chunk["usage"] = usage(self.prompt_tokens, completion_tokens, cached_tokens)
         return chunk
 
     def role_chunk(self, index: int) -> dict[str, Any]:
@@ -78,14 +80,14 @@ class ResponseShape:
             return self._chunk({"index": index, "delta": {}, "logprobs": logprobs, "finish_reason": finish_reason})
         return self._chunk({"index": index, "text": "", "logprobs": logprobs, "finish_reason": finish_reason})
 
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "chat.completion.chunk" if self.kind == "chat" else "text_completion",
             "created": self.created,
             "model": self.model,
             "choices": [],
-            "usage": usage(self.prompt_tokens, completion_tokens),
+            "usage": usage(self.prompt_tokens, completion_tokens, cached_tokens),
         }
 
     # ---------------------------------------------------------------- non-streaming
@@ -95,6 +97,7 @@ class ResponseShape:
         texts: list[str],
         finish_reasons: list[str | None],
         completion_tokens: int,
+        cached_tokens: int,
         token_ids: list[list[int]] | None = None,
         logprobs: list[dict[str, Any] | None] | None = None,
     ) -> dict[str, Any]:
@@ -115,6 +118,6 @@ class ResponseShape:
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": usage(self.prompt_tokens, completion_tokens),
+            "usage": usage(self.prompt_tokens, completion_tokens, cached_tokens),
             "system_fingerprint": None,
         }

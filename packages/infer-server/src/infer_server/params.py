@@ -48,6 +48,7 @@ class GenerationParams:
     stop: tuple[str, ...]
     include_stop: bool
     skip_special_tokens: bool
+    first_choice: bool = True  # the first of its prompt's n choices (the one its usage's cached tokens come from)
 
     def submit(self, request_id: str) -> Submit:
         return Submit(
@@ -266,7 +267,8 @@ def build_params(
         stop_ids += [e for e in assets.eos_token_ids if e not in client_stop_ids]
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     if len(stop) > MAX_STOP_STRINGS:
-        raise invalid_request(f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are accepted", param="stop")
+        raise invalid_request(f"'stop' holds {len(stop)} strings; at most {MAX_STOP_STRINGS} are accepted",
+                              param="stop")
     logit_bias = resolve_logit_bias(req.logit_bias, assets)
     allowed = tuple(sorted(set(req.allowed_token_ids or ())))
     if req.allowed_token_ids is not None and not allowed:
@@ -308,6 +310,7 @@ def build_params(
                 stop=stop,
                 include_stop=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
+                first_choice=i == 0,
             )
         )
     return out

@@ -61,6 +61,11 @@ def _tokens(gens: Sequence[Generation]) -> int:
     return sum(g.num_tokens for g in gens)
 
 
+def _cached(gens: Sequence[Generation]) -> int:
+    """The prompt tokens the prefix cache served, each prompt once (from its first choice)."""
+    return sum(g.num_cached_tokens for g in gens if g.params.first_choice)
+
+
 async def _wait_disconnect(request: Request) -> None:
     while True:
         message = await request.receive()
@@ -121,7 +126,7 @@ async def _events(state: ServerState, shape: ResponseShape, gens: list[Generatio
         try:
             if shape.kind == "chat":
                 for i in range(shape.n):
-                    yield sse_event(shape.counted(shape.role_chunk(i), 0))
+                    yield sse_event(shape.counted(shape.role_chunk(i), 0, 0))
             # An echo whose prompt logprobs were asked for waits for them: they come with the choice's first output.
             deferred: list[str | None] = [None] * shape.n
             if shape.kind != "chat" and echo:
@@ -129,23 +134,25 @@ async def _events(state: ServerState, shape: ResponseShape, gens: list[Generatio
                     if fmt is not None and gens[i].params.sampling.prompt_logprobs:
                         deferred[i] = text
                     else:
-                        yield sse_event(shape.counted(shape.text_chunk(i, text), 0))
+                        yield sse_event(shape.counted(shape.text_chunk(i, text), 0, 0))
             async with aclosing(iterate(gens)) as deltas:
                 async for delta in deltas:
-                    echoed = deferred[delta.index]
+                    i = delta.index
+                    echoed = deferred[i]
                     if echoed is not None and fmt is not None:
-                        deferred[delta.index] = None
-                        yield sse_event(shape.counted(shape.text_chunk(
-                            delta.index, echoed, _prompt_logprobs(fmt, delta.index, gens[delta.index])), _tokens(gens)))
-                    lp = fmt.format(delta.index, delta.logprobs) if fmt is not None and delta.logprobs else None
+                        deferred[i] = None
+                        chunk = shape.text_chunk(i, echoed, _prompt_logprobs(fmt, i, gens[i]))
+                        yield sse_event(shape.counted(chunk, _tokens(gens), _cached(gens)))
+                    lp = fmt.format(i, delta.logprobs) if fmt is not None and delta.logprobs else None
                     if delta.text:
-                        yield sse_event(shape.counted(shape.text_chunk(delta.index, delta.text, lp), _tokens(gens)))
+                        chunk = shape.text_chunk(i, delta.text, lp)
+                        yield sse_event(shape.counted(chunk, _tokens(gens), _cached(gens)))
                         lp = None
                     if delta.finish_reason is not None:
-                        yield sse_event(shape.counted(shape.finish_chunk(delta.index, delta.finish_reason, lp),
-                                                      _tokens(gens)))
+                        chunk = shape.finish_chunk(i, delta.finish_reason, lp)
+                        yield sse_event(shape.counted(chunk, _tokens(gens), _cached(gens)))
             if shape.include_usage:
-                yield sse_event(shape.usage_chunk(_tokens(gens)))
+                yield sse_event(shape.usage_chunk(_tokens(gens), _cached(gens)))
             error_code = None
         except ApiError as exc:
             error_code = exc.code or "error"
@@ -174,7 +181,7 @@ async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFo
                 reasons[delta.index] = delta.finish_reason
     logprobs = None if fmt is None else [_choice_logprobs(fmt, i, g, e)
                                          for i, (g, e) in enumerate(zip(gens, entries, strict=True))]
-    body = shape.full_response(["".join(p) for p in parts], reasons, _tokens(gens),
+    body = shape.full_response(["".join(p) for p in parts], reasons, _tokens(gens), _cached(gens),
                                [g.token_ids for g in gens], logprobs)
     return msgspec.json.encode(body)
 
