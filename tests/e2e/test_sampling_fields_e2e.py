@@ -184,6 +184,11 @@ def test_echo_logprobs_score_the_prompt_like_hf(smol_cluster: ServedCluster, emb
         assert set(top) == {tok.decode([t]) for t in best + [ids[p]]}
         assert max(top.values()) == pytest.approx(ref[p - 1].max().item(), abs=1e-3)
     assert choices[1]["logprobs"]["token_logprobs"][1:5] == pytest.approx(want[:4], abs=1e-3)
+    # max_tokens 0 (the older clients' form): the prompt's entries only
+    scored = _post(smol_cluster, "/v1/completions", body | {"prompt": ids, "echo": True, "logprobs": 2,
+                                                            "max_tokens": 0})
+    assert scored["choices"][0]["logprobs"]["token_logprobs"][1:] == pytest.approx(want[:-1], abs=1e-3)
+    assert scored["usage"]["completion_tokens"] == 0 and scored["choices"][0]["text"] == tok.decode(ids)
 
 
 SEEDED = {"prompt": "Once upon a time", "temperature": 0.8, "seed": 7, "max_tokens": 12, "return_token_ids": True,

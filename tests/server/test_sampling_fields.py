@@ -204,6 +204,21 @@ def test_echo_with_logprobs_puts_the_prompt_tokens_first(server: ServerHarness, 
         assert len(mine[0]["logprobs"]["tokens"]) == len(choice_prompt)
         merged = {k: [v for c in mine if c["logprobs"] for v in c["logprobs"][k]] for k in choice["logprobs"]}
         assert merged == choice["logprobs"] and "".join(c["text"] for c in mine) == choice["text"]
+    # max_tokens 0 scores the prompt only: the one token generated for it is not shown nor counted
+    scored = server.http.post("/v1/completions", json={"prompt": [prompt_ids, prompt_ids[:2]], "echo": True,
+                                                       "logprobs": 2, "max_tokens": 0}).json()
+    for got, full in zip(scored["choices"], (first, short)):
+        n_prompt = len(full["logprobs"]["tokens"]) - 1
+        assert got["logprobs"] == {k: v[:n_prompt] for k, v in full["logprobs"].items()}
+        assert got["finish_reason"] == "length" and got["text"] == tokenizer.decode(
+            [prompt_ids, prompt_ids[:2]][got["index"]])
+    assert scored["usage"]["completion_tokens"] == 0
+    chunks = _stream(server, "/v1/completions", {"prompt": prompt_ids, "echo": True, "logprobs": 2, "max_tokens": 0})
+    assert [c["choices"][0]["text"] for c in chunks] == [tokenizer.decode(prompt_ids), ""]
+    assert chunks[0]["choices"][0]["logprobs"] == scored["choices"][0]["logprobs"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    refused = server.http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 0})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
     # without echo, the prompt's logprobs are neither asked for nor shown
     r = server.http.post("/v1/completions", json={"prompt": PROMPT, "logprobs": 1, "max_tokens": 1})
     assert not server.fake.submits[-1].sampling.prompt_logprobs and len(r.json()["choices"][0]["logprobs"]["tokens"]) == 1

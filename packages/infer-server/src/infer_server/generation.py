@@ -93,6 +93,10 @@ class Generation:
         if event.prompt_logprobs is not None:
             self.prompt_logprobs = event.prompt_logprobs
         self.num_cached_tokens = event.num_cached_tokens
+        if self.params.score_only:  # max_tokens 0: the one token generated to score the prompt is not shown
+            self._finish("length")
+            self._handle.close()
+            return Delta(self.index, "", 0, "length")
         ids = event.token_ids
         now = time.monotonic()
         if ids and self.first_token_at is None:

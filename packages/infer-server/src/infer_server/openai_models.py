@@ -88,6 +88,7 @@ class ChatCompletionRequest(GenerationFields):
 
 class CompletionRequest(GenerationFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: score the prompt only (with echo and logprobs)
     echo: bool | None = None
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     # known, not implemented

@@ -49,6 +49,7 @@ class GenerationParams:
     include_stop: bool
     skip_special_tokens: bool
     first_choice: bool = True  # the first of its prompt's n choices (the one its usage's cached tokens come from)
+    score_only: bool = False  # completions' max_tokens 0 with echo: one token is generated, none is shown
 
     def submit(self, request_id: str) -> Submit:
         return Submit(
@@ -256,7 +257,10 @@ def build_params(
     logprobs, k = the sampled token's logprob and the k most likely alternatives per token; `prompt_logprobs`: the
     same for the prompt tokens (completions' echo with logprobs)."""
     limit = assets.max_model_len
-    resolved = resolve_max_tokens(len(prompt_ids), max_tokens, limit, what=what, param=param)
+    score_only = max_tokens == 0
+    if score_only and not prompt_logprobs:
+        raise invalid_request("'max_tokens' 0 scores the prompt: it needs 'echo' and 'logprobs'", param="max_tokens")
+    resolved = resolve_max_tokens(len(prompt_ids), 1 if score_only else max_tokens, limit, what=what, param=param)
     if req.min_tokens > resolved:
         raise invalid_request(f"'min_tokens' ({req.min_tokens}) exceeds max_tokens ({resolved})", param="min_tokens")
     client_stop_ids = list(req.stop_token_ids or [])
@@ -311,6 +315,7 @@ def build_params(
                 include_stop=req.include_stop_str_in_output,
                 skip_special_tokens=req.skip_special_tokens,
                 first_choice=i == 0,
+                score_only=score_only,
             )
         )
     return out

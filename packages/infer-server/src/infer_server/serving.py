@@ -42,8 +42,7 @@ def _record(metrics: ServerMetrics, kind: Kind, gens: Sequence[Generation], erro
     endpoint = _ENDPOINT[kind]
     if error_code is not None:
         metrics.request_errors.labels(endpoint, error_code).inc()
-    if gens:
-        metrics.prompt_tokens.inc(len(gens[0].params.prompt_token_ids))
+    metrics.prompt_tokens.inc(sum(len(g.params.prompt_token_ids) for g in gens if g.params.first_choice))
     for g in gens:
         metrics.generation_tokens.inc(g.num_tokens)
         reason = g.finish_reason or "abort"
