@@ -341,12 +341,24 @@ def limited_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
 
 def test_overload_429_and_stream_timeout(limited_cluster: ServedCluster) -> None:
     url = limited_cluster.url
-    streams = [start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True) for _ in range(2)]
-    for s in streams:
-        assert s.first_token.wait(30)
-    for path, body in (("/v1/completions", LONG | {"max_tokens": 2}),
-                       ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})):
-        resp = httpx.post(f"{url}{path}", json=body, timeout=10)
+    over: list[httpx.Response] = []
+
+    def overload() -> None:  # on the second stream's thread at its first token: both streams are in flight
+        for path, body in (("/v1/completions", LONG | {"max_tokens": 2}),
+                           ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})):
+            over.append(httpx.post(f"{url}{path}", json=body, timeout=10))
+
+    seconds: list[Call] = []
+
+    def second() -> None:  # on the first stream's thread: no wait on the test's main thread in between
+        seconds.append(start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True,
+                                  on_first_token=overload))
+
+    first = start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True, on_first_token=second)
+    assert first.first_token.wait(30) and len(seconds) == 1, first.error
+    streams = [first, seconds[0]]
+    assert streams[1].first_token.wait(30) and len(over) == 2, (streams[1].error, over)
+    for resp in over:
         assert resp.status_code == 429, resp.text
         assert resp.json()["error"]["code"] == "rate_limit_exceeded"
         assert resp.json()["error"]["type"] == "rate_limit_error"
