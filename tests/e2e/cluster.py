@@ -18,6 +18,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 
+HEARTBEAT_SECS = 0.2  # the clusters' heartbeat: the server pings the scheduler (and gets a Pong) this often
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -47,7 +49,7 @@ class ServedCluster:
             "port": self.port,
             "cluster_id": f"t{uuid.uuid4().hex[:8]}",
             "ipc_dir": str(ipc_dir),
-            "heartbeat_interval_secs": 0.2,
+            "heartbeat_interval_secs": HEARTBEAT_SECS,
             "worker_timeout_secs": 5.0,
             "log_level": "warning",
         } | fields

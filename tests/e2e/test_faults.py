@@ -128,9 +128,9 @@ class MidFlight:
 
 def signal_mid_flight(url: str, proc: Any, n_plain: int, n_tokens: int) -> MidFlight:
     """Sends SIGTERM to `proc` while one stream and `n_plain` plain requests are running: from the stream's own
-    thread at its first token, once the server counts every request in flight. The plain requests start after the
-    stream with as many tokens, so they cannot finish before it; nothing depends on the test's main thread being
-    scheduled in time on a loaded machine."""
+    thread at its first token, once the server counts every request in flight (`n_tokens` must be long enough
+    that the plain ones, started first, are still running then); the signal does not depend on the test's main
+    thread being scheduled in time on a loaded machine."""
     body = LONG | {"max_tokens": n_tokens}
     signalled_at: list[float] = []
 
@@ -140,8 +140,12 @@ def signal_mid_flight(url: str, proc: Any, n_plain: int, n_tokens: int) -> MidFl
         proc.send_signal(signal.SIGTERM)
         signalled_at.append(time.monotonic())
 
-    stream = start_call(url, "/v1/completions", body, stream=True, on_first_token=send)
+    # The plain requests go first: the server finishes a request whether or not its client reads, so a stream
+    # started first could be done before they arrive; a plain one cannot be done before a later stream starts.
     plain = [start_call(url, "/v1/completions", body, stream=False) for _ in range(n_plain)]
+    wait_for(f"{n_plain} requests accepted", lambda: scrape(url)["rustinfer_num_requests_inflight"] >= n_plain, 30,
+             0.01)
+    stream = start_call(url, "/v1/completions", body, stream=True, on_first_token=send)
     assert stream.first_token.wait(90) and signalled_at, f"not signalled: {stream.status} {stream.error!r}"
     return MidFlight(stream, plain, signalled_at)
 
@@ -459,7 +463,7 @@ def test_sigterm_to_rustinfer_serve_drains(tmp_path: Path, tiny_model_dir: Path)
     try:
         children = cluster.pids()
         assert cluster.proc is not None
-        n = 300
+        n = 2000
         assert_drained(signal_mid_flight(cluster.url, cluster.proc, 1, n), n)
         assert cluster.proc.wait(timeout=70) == 0, cluster.log()
         wait_for("every child gone", lambda: not any(Path(f"/proc/{pid}").exists() for pid in children.values()), 10)
@@ -526,7 +530,7 @@ def test_sigterm_drains_server_then_scheduler(tmp_path: Path, tiny_model_dir: Pa
     cluster.start(timeout=300)
     try:
         url = cluster.url
-        n = 300
+        n = 1000
         # 1. the server: in-flight requests complete, then it exits 0
         server = cluster.procs["server"]
         assert_drained(signal_mid_flight(url, server, 2, n), n)

@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.cluster import ServedCluster
+from tests.e2e.cluster import HEARTBEAT_SECS, ServedCluster
 
 MODEL = "tiny"
 VOCAB = 49152
@@ -177,18 +177,27 @@ def metrics(cluster: ServedCluster) -> dict[str, float]:
 
 
 def settled(cluster: ServedCluster, before: dict[str, float] | None = None, timeout: float = 20.0) -> dict[str, float]:
-    """The scheduler's figures once it is idle and has reported so after the work just done.
+    """The scheduler's figures once it is idle and has reported so after the work just done (call it once every
+    response of that work has arrived).
 
-    /metrics shows the scheduler's latest Pong (one per heartbeat). Pongs and token outputs leave the scheduler
-    on one socket, in order, so a Pong with nothing running or waiting and more steps than `before` was sent
-    after the last request finished: its counters are final."""
+    /metrics shows the scheduler's latest Pong (one per heartbeat). A Pong with nothing running or waiting and
+    more steps than `before` may still be one from an idle moment in the middle of the work (concurrent requests
+    that did not all overlap), so the figures count only once a reading several heartbeats later shows the same
+    step count: by then the latest Pong was sent after the last request finished."""
     deadline = time.monotonic() + timeout
+    candidate: dict[str, float] | None = None
     while True:
         m = metrics(cluster)
         idle = m["rustinfer_num_requests_running"] == 0 and m["rustinfer_num_requests_waiting"] == 0
         moved = before is None or m["rustinfer_scheduler_steps_total"] > before["rustinfer_scheduler_steps_total"]
         if idle and moved:
-            return m
+            if candidate is not None and candidate["rustinfer_scheduler_steps_total"] == m[
+                    "rustinfer_scheduler_steps_total"]:
+                return m
+            candidate = m
+            time.sleep(3 * HEARTBEAT_SECS)
+            continue
+        candidate = None
         if time.monotonic() > deadline:
             raise AssertionError(f"scheduler not idle after {timeout} s: {m}")
         time.sleep(0.1)
