@@ -337,13 +337,13 @@ def test_metrics_cover_the_request_lifecycle(tiny_cluster: ServedCluster) -> Non
 @pytest.fixture(scope="module")
 def limited_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServedCluster]:
     cluster = ServedCluster(tmp_path_factory.mktemp("limited"), model=str(tiny_model_dir), model_name=MODEL,
-                            num_blocks=1024, block_size=4, max_inflight_requests=2, request_timeout_secs=5.0)
+                            num_blocks=2048, block_size=4, max_inflight_requests=2)
     cluster.start(timeout=300)
     yield cluster
     cluster.stop()
 
 
-def test_overload_429_and_stream_timeout(limited_cluster: ServedCluster) -> None:
+def test_overload_429(limited_cluster: ServedCluster) -> None:
     url = limited_cluster.url
     over: list[httpx.Response] = []
 
@@ -360,18 +360,14 @@ def test_overload_429_and_stream_timeout(limited_cluster: ServedCluster) -> None
 
     first = start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True, on_first_token=second)
     assert first.first_token.wait(30) and len(seconds) == 1, first.error
-    streams = [first, seconds[0]]
-    assert streams[1].first_token.wait(30) and len(over) == 2, (streams[1].error, over)
+    assert seconds[0].first_token.wait(30) and len(over) == 2, (seconds[0].error, over)
     for resp in over:
         assert resp.status_code == 429, resp.text
         assert resp.json()["error"]["code"] == "rate_limit_exceeded"
         assert resp.json()["error"]["type"] == "rate_limit_error"
-    # both streams end at request_timeout_secs with an error event, then [DONE]
-    for s in streams:
-        s.join(timeout=30)
-        assert_error_then_done(s, "timeout")
-        assert s.events[-1][0] - s.events[0][0] < 20
-    wait_for("the timed-out requests released", lambda: kv_settled(url), 20)
+    for s in (first, seconds[0]):  # 3000 tokens each: both complete, then the server serves again
+        s.join(timeout=120)
+        assert s.payloads[-1] == "[DONE]" and s.payloads[-2]["choices"][0]["finish_reason"] == "length"
     resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=30)
     assert resp.status_code == 200
 
@@ -385,6 +381,16 @@ def timeout_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
     cluster.start(timeout=300)
     yield cluster
     cluster.stop()
+
+
+def test_stream_timeout_ends_with_an_error_event(timeout_cluster: ServedCluster) -> None:
+    """A stream still running at request_timeout_secs ends with an error event (`timeout`) then [DONE]."""
+    url = timeout_cluster.url
+    s = start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True)
+    s.join(timeout=30)
+    assert_error_then_done(s, "timeout")
+    assert s.events[-1][0] - s.events[0][0] < 20
+    wait_for("the timed-out request released", lambda: kv_settled(url), 20)
 
 
 def test_non_streaming_timeout_is_504(timeout_cluster: ServedCluster) -> None:
