@@ -26,12 +26,20 @@ def _available(cls: Any) -> bool:
 def resolve_backend_class(name: str) -> tuple[str, Any]:
     found = installed_backends()
     if name == "auto":
+        unusable = []
         for candidate in AUTO_PREFERENCE:
-            if candidate in found:
+            if candidate not in found:
+                continue
+            try:
                 cls = found[candidate].load()
-                if _available(cls):
-                    return candidate, cls
-        raise BackendNotFoundError(f"no usable backend among the installed ones: {sorted(found)}")
+            except ImportError as exc:  # installed, but a requirement is missing on this platform (triton on macOS)
+                unusable.append(f"{candidate} ({exc})")
+                continue
+            if _available(cls):
+                return candidate, cls
+            unusable.append(f"{candidate} (not available here)")
+        raise BackendNotFoundError(
+            f"no usable backend among the installed ones: {sorted(found)}; " + "; ".join(unusable))
     if name not in found:
         raise BackendNotFoundError(
             f"unknown backend {name!r}; installed backends ({GROUP}): {', '.join(sorted(found)) or 'none'}"
