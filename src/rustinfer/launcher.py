@@ -11,13 +11,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from importlib import metadata
 from pathlib import Path
 
 import httpx
 
-from infer_protocol.config import Config, ConfigError, dump_config, load_config
+from infer_protocol.config import Config, ConfigError, dump_config
+from infer_protocol.config_cli import add_config_arguments, load_config_from_args
 
 PROCESSES = ("scheduler", "worker", "server")
+WORKSPACE_PACKAGES = ("infer-core", "infer-protocol", "infer-server", "infer-scheduler", "infer-worker",
+                      "infer-backend-cpu", "infer-backend-cuda", "infer-frontend")
 _STOP_GRACE_SECS = 3.0  # past shutdown_timeout_secs, for the processes to act on their own deadline
 
 
@@ -161,20 +165,30 @@ def serve(config: Config) -> int:
         cluster.stop()
 
 
+def _version() -> str:
+    """The installed distributions' versions (from their metadata: nothing is imported)."""
+    versions = []
+    for dist in ("rustinfer", *WORKSPACE_PACKAGES):
+        try:
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:  # infer-backend-cuda is not installed on macOS
+            pass
+    return f"{versions[0]} ({', '.join(versions[1:])})" if len(versions) > 1 else versions[0]
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="rustinfer", description="RustInfer: OpenAI-compatible LLM serving")
+    # raw text: argparse would wrap the --version line like a paragraph
+    parser = argparse.ArgumentParser(prog="rustinfer", description="RustInfer: OpenAI-compatible LLM serving",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="start scheduler, worker and server together")
-    s.add_argument("--config", help="TOML config file (see docs/configuration.md)")
-    s.add_argument("--model", help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
-    s.add_argument("--host")
-    s.add_argument("--port", type=int)
-    s.add_argument("--backend", help="auto, cpu, cuda or another installed backend")
+    s = sub.add_parser("serve", help="start scheduler, worker and server together",
+                       description="Start scheduler, worker and server on one config. Precedence: defaults < "
+                                   "--config file < RUSTINFER_<FIELD> environment variables < flags.")
+    add_config_arguments(s)
     args = parser.parse_args(argv)
     try:
-        config = load_config(
-            args.config, overrides={"model": args.model, "host": args.host, "port": args.port, "backend": args.backend}
-        )
+        config = load_config_from_args(args)
     except ConfigError as exc:
         print(f"rustinfer: {exc}", file=sys.stderr)
         sys.exit(2)
