@@ -1,4 +1,4 @@
-"""`rustinfer-scheduler --config FILE`: run the scheduler process until SIGTERM / SIGINT."""
+"""`rustinfer-scheduler --config FILE [--<field> VALUE ...]`: run the scheduler process until SIGTERM / SIGINT."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`rustinfer-server --config FILE`: the HTTP process."""
+"""`rustinfer-server --config FILE [--<field> VALUE ...]`: the HTTP process."""
 
 from __future__ import annotations
 

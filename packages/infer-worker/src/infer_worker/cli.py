@@ -1,4 +1,5 @@
-"""`rustinfer-worker --config FILE`: load the model, report Ready, then execute step plans until told to stop."""
+"""`rustinfer-worker --config FILE [--<field> VALUE ...]`: load the model, report Ready, then execute step plans
+until told to stop."""
 
 from __future__ import annotations
 
