@@ -11,12 +11,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 
 import httpx
 
-from infer_protocol.config import Config, ConfigError, dump_config
+from infer_protocol.config import ENV_PREFIX, Config, ConfigError, dump_config
 from infer_protocol.config_cli import add_config_arguments, load_config_from_args
 
 PROCESSES = ("scheduler", "worker", "server")
@@ -32,6 +33,12 @@ def _command(name: str, config_path: str) -> list[str]:
         return [str(script), "--config", config_path]
     module = {"scheduler": "infer_scheduler.cli", "worker": "infer_worker.cli", "server": "infer_server.cli"}[role]
     return [sys.executable, "-c", f"from {module} import main; main()", "--config", config_path]
+
+
+def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The processes' environment, without the `RUSTINFER_<FIELD>` variables: the config file they get already holds
+    them, and left in place they would override that file's values from the flags (env > file in each process)."""
+    return {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
 
 
 class Cluster:
@@ -50,13 +57,14 @@ class Cluster:
 
     def start(self) -> None:
         servers = [f"server-{i}" for i in range(2, self.config.server_processes + 1)]
-        server_env = None
+        env = child_environ(os.environ)
+        server_env = env
         if servers:  # the server processes share their Prometheus counters through files in one directory
             self._metrics_dir = tempfile.mkdtemp(prefix="rustinfer-metrics-")
-            server_env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
+            server_env = env | {"PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
         for name in (*PROCESSES, *servers):
-            env = server_env if name.startswith("server") else None
-            self.procs[name] = subprocess.Popen(_command(name, self._config_path), env=env)
+            self.procs[name] = subprocess.Popen(_command(name, self._config_path),
+                                                env=server_env if name.startswith("server") else env)
 
     def dead(self) -> tuple[str, int] | None:
         for role, proc in self.procs.items():

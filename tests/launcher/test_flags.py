@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from infer_protocol.config_cli import _shown, field_specs
-from rustinfer.launcher import main
+from rustinfer.launcher import child_environ, main
 
 RUSTINFER = Path(sys.executable).parent / "rustinfer"
 _ENV = {k: v for k, v in os.environ.items() if not k.startswith("RUSTINFER_")}
@@ -80,3 +80,10 @@ def test_process_clis_take_the_config_flags(process_main: Callable[[list[str]], 
     assert process_main(["--max-batch-seqs", "-1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'max_batch_seqs' must be > 0, got -1" in err
+
+
+def test_the_processes_do_not_get_the_config_variables() -> None:
+    # `RUSTINFER_PORT=9000 rustinfer serve --port 8001`: the file the processes read says 8001, and an inherited
+    # RUSTINFER_PORT would beat it there (env > file), putting the server where the launcher does not look.
+    assert child_environ({"RUSTINFER_PORT": "9000", "PATH": "/bin", "INFER_CUDA_PDL": "0"}) == {
+        "PATH": "/bin", "INFER_CUDA_PDL": "0"}
