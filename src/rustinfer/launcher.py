@@ -11,13 +11,18 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 
 import httpx
 
-from infer_protocol.config import Config, ConfigError, dump_config, load_config
+from infer_protocol.config import ENV_PREFIX, Config, ConfigError, dump_config
+from infer_protocol.config_cli import add_config_arguments, load_config_from_args
 
 PROCESSES = ("scheduler", "worker", "server")
+WORKSPACE_PACKAGES = ("infer-core", "infer-protocol", "infer-server", "infer-scheduler", "infer-worker",
+                      "infer-backend-cpu", "infer-backend-cuda", "infer-frontend")
 _STOP_GRACE_SECS = 3.0  # past shutdown_timeout_secs, for the processes to act on their own deadline
 
 
@@ -28,6 +33,12 @@ def _command(name: str, config_path: str) -> list[str]:
         return [str(script), "--config", config_path]
     module = {"scheduler": "infer_scheduler.cli", "worker": "infer_worker.cli", "server": "infer_server.cli"}[role]
     return [sys.executable, "-c", f"from {module} import main; main()", "--config", config_path]
+
+
+def child_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    """The processes' environment, without the `RUSTINFER_<FIELD>` variables: the config file they get already holds
+    them, and left in place they would override that file's values from the flags (env > file in each process)."""
+    return {k: v for k, v in environ.items() if not k.startswith(ENV_PREFIX)}
 
 
 class Cluster:
@@ -46,13 +57,14 @@ class Cluster:
 
     def start(self) -> None:
         servers = [f"server-{i}" for i in range(2, self.config.server_processes + 1)]
-        server_env = None
+        env = child_environ(os.environ)
+        server_env = env
         if servers:  # the server processes share their Prometheus counters through files in one directory
             self._metrics_dir = tempfile.mkdtemp(prefix="rustinfer-metrics-")
-            server_env = os.environ | {"PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
+            server_env = env | {"PROMETHEUS_MULTIPROC_DIR": self._metrics_dir}
         for name in (*PROCESSES, *servers):
-            env = server_env if name.startswith("server") else None
-            self.procs[name] = subprocess.Popen(_command(name, self._config_path), env=env)
+            self.procs[name] = subprocess.Popen(_command(name, self._config_path),
+                                                env=server_env if name.startswith("server") else env)
 
     def dead(self) -> tuple[str, int] | None:
         for role, proc in self.procs.items():
@@ -161,20 +173,30 @@ def serve(config: Config) -> int:
         cluster.stop()
 
 
+def _version() -> str:
+    """The installed distributions' versions (from their metadata: nothing is imported)."""
+    versions = []
+    for dist in ("rustinfer", *WORKSPACE_PACKAGES):
+        try:
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:  # infer-backend-cuda is not installed on macOS
+            pass
+    return f"{versions[0]} ({', '.join(versions[1:])})" if len(versions) > 1 else versions[0]
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="rustinfer", description="RustInfer: OpenAI-compatible LLM serving")
+    # raw text: argparse would wrap the --version line like a paragraph
+    parser = argparse.ArgumentParser(prog="rustinfer", description="RustInfer: OpenAI-compatible LLM serving",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("serve", help="start scheduler, worker and server together")
-    s.add_argument("--config", help="TOML config file (see docs/configuration.md)")
-    s.add_argument("--model", help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
-    s.add_argument("--host")
-    s.add_argument("--port", type=int)
-    s.add_argument("--backend", help="auto, cpu, cuda or another installed backend")
+    s = sub.add_parser("serve", help="start scheduler, worker and server together",
+                       description="Start scheduler, worker and server on one config. Precedence: defaults < "
+                                   "--config file < RUSTINFER_<FIELD> environment variables < flags.")
+    add_config_arguments(s)
     args = parser.parse_args(argv)
     try:
-        config = load_config(
-            args.config, overrides={"model": args.model, "host": args.host, "port": args.port, "backend": args.backend}
-        )
+        config = load_config_from_args(args)
     except ConfigError as exc:
         print(f"rustinfer: {exc}", file=sys.stderr)
         sys.exit(2)

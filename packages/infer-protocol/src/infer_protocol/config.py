@@ -10,9 +10,10 @@ import os
 import tempfile
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 ENV_PREFIX = "RUSTINFER_"
 
@@ -22,54 +23,81 @@ class ConfigError(ValueError):
 
 
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # Each field's meaning is its Meta description: the CLI flags' --help and the description test read it there
+    # (a field without one still gets a flag, but tests/protocol/test_config_cli.py fails until it has one).
     # model
-    model: str = ""  # HF model directory; "" = the embedded SmolLM2-135M-Instruct
-    model_name: str = ""  # name served at /v1/models; "" = the model directory's name
-    load_format: Literal["auto", "dummy"] = "auto"
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    seed: int = 0
+    model: Annotated[str, Meta(
+        description="Hugging Face model directory; empty = the embedded SmolLM2-135M-Instruct")] = ""
+    model_name: Annotated[str, Meta(
+        description="model id served at /v1/models; empty = the model directory's name")] = ""
+    load_format: Annotated[Literal["auto", "dummy"], Meta(
+        description="auto reads the checkpoint; dummy builds random weights from config.json")] = "auto"
+    dtype: Annotated[Literal["auto", "float32", "bfloat16", "float16"], Meta(
+        description="auto = the backend's preference (float32 on CPU, bfloat16 on CUDA)")] = "auto"
+    seed: Annotated[int, Meta(description="seed for dummy weights")] = 0
     # backend
-    backend: str = "auto"  # auto | cpu | cuda | any name in the `rustinfer.backends` entry point group
-    device: str = ""  # "" = the backend's default (cpu, cuda:0)
-    tensor_parallel_size: int = 1
+    backend: Annotated[str, Meta(
+        description="auto, cpu, cuda or any name in the rustinfer.backends entry point group")] = "auto"
+    device: Annotated[str, Meta(description="torch device string (cpu, cuda:0); empty = the backend's default")] = ""
+    tensor_parallel_size: Annotated[int, Meta(description="tensor-parallel degree (only 1 is supported for now)")] = 1
     # HTTP
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_inflight_requests: int = 1024
-    max_request_body_bytes: int = 4 * 1024 * 1024
-    enable_console: bool = True  # serve the browser console at / when infer-frontend is installed
-    server_processes: int = 1  # HTTP processes sharing the port (SO_REUSEPORT): streaming is Python work per token
+    host: Annotated[str, Meta(description="address the HTTP server binds")] = "127.0.0.1"
+    port: Annotated[int, Meta(description="port of the HTTP server")] = 8000
+    max_inflight_requests: Annotated[int, Meta(
+        description="requests beyond this many in flight are answered 429")] = 1024
+    max_request_body_bytes: Annotated[int, Meta(description="larger request bodies are answered 413")] = 4 * 1024 * 1024
+    enable_console: Annotated[bool, Meta(
+        description="serve the browser console at / when infer-frontend is installed")] = True
+    server_processes: Annotated[int, Meta(
+        description="HTTP processes sharing the port (SO_REUSEPORT): streaming is Python work per token")] = 1
     # scheduling
-    max_batch_tokens: int = 8192
-    max_batch_seqs: int = 256
-    max_model_len: int = 0  # 0 = the model's max_position_embeddings
-    chunked_prefill_size: int = 2048
-    enable_prefix_caching: bool = True
-    enable_overlap: bool = True  # plan step k+1 before step k's tokens are back (DESIGN §5); false = synchronous
-    ignore_eos: bool = False
+    max_batch_tokens: Annotated[int, Meta(
+        description="token budget of one step (decode tokens + prefill chunk tokens)")] = 8192
+    max_batch_seqs: Annotated[int, Meta(description="at most this many sequences in one step")] = 256
+    max_model_len: Annotated[int, Meta(
+        description="context limit (prompt + completion); 0 = the model's max_position_embeddings")] = 0
+    chunked_prefill_size: Annotated[int, Meta(
+        description="at most this many prompt tokens of one request per step")] = 2048
+    enable_prefix_caching: Annotated[bool, Meta(
+        description="RadixTree prefix cache: reuse the KV of shared, page-aligned prompt prefixes")] = True
+    enable_overlap: Annotated[bool, Meta(
+        description="plan step k+1 before step k's tokens are back (DESIGN §5); false = synchronous")] = True
+    ignore_eos: Annotated[bool, Meta(description="default for requests: keep generating past EOS (benchmarks)")] = False
     # KV cache
-    mem_fraction_static: float = 0.85
-    num_blocks: int = 0  # 0 = sized from a memory profile
-    block_size: int = 16
-    cpu_kv_cache_bytes: int = 1 << 30  # budget for num_blocks = 0 on the CPU backend
+    mem_fraction_static: Annotated[float, Meta(
+        description="on a GPU: the share of device memory the engine may use (weights, activations, KV cache)")] = 0.85
+    num_blocks: Annotated[int, Meta(description="KV cache blocks; 0 = sized from a memory profile")] = 0
+    block_size: Annotated[int, Meta(description="tokens per KV block (page)")] = 16
+    cpu_kv_cache_bytes: Annotated[int, Meta(
+        description="KV cache budget on the CPU backend when num_blocks = 0")] = 1 << 30
     # CUDA graphs
     # a batch runs the graph of the next size up: steps between sizes bound the padding (<= 25% from 32 up)
-    capture_sizes: list[int] = msgspec.field(
+    capture_sizes: Annotated[list[int], Meta(
+        description="decode batch sizes captured as CUDA graphs; a batch is padded to the next size")] = msgspec.field(
         default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 40, 48, 64, 80, 96, 128, 160, 192, 224, 256])
     # mixed steps (prefill chunks, with or without decodes) of up to this many tokens replay CUDA graphs too
-    capture_tokens: list[int] = msgspec.field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])
-    enable_cuda_graphs: bool = True
+    capture_tokens: Annotated[list[int], Meta(
+        description="token buckets of the CUDA graphs for mixed (prefill) steps; empty = decode graphs only")] = (
+        msgspec.field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048]))
+    enable_cuda_graphs: Annotated[bool, Meta(description="capture and replay CUDA graphs")] = True
     # processes
-    cluster_id: str = "default"
-    ipc_dir: str = ""  # "" = the system temp dir
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    cluster_id: Annotated[str, Meta(
+        description="names the ZMQ IPC sockets: several clusters on one machine need different ids")] = "default"
+    ipc_dir: Annotated[str, Meta(description="directory of the IPC socket files; empty = the system temp dir")] = ""
+    log_level: Annotated[Literal["debug", "info", "warning", "error"], Meta(description="log level")] = "info"
     # timeouts (seconds)
-    request_timeout_secs: float = 600.0
-    ready_timeout_secs: float = 600.0
-    heartbeat_interval_secs: float = 0.5
-    worker_timeout_secs: float = 30.0  # no heartbeat for this long = the worker is lost
-    scheduler_timeout_secs: float = 5.0  # no pong for this long = the scheduler is lost
-    shutdown_timeout_secs: float = 10.0
+    request_timeout_secs: Annotated[float, Meta(
+        description="a request running longer is ended (504, or an error event when streaming)")] = 600.0
+    ready_timeout_secs: Annotated[float, Meta(
+        description="rustinfer serve gives up if the cluster is not ready by then")] = 600.0
+    heartbeat_interval_secs: Annotated[float, Meta(
+        description="worker heartbeats and server pings are sent this often")] = 0.5
+    worker_timeout_secs: Annotated[float, Meta(
+        description="no heartbeat for this long = the worker is lost")] = 30.0
+    scheduler_timeout_secs: Annotated[float, Meta(
+        description="no pong for this long = the scheduler is lost")] = 5.0
+    shutdown_timeout_secs: Annotated[float, Meta(
+        description="grace period for draining on SIGTERM before processes are killed")] = 10.0
 
     def __post_init__(self) -> None:
         _validate(self)

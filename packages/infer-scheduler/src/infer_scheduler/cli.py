@@ -1,4 +1,4 @@
-"""`rustinfer-scheduler --config FILE`: run the scheduler process until SIGTERM / SIGINT."""
+"""`rustinfer-scheduler --config FILE [--<field> VALUE ...]`: run the scheduler process until SIGTERM / SIGINT."""
 
 from __future__ import annotations
 
@@ -8,17 +8,18 @@ import signal
 import sys
 from types import FrameType
 
-from infer_protocol.config import ConfigError, load_config
+from infer_protocol.config import ConfigError
+from infer_protocol.config_cli import add_config_arguments, load_config_from_args
 
 PROG = "rustinfer-scheduler"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description="RustInfer scheduler: batching, KV blocks, prefix cache.")
-    parser.add_argument("--config", metavar="FILE", default=None, help="the cluster's TOML config file")
+    add_config_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
+        config = load_config_from_args(args)
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,4 @@
-"""`rustinfer-server --config FILE`: the HTTP process."""
+"""`rustinfer-server --config FILE [--<field> VALUE ...]`: the HTTP process."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 
 import uvicorn
 
-from infer_protocol.config import ConfigError, load_config
+from infer_protocol.config import ConfigError
+from infer_protocol.config_cli import add_config_arguments, load_config_from_args
 
 PROG = "rustinfer-server"
 
@@ -46,16 +47,14 @@ class DrainingServer(uvicorn.Server):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="RustInfer OpenAI-compatible HTTP server.")
-    p.add_argument("--config", metavar="FILE", help="TOML config shared with the scheduler and the worker")
-    p.add_argument("--host", help="override config.host")
-    p.add_argument("--port", type=int, help="override config.port")
+    add_config_arguments(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        config = load_config(args.config, overrides={"host": args.host, "port": args.port})
+        config = load_config_from_args(args)
     except ConfigError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""`rustinfer-worker --config FILE`: load the model, report Ready, then execute step plans until told to stop."""
+"""`rustinfer-worker --config FILE [--<field> VALUE ...]`: load the model, report Ready, then execute step plans
+until told to stop."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import threading
 import time
 import traceback
 
-from infer_protocol.config import Config, ConfigError, load_config
+from infer_protocol.config import Config, ConfigError
+from infer_protocol.config_cli import add_config_arguments, load_config_from_args
 from infer_protocol.messages import Progress, Ready, Shutdown, StepPlan, WorkerError
 
 from infer_worker.application.worker_service import WorkerService
@@ -95,10 +97,10 @@ def _send_oldest(service: WorkerService, transport: WorkerTransport) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="rustinfer-worker", description="RustInfer model worker")
-    parser.add_argument("--config", help="TOML config file shared by the three processes")
+    add_config_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        config = load_config(args.config)
+        config = load_config_from_args(args)
     except ConfigError as exc:
         print(f"rustinfer-worker: {exc}", file=sys.stderr)
         sys.exit(2)
