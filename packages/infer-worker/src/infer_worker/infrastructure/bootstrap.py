@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -13,6 +14,7 @@ from infer_core.plan import blocks_needed
 from infer_protocol.config import Config
 from infer_protocol.messages import ModelInfo, SamplingParams
 
+from infer_worker.application.fault_injection import FAULT_ENV, with_fault_injection
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
@@ -184,4 +186,12 @@ def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
         dtype=dtype.value,
     )
     log.info("ready: %s, %d KV blocks x %d, max_model_len %d", info, num_blocks, config.block_size, max_model_len)
-    return ReadyWorker(WorkerService(runner), num_blocks, config.block_size, info)
+    fault = os.environ.get(FAULT_ENV)
+    if fault:
+        log.warning("test-only fault injection is on: a step fails when a prompt holds token %s (%s)", fault, FAULT_ENV)
+    try:
+        executor = with_fault_injection(runner, fault)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    service = WorkerService(executor, is_fatal=backend.is_fatal_error)
+    return ReadyWorker(service, num_blocks, config.block_size, info)
