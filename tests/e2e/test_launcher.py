@@ -59,3 +59,25 @@ def test_bad_flags_give_one_line_errors(tmp_path: Path) -> None:
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, result
         assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_an_unservable_checkpoint_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A Qwen3.5 directory (text settings under text_config) used to fail with `start-up failed: 'hidden_size'`:
+    the worker's refusal names the architecture, on one line of the launcher's output, and the launcher exits."""
+    import json
+
+    import pytest
+
+    from tests.worker.test_bootstrap import QWEN3_5_CONFIG
+
+    model_dir = tmp_path / "qwen3_5"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(QWEN3_5_CONFIG))
+    cluster = ServedCluster(tmp_path, model=str(model_dir), log_level="info")
+    with pytest.raises(RuntimeError, match="cluster exited"):
+        cluster.start(timeout=120)
+    needle = ("start-up failed: model architecture Qwen3_5ForConditionalGeneration (model_type qwen3_5) is not "
+              "supported; supported: LlamaForCausalLM, Qwen3ForCausalLM")
+    lines = [line for line in cluster.log().splitlines() if "start-up failed" in line]
+    assert any(line.endswith(needle) for line in lines), cluster.log()
+    cluster.stop()

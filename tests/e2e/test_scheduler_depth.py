@@ -263,7 +263,8 @@ def test_preemption_under_a_tiny_kv_cache_and_refusal_of_never_fitting_requests(
         clusters: dict[str, ServedCluster], reference: list[list[int]]) -> None:
     """16 concurrent requests on a 160-token KV cache (each alone needs up to 86 tokens): preemption must
     happen, and every request finishes with the reference's tokens. Meanwhile requests that could never fit
-    the whole cache (though within max_model_len 512) are refused at once with a 400."""
+    the whole cache are refused at once with a 400: the worker lowered the automatic max_model_len (the model's
+    512) to the 160 tokens the cache holds, so the server refuses them against that context length."""
     cluster = clusters["tight"]
     before = settled(cluster)
     assert before["rustinfer_kv_cache_total_blocks"] == TIGHT_BLOCKS
@@ -303,7 +304,7 @@ def test_preemption_under_a_tiny_kv_cache_and_refusal_of_never_fitting_requests(
                 err = resp.json()["error"]
                 assert err["code"] == "context_length_exceeded", err
                 assert err["type"] == "invalid_request_error", err
-                assert f"KV cache holds only {cap} tokens" in err["message"], err
+                assert f"maximum context length is {cap} tokens" in err["message"], err
             refused_while_running = not finished.is_set()
         finally:
             runner.join(timeout=300)

@@ -49,3 +49,77 @@ def test_bootstrap_reports_geometry_and_serves_a_step(tmp_path: Path) -> None:
 def test_missing_model_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StartupError, match="no config.json"):
         resolve_model_dir(Config(model=str(tmp_path / "nope")))
+
+
+# ------------------------------------------------------------------ start-up refusals
+
+# Trimmed from real checkpoints: a Qwen3.5 (multimodal: its text settings sit under text_config) and an AWQ one.
+QWEN3_5_CONFIG = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    "text_config": {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 256},
+}
+AWQ_CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64, "intermediate_size": 96,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 256, "head_dim": 16,
+    "max_position_embeddings": 256,
+    "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True},
+}
+
+
+def _config_only(path: Path, config: dict) -> Path:
+    """A model directory with config.json and no weights: a refusal must come before any weight is read."""
+    import json
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    (QWEN3_5_CONFIG, "model architecture Qwen3_5ForConditionalGeneration (model_type qwen3_5) is not supported; "
+                     "supported: LlamaForCausalLM, Qwen3ForCausalLM"),
+    (AWQ_CONFIG, "quantization awq (quantization_config.quant_method) is not supported yet"),
+], ids=["qwen3_5", "awq"])
+def test_unservable_checkpoints_are_refused_from_config_json(tmp_path: Path, config: dict, message: str) -> None:
+    model_dir = _config_only(tmp_path / "model", config)
+    with pytest.raises(StartupError) as err:
+        bootstrap(Config(model=str(model_dir), backend="cpu"), lambda _s: None)
+    assert str(err.value) == message
+
+
+def test_a_config_without_a_needed_key_names_it(tmp_path: Path) -> None:
+    from infer_worker.models.spec import ModelSpec
+
+    with pytest.raises(ValueError, match="config.json of LlamaForCausalLM lacks hidden_size"):
+        ModelSpec.from_hf_config({"architectures": ["LlamaForCausalLM"], "num_attention_heads": 4,
+                                  "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 16})
+
+
+def test_max_model_len_beyond_the_models_positions_is_refused(tmp_path: Path) -> None:
+    model_dir = _config_only(tmp_path / "model", {**AWQ_CONFIG, "quantization_config": None,
+                                                  "max_position_embeddings": 40960})
+    with pytest.raises(StartupError) as err:
+        bootstrap(Config(model=str(model_dir), backend="cpu", max_model_len=50000), lambda _s: None)
+    assert str(err.value) == ("max_model_len 50000 exceeds the model's max_position_embeddings 40960; "
+                              "lower --max-model-len / max_model_len")
+
+
+def test_a_kv_cache_that_cannot_hold_one_max_model_len_sequence(tmp_path: Path) -> None:
+    """40 blocks of 4 tokens hold 160 tokens: an explicit max_model_len of 256 (64 blocks) is refused naming both
+    numbers and the fixes; left on auto (the model's 256) it is lowered to 160, which the scheduler then uses."""
+    write_checkpoint(llama_config(), tmp_path)
+    with pytest.raises(StartupError) as err:
+        bootstrap(Config(model=str(tmp_path), backend="cpu", num_blocks=40, block_size=4, max_model_len=256),
+                  lambda _s: None)
+    message = str(err.value)
+    assert "needs 64 KV blocks of 4 tokens but the KV cache has only 40 (160 tokens)" in message
+    assert "lower max_model_len" in message and "cpu_kv_cache_bytes" in message and "\n" not in message
+    lines: list[str] = []
+    ready = bootstrap(Config(model=str(tmp_path), backend="cpu", num_blocks=40, block_size=4), lines.append)
+    assert ready.model.max_model_len == 160
+    assert any("max_model_len 160" in line for line in lines)
+    # the CPU budget path: 10 blocks' worth of bytes
+    spec_bytes = KvGeometry(2, 2, 16, 4, 4).bytes_per_block
+    with pytest.raises(StartupError, match="cpu_kv_cache_bytes"):
+        bootstrap(Config(model=str(tmp_path), backend="cpu", block_size=4, max_model_len=256,
+                         cpu_kv_cache_bytes=10 * spec_bytes), lambda _s: None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -73,16 +74,18 @@ def submits(stop_at: dict[str, int] | None = None) -> list[Submit]:
 
 
 def serve(runner: ModelRunner, subs: list[Submit], *, overlap: bool, num_blocks: int,
-           abort_after: dict[str, int] | None = None) -> tuple[dict[str, tuple[list[int], str | None]], Engine]:
+          abort_after: dict[str, int] | None = None, initial: int = 4,
+          **limits: Any) -> tuple[dict[str, tuple[list[int], str | None]], Engine]:
     """Run the engine and the worker service to completion the way the scheduler and worker loops do.
-    Half the requests arrive after the first step; `abort_after`: request id -> results applied before its abort."""
-    engine = Engine(num_blocks=num_blocks, block_size=BLOCK_SIZE, max_model_len=BLOCK_SIZE * MAX_BLOCKS_PER_SEQ,
-                    max_batch_tokens=24, chunked_prefill_size=8, max_inflight_steps=2 if overlap else 1,
-                    vocab_size=256)
+    `initial` requests arrive at once, the others one per applied result; `abort_after`: request id -> results
+    applied before its abort; `limits`: Engine arguments over this module's (max_model_len, chunk size, ...)."""
+    defaults = dict(block_size=BLOCK_SIZE, max_model_len=BLOCK_SIZE * MAX_BLOCKS_PER_SEQ, max_batch_tokens=24,
+                    chunked_prefill_size=8, max_inflight_steps=2 if overlap else 1, vocab_size=256)
+    engine = Engine(num_blocks=num_blocks, **(defaults | limits))
     service = WorkerService(runner)
     out: dict[str, tuple[list[int], str | None]] = {s.request_id: ([], None) for s in subs}
-    late = deque(subs[4:])
-    for s in subs[:4]:
+    late = deque(subs[initial:])
+    for s in subs[:initial]:
         assert engine.submit(s) is None
     held: deque[StepResult] = deque()
     applied = 0

@@ -87,6 +87,9 @@ class CpuBackend:
     def synchronize(self) -> None:
         return None  # CPU ops are synchronous
 
+    def is_fatal_error(self, exc: BaseException) -> bool:
+        return False  # host memory only: an exception never leaves state behind that later steps would trip on
+
     def capture_graph(self, fn: Callable[[], None], warmup: int = 1) -> GraphRunner:
         raise NotImplementedError("the cpu backend cannot capture graphs (supports_graphs is False); run eagerly")
 

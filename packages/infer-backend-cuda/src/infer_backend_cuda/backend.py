@@ -17,6 +17,8 @@ from infer_core.ports.backend import MemoryInfo
 from infer_core.ports.op_ports import OpPorts
 
 SKINNY_GEMM_ENV = "INFER_CUDA_SKINNY_GEMM"  # not under RUSTINFER_, the config loader's prefix
+# What a sticky CUDA error's message contains when torch raises it as a RuntimeError.
+_FATAL_MARKS = ("CUDA error", "cudaErrorIllegalAddress", "device-side assert")
 
 _TORCH_DTYPES = {
     DType.FLOAT32: torch.float32,
@@ -134,6 +136,17 @@ class CudaBackend:
 
     def trace_range(self, name: str) -> AbstractContextManager[None]:
         return torch.cuda.nvtx.range(name)
+
+    # -- errors -------------------------------------------------------------------------------------------
+    def is_fatal_error(self, exc: BaseException) -> bool:
+        """A CUDA error (a device-side assert, an illegal address, a launch failure) is sticky: the context is
+        unusable and every later call fails with it. torch raises it as `torch.AcceleratorError` (2.9+), a
+        RuntimeError; older versions as a plain RuntimeError naming it."""
+        accelerator_error = getattr(torch, "AcceleratorError", None)
+        if accelerator_error is not None and isinstance(exc, accelerator_error):
+            return True
+        text = str(exc)
+        return isinstance(exc, RuntimeError) and any(mark in text for mark in _FATAL_MARKS)
 
     # -- graphs -------------------------------------------------------------------------------------------
     def capture_graph(self, fn: Callable[[], None], warmup: int = 1) -> CudaGraph:

@@ -9,7 +9,8 @@ import msgspec
 
 # 2: penalties, min_tokens masking, top logprobs (SamplingParams, NewSeq, StepResult, TokenOutput)
 # 3: the one-step-ahead pipeline's per-step host timings (StepResult.launch_ms, SchedulerStats step timings)
-PROTOCOL_VERSION = 5
+# 6: StepFailed (a step that failed on the worker without harming it: its requests fail, the engine goes on)
+PROTOCOL_VERSION = 6
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -182,6 +183,16 @@ class StepResult(_Msg, tag="step_result"):
     prompt_logprobs: list[PromptLogprobs] = []
 
 
+class StepFailed(_Msg, tag="step_failed"):
+    """Step `step` failed on the worker with a Python-level error (not a device fault, which ends the worker): no
+    StepResult comes for it. The worker forgot `seq_ids` (every sequence of the step) and leaves them out of the
+    results of the steps after it; the scheduler fails their requests and drops them from its later steps too."""
+
+    step: int
+    seq_ids: list[int]
+    message: str
+
+
 class Ready(_Msg, tag="ready"):
     num_blocks: int
     block_size: int
@@ -204,4 +215,4 @@ class WorkerError(_Msg, tag="worker_error"):
 
 
 SchedulerToWorker = StepPlan | Shutdown
-WorkerToScheduler = StepResult | Ready | Progress | Heartbeat | WorkerError
+WorkerToScheduler = StepResult | StepFailed | Ready | Progress | Heartbeat | WorkerError

@@ -268,9 +268,10 @@ class Engine:
                 req.finish_reason = FinishReason(reason)
                 done.append(req)
         kv = self.kv
-        for req in sched.prefilling:  # cache the prompt pages computed so far (the step has run)
+        # Cache the prompt pages this step computed, not those of a step still in flight: that one may fail.
+        for req, end in zip(sched.prefilling, sched.prefill_ends):
             if req.status is running_:
-                kv.cache_computed(req)
+                kv.cache_computed(req, upto=end)
         if done:
             preempted = [req for req in done if req.status is RequestStatus.WAITING]
             for req in preempted:  # its last token came back after a preemption
@@ -286,13 +287,21 @@ class Engine:
         return outputs
 
     def fail_step(self, step: int, message: str, code: str = "worker_error", status: int = 500) -> list[RequestError]:
-        """The worker reports that step `step` failed (no result will come): end the requests it held."""
+        """The worker reports that step `step` failed (no result will come): end the requests it held.
+
+        With the one-step-ahead pipeline the step after it may already be planned with those requests; the worker
+        leaves them out of that step's result (StepFailed), so they leave its sampling rows here too."""
         sched = next((s for s in self._inflight if s.step == step), None)
         if sched is None:
             return []
         self._inflight.remove(sched)
+        seq_ids = [ns.seq_id for ns in sched.new_seqs] + [c.seq_id for c in sched.continuing]
+        failed = set(seq_ids)
+        for later in self._inflight:
+            if later.step > step:
+                later.samplers = [entry for entry in later.samplers if entry[0].seq_id not in failed]
         errors: list[RequestError] = []
-        for sid in [ns.seq_id for ns in sched.new_seqs] + [c.seq_id for c in sched.continuing]:
+        for sid in seq_ids:
             req = self._by_seq.get(sid)
             if req is None:
                 continue

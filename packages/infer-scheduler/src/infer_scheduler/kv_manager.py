@@ -80,7 +80,7 @@ class KvCacheManager:
 
     # ------------------------------------------------------------------ caching and release
 
-    def cache_computed(self, req: Request, final: bool = False) -> None:
+    def cache_computed(self, req: Request, final: bool = False, upto: int | None = None) -> None:
         """Insert the request's computed full pages into the tree.
 
         While the request runs (`final=False`) it then locks the new end node instead of the old one — but only
@@ -92,7 +92,8 @@ class KvCacheManager:
         if cache is None:
             return
         ps = self.block_size
-        pages = min(min(req.num_computed, req.num_known) // ps, len(req.block_ids))  # never a PENDING token
+        computed = req.num_computed if upto is None else min(upto, req.num_computed)  # upto: steps that have run
+        pages = min(min(computed, req.num_known) // ps, len(req.block_ids))  # never a PENDING token
         if pages * ps <= req.cache_len:
             return
         node = cache.insert(req.token_ids, req.block_ids[:pages], own_only=not final)

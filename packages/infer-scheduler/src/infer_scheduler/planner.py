@@ -32,6 +32,7 @@ class Schedule:
     continuing: list[ContinueSeq] = field(default_factory=list)
     preempted: list[int] = field(default_factory=list)  # seq ids the worker must forget
     prefilling: list[Request] = field(default_factory=list)  # requests computing more than a decode
+    prefill_ends: list[int] = field(default_factory=list)  # per prefilling request: its num_computed after this step
     decoding: list[Request] = field(default_factory=list)  # requests computing one token, in plan order
     num_tokens: int = 0
     # (request, index of its PENDING token, its preemption count) per sampling request, in the worker's order
@@ -128,6 +129,7 @@ class Planner:
             req.scheduled_step = step
             out.continuing.append(ContinueSeq(req.seq_id, n, new))
             out.prefilling.append(req)
+            out.prefill_ends.append(nc + n)
             budget -= n
         return budget
 
@@ -188,5 +190,6 @@ class Planner:
             req.num_computed = num_cached + n
             req.scheduled_step = step
             out.prefilling.append(req)
+            out.prefill_ends.append(num_cached + n)
             budget -= n
         return budget

@@ -4,7 +4,7 @@ Sockets (all bound here, so any start order works):
   ROUTER `sched`  servers' DEALERs: Submit / Abort / Ping in; TokenBatch / RequestError / Pong out, each request's
                   outputs to the server that submitted it, one TokenBatch per step per server.
   PUSH   `plan`   StepPlan / Shutdown to the worker.
-  PULL   `result` StepResult / Ready / Progress / Heartbeat / WorkerError from the worker.
+  PULL   `result` StepResult / StepFailed / Ready / Progress / Heartbeat / WorkerError from the worker.
 
 With `enable_overlap` (the default) the pipeline runs one step ahead (DESIGN §5): step k+1 is planned and sent
 right after step k, so the worker has it queued before step k's tokens are back; otherwise it is synchronous
@@ -38,6 +38,7 @@ from infer_protocol.messages import (
     RequestError,
     SchedulerStats,
     Shutdown,
+    StepFailed,
     StepResult,
     Submit,
     TokenBatch,
@@ -371,6 +372,10 @@ class Service:
             except EngineError as exc:
                 log.error("%s", exc)
             self.timings.result_applied((time.perf_counter() - started) * 1e3, msg.launch_ms, msg.elapsed_ms)
+        elif isinstance(msg, StepFailed):
+            log.error("worker step %d failed (%d sequences): %s", msg.step, len(msg.seq_ids), msg.message)
+            if self.engine is not None:
+                self._fail_step(msg.step, f"the worker failed step {msg.step}: {msg.message}", code="step_failed")
         elif isinstance(msg, Heartbeat):
             pass
         elif isinstance(msg, Ready):
@@ -386,11 +391,12 @@ class Service:
                 if msg.step >= 0:  # that step will send no result
                     self._fail_step(msg.step, f"the worker failed this step: {msg.message}")
 
-    def _fail_step(self, step: int, message: str) -> None:
+    def _fail_step(self, step: int, message: str, code: str = "worker_error") -> None:
         """End the requests of a step that will give no (usable) result, with an error to their servers."""
         if self.engine is None:
             return
-        for err in self.engine.fail_step(step, message):
+        self._flush()  # the tokens these requests had before the failure reach their servers first
+        for err in self.engine.fail_step(step, message, code=code):
             self._forget_timing(err.request_id)
             ident = self._owner.pop(err.request_id, None)
             if ident is not None:

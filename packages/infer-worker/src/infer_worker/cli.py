@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -43,15 +44,22 @@ def serve(config: Config, stop: threading.Event) -> int:
     code = 0
     try:
         run_steps(ready.service, transport, stop)
-    except StepFailed as exc:
-        log.error("step %d failed: %s\n%s", exc.step, exc.__cause__, traceback.format_exc())
-        transport.send(WorkerError(fatal=True, message=f"step {exc.step} failed: {exc.__cause__}", step=exc.step))
+    except FatalStepError as exc:
+        # The device is unusable (a CUDA error is sticky): say so in one line and end the process, never wedge.
+        cause = exc.__cause__
+        first_line = (str(cause).strip().splitlines() or [""])[0]
+        log.error("step %d failed with a fatal device error, the worker exits: %s: %s", exc.step,
+                  type(cause).__name__, first_line)
+        log.debug("%s", traceback.format_exc())
+        transport.send(WorkerError(fatal=True, message=f"step {exc.step} failed: {first_line}", step=exc.step))
         code = 1
     transport.close()
     return code
 
 
-class StepFailed(RuntimeError):
+class FatalStepError(RuntimeError):
+    """A step failed in a way that leaves the device unusable (the backend's `is_fatal_error`)."""
+
     def __init__(self, step: int) -> None:
         super().__init__(f"step {step} failed")
         self.step = step
@@ -60,7 +68,9 @@ class StepFailed(RuntimeError):
 def run_steps(service: WorkerService, transport: WorkerTransport, stop: threading.Event) -> None:
     """The step loop. A plan is launched as soon as it arrives, so with the one-step-ahead pipeline step k+1 is
     queued behind step k before step k's tokens are collected; a finished step's result goes out as soon as it
-    is ready, and the loop never holds more than one step in flight once the next is queued."""
+    is ready, and the loop never holds more than one step in flight once the next is queued. A step that fails
+    without harming the device comes back from the service as `StepFailed` and goes out in its result's place;
+    only a fatal error leaves this loop (as FatalStepError)."""
     while not stop.is_set():
         while service.oldest_ready():
             _send_oldest(service, transport)
@@ -77,7 +87,7 @@ def run_steps(service: WorkerService, transport: WorkerTransport, stop: threadin
         try:
             early = service.launch(msg)
         except Exception as exc:
-            raise StepFailed(msg.step) from exc
+            raise FatalStepError(msg.step) from exc
         for result in early:
             transport.send(result)
         while service.num_inflight > 1:  # step k+1 is queued: now wait for step k
@@ -88,10 +98,11 @@ _SPIN_SECS = 20e-6
 
 
 def _send_oldest(service: WorkerService, transport: WorkerTransport) -> None:
+    step = service.oldest_step
     try:
         result = service.collect()
     except Exception as exc:
-        raise StepFailed(service.oldest_step) from exc
+        raise FatalStepError(step) from exc
     transport.send(result)
 
 
@@ -108,4 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    sys.exit(serve(config, stop))
+    code = serve(config, stop)
+    if code:
+        # After a fatal device error, interpreter shutdown would run CUDA teardown on a broken context (which can
+        # hang): leave at once, the logs flushed.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

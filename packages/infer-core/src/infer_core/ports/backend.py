@@ -75,3 +75,8 @@ class LlmBackend(Protocol):
     ) -> list[tuple[Tensor, Tensor]]:
         """Per layer a (k_cache, v_cache) pair, each `[num_blocks, block_size, num_kv_heads, head_dim]`."""
         ...
+
+    def is_fatal_error(self, exc: BaseException) -> bool:
+        """Whether `exc`, raised while a step was prepared or ran, leaves the device unusable (a device-side assert,
+        an illegal address: every later call fails too), so the process must end; otherwise only that step failed."""
+        ...

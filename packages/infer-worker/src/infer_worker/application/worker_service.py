@@ -4,15 +4,25 @@
 turns it into its StepResult. With the one-step-ahead pipeline the caller launches step k+1 before collecting
 step k: each sequence that samples in a launched step gets a PENDING token, which the next step's input gathers
 on the device, and which `collect()` replaces with the sampled id. `step(plan)` does both at once.
+
+Fault containment: an exception while a plan is applied, its step prepared or launched, or its tokens collected
+fails that step alone unless the backend calls it fatal (`is_fatal`: a CUDA error leaves the device unusable;
+then it propagates and the process ends). Every sequence of the failed step is forgotten and `collect()` returns
+`StepFailed` in the step's place. The step after it may already be planned (and, for a failure at collection,
+launched) with those sequences: they are left out of it here, and the scheduler drops them from it too; from
+two steps after the failure on, plans name them only as finished.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import traceback
 from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from infer_protocol.messages import NewSeq, StepPlan, StepResult
+from infer_protocol.messages import NewSeq, StepFailed, StepPlan, StepResult
 
 from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
 
@@ -30,6 +40,13 @@ class StepExecutor(Protocol):
     def launch(self, scheduled: list[ScheduledSeq]) -> LaunchedWork: ...
 
 
+log = logging.getLogger("rustinfer.worker")
+
+
+def _never_fatal(exc: BaseException) -> bool:
+    return False
+
+
 class UnknownSequenceError(RuntimeError):
     """The plan referred to a sequence this worker does not hold (a protocol bug, never user input)."""
 
@@ -38,17 +55,21 @@ class _InFlight(NamedTuple):
     step: int
     started: float  # perf_counter when the plan was taken
     launch_ms: float  # host time to apply the diff, prepare the inputs and queue the work
-    work: LaunchedWork
+    work: LaunchedWork | None  # None: the step failed (`failure` says why)
     pending: list[tuple[Sequence, int]]  # (sequence, index of its PENDING token) per sampling row
+    failure: StepFailed | None = None
+    seq_ids: tuple[int, ...] = ()  # every sequence of the step (what a failure at collection drops)
 
 
 class WorkerService:
     """Keeps the persistent batch (seq_id -> Sequence) and turns each plan diff into one launched step."""
 
-    def __init__(self, executor: StepExecutor) -> None:
+    def __init__(self, executor: StepExecutor, is_fatal: Callable[[BaseException], bool] = _never_fatal) -> None:
         self._executor = executor
+        self._is_fatal = is_fatal
         self._seqs: dict[int, Sequence] = {}
         self._inflight: deque[_InFlight] = deque()
+        self._dropped: dict[int, int] = {}  # seq id -> the step that failed it (for the one step planned after it)
 
     @property
     def num_sequences(self) -> int:
@@ -64,21 +85,35 @@ class WorkerService:
         self.launch(plan)
         return self.collect()
 
-    def launch(self, plan: StepPlan) -> list[StepResult]:
+    def launch(self, plan: StepPlan) -> list[StepResult | StepFailed]:
         """Apply the plan and queue its step. Returns the results of earlier steps that had to be collected first
         (a row that needs logits processing reads its whole history, so no token of it may be PENDING)."""
         started = time.perf_counter()
+        if self._dropped:
+            # Plans from two steps after a failure name its sequences only as finished; a result still in flight
+            # from the step after it must still leave them out.
+            horizon = min([plan.step] + [f.step for f in self._inflight])
+            self._dropped = {sid: step for sid, step in self._dropped.items() if horizon < step + 2}
         for seq_id in plan.finished:
             self._seqs.pop(seq_id, None)
         for seq_id in plan.preempted:
             self._seqs.pop(seq_id, None)
-        scheduled = [self._admit(new) for new in plan.new_seqs]
-        scheduled += [self._continue(cont.seq_id, cont.num_tokens, cont.new_block_ids) for cont in plan.continuing]
-        early: list[StepResult] = []
-        if self._inflight and any(s.seq.needs_processing for s in scheduled):
-            while self._inflight:
-                early.append(self.collect())
-        work = self._executor.launch(scheduled)
+        early: list[StepResult | StepFailed] = []
+        try:
+            dropped = self._dropped
+            scheduled = [self._admit(new) for new in plan.new_seqs if new.seq_id not in dropped]
+            scheduled += [self._continue(cont.seq_id, cont.num_tokens, cont.new_block_ids)
+                          for cont in plan.continuing if cont.seq_id not in dropped]
+            if self._inflight and any(s.seq.needs_processing for s in scheduled):
+                while self._inflight:
+                    early.append(self.collect())
+            work = self._executor.launch(scheduled)
+        except Exception as exc:
+            if self._is_fatal(exc):
+                raise
+            failure = self._fail(plan.step, self._plan_seq_ids(plan), exc)
+            self._inflight.append(_InFlight(plan.step, started, 0.0, None, [], failure))
+            return early
         for item in scheduled:
             item.seq.num_computed += item.num_new
         pending = []
@@ -87,23 +122,54 @@ class WorkerService:
             seq.sampled_at, seq.sampled_row = work.launch_id, row
             pending.append((seq, len(seq.token_ids) - 1))
         launch_ms = (time.perf_counter() - started) * 1e3
-        self._inflight.append(_InFlight(plan.step, started, launch_ms, work, pending))
+        self._inflight.append(_InFlight(plan.step, started, launch_ms, work, pending,
+                                        seq_ids=tuple(item.seq.seq_id for item in scheduled)))
         return early
+
+    def _plan_seq_ids(self, plan: StepPlan) -> list[int]:
+        ids = [new.seq_id for new in plan.new_seqs] + [cont.seq_id for cont in plan.continuing]
+        return [sid for sid in ids if sid not in self._dropped]
+
+    def _fail(self, step: int, seq_ids: list[int], exc: BaseException) -> StepFailed:
+        """Forget the step's sequences (whatever the failure left of them) and describe the failure in one line."""
+        for sid in seq_ids:
+            self._seqs.pop(sid, None)
+            self._dropped[sid] = step
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        message = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
+        log.error("step %d failed, its %d sequences are dropped and the worker goes on: %s", step, len(seq_ids),
+                  message)
+        log.debug("%s", "".join(traceback.format_exception(exc)))
+        return StepFailed(step=step, seq_ids=seq_ids, message=message)
 
     @property
     def oldest_step(self) -> int:
         return self._inflight[0].step if self._inflight else -1
 
     def oldest_ready(self) -> bool:
-        return bool(self._inflight) and self._inflight[0].work.ready()
+        if not self._inflight:
+            return False
+        work = self._inflight[0].work
+        return work is None or work.ready()
 
-    def collect(self) -> StepResult:
+    def collect(self) -> StepResult | StepFailed:
         """Wait for the oldest step in flight; write its sampled ids over their PENDING tokens."""
-        sampled = self._inflight[0].work.result()
-        flight = self._inflight.popleft()
+        flight = self._inflight[0]
+        if flight.failure is not None or flight.work is None:
+            self._inflight.popleft()
+            assert flight.failure is not None
+            return flight.failure
+        try:
+            sampled = flight.work.result()
+        except Exception as exc:
+            if self._is_fatal(exc):
+                raise
+            self._inflight.popleft()
+            return self._fail(flight.step, list(flight.seq_ids), exc)
+        self._inflight.popleft()
         for (seq, index), token_id in zip(flight.pending, sampled.token_ids, strict=True):
             seq.token_ids[index] = token_id
-        return StepResult(
+        result = StepResult(
             step=flight.step,
             seq_ids=sampled.seq_ids,
             token_ids=sampled.token_ids,
@@ -113,6 +179,22 @@ class WorkerService:
             launch_ms=flight.launch_ms,
             prompt_logprobs=sampled.prompt_logprobs,
         )
+        return self._without_dropped(result) if self._dropped else result
+
+    def _without_dropped(self, result: StepResult) -> StepResult:
+        """Leave out the rows of sequences an earlier step's failure dropped (launched before it was known)."""
+        dropped = {sid for sid, step in self._dropped.items() if step < result.step}
+        keep = [i for i, sid in enumerate(result.seq_ids) if sid not in dropped]
+        if len(keep) == len(result.seq_ids) and not any(c.seq_id in dropped for c in result.prompt_logprobs):
+            return result
+
+        def pick(values: list | None) -> list | None:
+            return None if values is None else [values[i] for i in keep]
+
+        return StepResult(step=result.step, seq_ids=pick(result.seq_ids), token_ids=pick(result.token_ids),
+                          logprobs=pick(result.logprobs), elapsed_ms=result.elapsed_ms,
+                          top_logprobs=pick(result.top_logprobs), launch_ms=result.launch_ms,
+                          prompt_logprobs=[c for c in result.prompt_logprobs if c.seq_id not in dropped])
 
     def _admit(self, new: NewSeq) -> ScheduledSeq:
         seq = Sequence(

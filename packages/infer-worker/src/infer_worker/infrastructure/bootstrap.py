@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from infer_core.dtypes import DType
+from infer_core.plan import blocks_needed
 from infer_protocol.config import Config
 from infer_protocol.messages import ModelInfo, SamplingParams
 
+from infer_worker.application.fault_injection import FAULT_ENV, with_fault_injection
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
@@ -19,7 +22,8 @@ from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import ScheduledSeq, Sequence
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.embedded_model import ensure_embedded_model
-from infer_worker.infrastructure.model_loader import load_model
+from infer_worker.infrastructure.model_loader import load_model, read_spec
+from infer_worker.models.spec import ModelSpec
 
 log = logging.getLogger("rustinfer.worker")
 
@@ -112,18 +116,51 @@ def self_check(runner: ModelRunner, vocab_size: int, block_size: int) -> None:
         seq.token_ids.append(out.token_ids[0])
 
 
+def context_limit(config: Config, spec: ModelSpec) -> int:
+    """`max_model_len`, or the model's `max_position_embeddings` when it is 0 (auto). Beyond the model's positions
+    the RoPE table has no rows (and the model was never trained there): refused."""
+    if config.max_model_len > spec.max_position_embeddings:
+        raise StartupError(f"max_model_len {config.max_model_len} exceeds the model's max_position_embeddings "
+                           f"{spec.max_position_embeddings}; lower --max-model-len / max_model_len")
+    return config.max_model_len or spec.max_position_embeddings
+
+
+def fit_context_to_cache(config: Config, max_model_len: int, num_blocks: int, progress: Progress) -> int:
+    """The KV cache must hold one sequence of `max_model_len` tokens (else a request the scheduler accepts could
+    never be scheduled). An explicit `max_model_len` that does not fit is refused, naming the fix (as vLLM does);
+    the automatic one is lowered to what fits."""
+    bs = config.block_size
+    need = blocks_needed(max_model_len, bs)
+    if need <= num_blocks:
+        return max_model_len
+    if config.max_model_len:
+        raise StartupError(
+            f"max_model_len {max_model_len} needs {need} KV blocks of {bs} tokens but the KV cache has only "
+            f"{num_blocks} ({num_blocks * bs} tokens); lower max_model_len, or raise mem_fraction_static / "
+            f"num_blocks / cpu_kv_cache_bytes")
+    fitted = num_blocks * bs
+    log.warning("max_model_len lowered from the model's %d to %d: the KV cache holds %d blocks of %d tokens",
+                max_model_len, fitted, num_blocks, bs)
+    progress(f"max_model_len {fitted} (what the KV cache of {num_blocks} blocks holds)")
+    return fitted
+
+
 def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
     progress("resolving the model directory")
     model_dir = resolve_model_dir(config)
+    try:  # config.json alone: an unservable checkpoint is refused before the backend starts or a weight is read
+        max_model_len = context_limit(config, read_spec(model_dir))
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     backend = create_backend(config.backend, config.device)
     dtype = backend.default_dtype() if config.dtype == "auto" else DType.parse(config.dtype)
     progress(f"loading weights from {model_dir} on {backend.name}:{backend.device} ({dtype.value})")
     model, spec = load_model(model_dir, backend, dtype, config.load_format, config.seed)
-    max_model_len = config.max_model_len or spec.max_position_embeddings
     geometry = KvGeometry(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype.itemsize)
     num_blocks = _choose_num_blocks(config, backend, model, dtype, geometry, max_model_len, progress)
     if num_blocks * config.block_size < 2 * config.block_size:
         raise StartupError(f"KV cache too small: {num_blocks} blocks of {config.block_size} tokens")
+    max_model_len = fit_context_to_cache(config, max_model_len, num_blocks, progress)
     progress(f"allocating the KV cache: {num_blocks} blocks x {config.block_size} tokens")
     caches = backend.allocate_kv_cache(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
                                        spec.head_dim, dtype)
@@ -149,4 +186,12 @@ def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
         dtype=dtype.value,
     )
     log.info("ready: %s, %d KV blocks x %d, max_model_len %d", info, num_blocks, config.block_size, max_model_len)
-    return ReadyWorker(WorkerService(runner), num_blocks, config.block_size, info)
+    fault = os.environ.get(FAULT_ENV)
+    if fault:
+        log.warning("test-only fault injection is on: a step fails when a prompt holds token %s (%s)", fault, FAULT_ENV)
+    try:
+        executor = with_fault_injection(runner, fault)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    service = WorkerService(executor, is_fatal=backend.is_fatal_error)
+    return ReadyWorker(service, num_blocks, config.block_size, info)

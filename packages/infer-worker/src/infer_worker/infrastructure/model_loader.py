@@ -12,7 +12,7 @@ from infer_core.dtypes import DType
 from infer_core.ports.backend import LlmBackend
 from infer_worker.infrastructure.weight_loader import iter_safetensors
 from infer_worker.models.causal_lm import CausalLM
-from infer_worker.models.registry import model_class
+from infer_worker.models.registry import check_servable, model_class
 from infer_worker.models.spec import ModelSpec
 
 LoadFormat = Literal["auto", "dummy"]
@@ -31,6 +31,13 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def read_spec(model_dir: Path) -> ModelSpec:
+    """The checkpoint's ModelSpec from config.json, refusing what the engine cannot serve (no weight is read)."""
+    config = read_config(model_dir)
+    check_servable(config)
+    return ModelSpec.from_hf_config(config)
+
+
 def resolve_dtype(dtype: DType | str, backend: LlmBackend) -> DType:
     """`"auto"` is the backend's preferred dtype (fp32 on CPU, bf16 on CUDA), not the checkpoint's."""
     if isinstance(dtype, DType):
@@ -43,7 +50,7 @@ def load_model(
 ) -> LoadedModel:
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; expected one of {LOAD_FORMATS}")
-    spec = ModelSpec.from_hf_config(read_config(model_dir))
+    spec = read_spec(model_dir)
     resolved = resolve_dtype(dtype, backend)
     if not resolved.is_float:
         raise ValueError(f"model dtype must be a float type, got {resolved.value}")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from infer_worker.models.causal_lm import CausalLMClass
 from infer_worker.models.llama import LlamaForCausalLM
 from infer_worker.models.qwen3 import Qwen3ForCausalLM
+from infer_worker.models.spec import architecture_of
 
 MODEL_CLASSES: dict[str, CausalLMClass] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -23,3 +26,19 @@ def model_class(architecture: str) -> CausalLMClass:
         raise ValueError(
             f"unsupported architecture {architecture!r}; supported: {', '.join(supported_architectures())}"
         ) from None
+
+
+def check_servable(config: Mapping[str, Any]) -> None:
+    """Refuse, from config.json alone and before any weight is read, a checkpoint this engine cannot serve: an
+    architecture without a model class (else the first missing key or unexpected weight name would be the only
+    message), or a quantized checkpoint (its packed weights have names no model class expects)."""
+    architecture = architecture_of(config)
+    if architecture not in MODEL_CLASSES:
+        raise ValueError(
+            f"model architecture {architecture} (model_type {config.get('model_type', '?')}) is not supported; "
+            f"supported: {', '.join(supported_architectures())}"
+        )
+    quantization = config.get("quantization_config")
+    if quantization:
+        method = quantization.get("quant_method", "?") if isinstance(quantization, Mapping) else quantization
+        raise ValueError(f"quantization {method} (quantization_config.quant_method) is not supported yet")

@@ -19,6 +19,7 @@ _QK_NORM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM"})
 # For configs without `architectures` (e.g. built by hand): the HF class of each model_type.
 _ARCHITECTURE_OF_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DEFAULT_ROPE_THETA = 10000.0
+_REQUIRED_KEYS = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "vocab_size")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,10 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelSpec":
-        architecture = _architecture(config)
+        architecture = architecture_of(config)
+        missing = [key for key in _REQUIRED_KEYS if key not in config]
+        if missing:  # e.g. a multimodal config with its text settings under `text_config`
+            raise ValueError(f"config.json of {architecture} lacks {', '.join(missing)}")
         hidden_size = int(config["hidden_size"])
         num_heads = int(config["num_attention_heads"])
         _check_supported(config)
@@ -77,7 +81,8 @@ class ModelSpec:
         )
 
 
-def _architecture(config: Mapping[str, Any]) -> str:
+def architecture_of(config: Mapping[str, Any]) -> str:
+    """The HF class name a config declares (`architectures[0]`, else the class of its `model_type`)."""
     architectures = config.get("architectures") or []
     if architectures:
         return str(architectures[0])
