@@ -29,7 +29,7 @@ from infer_core.ports.backend import LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 
-from infer_worker.application.input_upload import SLOTS, aligned, device_views, host_views
+from infer_worker.application.input_upload import SLOTS, CopyFences, aligned, device_views, host_views
 from infer_worker.application.model_runner import HostStep, LaunchedStep, ModelRunner, prepare_step, sampling_arrays
 from infer_worker.application.prompt_logprobs import needs_prompt_logprobs
 from infer_worker.domain.sequence import ScheduledSeq
@@ -80,6 +80,7 @@ class _StaticBuffers:
         self.query_start_loc.copy_(torch.arange(max_seqs + 1, dtype=torch.int32))
         self.staging = [backend.staging_buffer(self.num_bytes) for _ in range(SLOTS)]
         self.host = [dict(zip(names, host_views(buf, layout))) for buf in self.staging]
+        self._fences = CopyFences(backend)
         self._next = 0
         self.out_tokens = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.out_logprobs = torch.zeros(max_seqs, dtype=torch.float32, device=device)
@@ -90,6 +91,7 @@ class _StaticBuffers:
         send it in one copy."""
         i = self._next
         self._next = (i + 1) % SLOTS
+        self._fences.wait(i)
         host = self.host[i]
         num_tokens, num_seqs, num_samples = len(step.input_ids), len(step.seq_lens), len(step.sample_rows)
         values = {"input_ids": step.input_ids, "positions": step.positions, "slot_mapping": step.slot_mapping,
@@ -113,6 +115,7 @@ class _StaticBuffers:
         table[num_seqs:seqs] = 0
         end = self.table_offset + seqs * self.table_row_bytes
         self.region[:end].copy_(self.staging[i][:end], non_blocking=True)
+        self._fences.copied(i)
 
     def attention_batch(self, tokens: int, seqs: int, block_size: int, max_seq_len: int,
                         decode: bool) -> AttentionBatch:
