@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from infer_protocol.config import Config, ConfigError, dump_config, load_config
+from infer_worker.infrastructure.model_source import ModelSourceError, resolve_model_source
 
 PROCESSES = ("scheduler", "worker", "server")
 _STOP_GRACE_SECS = 3.0  # past shutdown_timeout_secs, for the processes to act on their own deadline
@@ -166,19 +167,30 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="start scheduler, worker and server together")
     s.add_argument("--config", help="TOML config file (see docs/configuration.md)")
-    s.add_argument("--model", help="Hugging Face model directory (default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("--model", help="Hugging Face model directory or Hub repo id such as Qwen/Qwen3-0.6B "
+                                    "(default: the embedded SmolLM2-135M-Instruct)")
+    s.add_argument("--revision", help="branch, tag or commit of a Hub repo id (default: main)")
     s.add_argument("--host")
     s.add_argument("--port", type=int)
     s.add_argument("--backend", help="auto, cpu, cuda or another installed backend")
     args = parser.parse_args(argv)
     try:
-        config = load_config(
-            args.config, overrides={"model": args.model, "host": args.host, "port": args.port, "backend": args.backend}
-        )
+        flags = {"model": args.model, "revision": args.revision, "host": args.host, "port": args.port,
+                 "backend": args.backend}
+        config = load_config(args.config, overrides=flags)
     except ConfigError as exc:
         print(f"rustinfer: {exc}", file=sys.stderr)
         sys.exit(2)
-    if config.model and not Path(config.model).is_dir():
-        print(f"rustinfer: model directory not found: {config.model}", file=sys.stderr)
-        sys.exit(2)
+    if config.model:
+        _fetch_model(config)
     sys.exit(serve(config))
+
+
+def _fetch_model(config: Config) -> None:
+    """Find the model (or download it, with huggingface_hub's progress bars) before any process starts, so a
+    wrong name or a missing download is the first thing printed; the worker later finds it in the cache."""
+    try:
+        resolve_model_source(config.model, config.revision)
+    except ModelSourceError as exc:
+        print(f"rustinfer: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -7,6 +7,7 @@ Unknown or invalid fields are refused with a message naming the field.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import tomllib
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 ENV_PREFIX = "RUSTINFER_"
+_HUB_REPO_ID = re.compile(r"[\w-][\w.-]*/[\w-][\w.-]*")  # owner/name; huggingface_hub checks the finer rules
 
 
 class ConfigError(ValueError):
@@ -24,6 +26,7 @@ class ConfigError(ValueError):
 class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     # model
     model: str = ""  # HF model directory; "" = the embedded SmolLM2-135M-Instruct
+    revision: str = ""  # branch, tag or commit when `model` is a Hub repo id (owner/name); "" = main
     model_name: str = ""  # name served at /v1/models; "" = the model directory's name
     load_format: Literal["auto", "dummy"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -110,6 +113,14 @@ def _validate(c: Config) -> None:
 
 
 FIELDS: tuple[str, ...] = Config.__struct_fields__
+
+
+def hub_repo_id(model: str) -> str | None:
+    """`model` as a Hugging Face Hub repo id, or None: empty (the embedded model), an existing directory (a
+    directory wins over a Hub id of the same spelling) or not shaped like `owner/name`."""
+    if not model or os.path.isdir(os.path.expanduser(model)):
+        return None
+    return model if _HUB_REPO_ID.fullmatch(model) else None
 
 
 def _parse_env_value(name: str, raw: str) -> Any:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infer_protocol.config import Config
+from infer_protocol.config import Config, hub_repo_id
 from infer_protocol.messages import ModelInfo, Pong
 
 from infer_server.chat_template import ChatTemplate, ChatTemplateError
@@ -48,9 +48,13 @@ class ModelAssets:
 
 
 def served_model_name(config: Config, model_dir: str | None) -> str | None:
-    """config.model_name, else the model directory's basename (from the worker, else from the config)."""
+    """config.model_name, else a Hub repo id as configured (as vLLM serves it: the worker's directory is a
+    snapshot named by its commit), else the model directory's basename (from the worker, else from the config)."""
     if config.model_name:
         return config.model_name
+    repo_id = hub_repo_id(config.model)
+    if repo_id is not None:
+        return repo_id
     source = model_dir or config.model
     if source:
         return os.path.basename(os.path.normpath(source))
