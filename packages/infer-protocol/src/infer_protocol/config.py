@@ -31,6 +31,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     load_format: Literal["auto", "dummy"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     seed: int = 0
+    generation_config: Literal["auto", "none"] = "auto"  # auto: generation_config.json's sampling = request defaults
     # backend
     backend: str = "auto"  # auto | cpu | cuda | any name in the `rustinfer.backends` entry point group
     device: str = ""  # "" = the backend's default (cpu, cuda:0)
