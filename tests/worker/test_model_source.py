@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from huggingface_hub import scan_cache_dir
 
 from infer_protocol.config import hub_repo_id
@@ -41,6 +42,19 @@ def test_a_repo_missing_from_the_cache_is_one_line_naming_the_id_and_the_cache(t
     assert "\n" not in error
     error = resolve_offline(tmp_path, "acme/tiny-chat", "v9")["error"]  # the repo is there, that revision is not
     assert "acme/tiny-chat at revision v9" in error and str(tmp_path / "hub") in error, error
+
+
+@pytest.mark.parametrize("missing", ["model.safetensors", "tokenizer.json"])
+def test_a_snapshot_with_files_missing_is_named_as_partly_cached(tmp_path: Path, missing: str) -> None:
+    """An interrupted download: the tree listing huggingface_hub kept names a file the snapshot lacks (a weight
+    file, or one of the metadata files fetched first)."""
+    tree_cache = pytest.importorskip("huggingface_hub._tree_cache")  # newer huggingface_hub releases only
+    files = {name: content for name, content in _files("main").items() if name != missing}
+    snapshot = add_snapshot(tmp_path, "acme/tiny-chat", COMMIT_MAIN, files)
+    listing = {name: tree_cache.TreeCacheEntry(size=2, blob_id=name) for name in _files("main")}
+    tree_cache.write_tree_cache(str(snapshot.parent.parent), COMMIT_MAIN, listing)
+    error = resolve_offline(tmp_path, "acme/tiny-chat")["error"]
+    assert "acme/tiny-chat is only partly in the Hugging Face cache" in error, error
 
 
 def test_a_pinned_revision_resolves_to_that_snapshot(tmp_path: Path) -> None:

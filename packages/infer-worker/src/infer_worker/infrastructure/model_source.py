@@ -60,7 +60,7 @@ def _weight_patterns(snapshot: Path) -> list[str]:
 
 def _fetch_from_hub(repo_id: str, revision: str) -> Path:
     # Imported here: a local directory (and the launcher's start for one) does not pay for huggingface_hub.
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import constants, errors, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -71,14 +71,18 @@ def _fetch_from_hub(repo_id: str, revision: str) -> Path:
 
     cache = constants.HF_HUB_CACHE
     at = f" at revision {revision}" if revision else ""
+    metadata: Path | None = None  # once it is there, a file missing offline is an interrupted download
     try:
         # Metadata first: the safetensors index says which weight files to fetch. The second call names the commit
         # the first resolved, so a branch that moves in between cannot mix two commits' files.
-        snapshot = Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=list(METADATA_FILES)))
-        snapshot = Path(snapshot_download(repo_id, revision=snapshot.name, allow_patterns=_weight_patterns(snapshot)))
+        metadata = Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=list(METADATA_FILES)))
+        snapshot = Path(snapshot_download(repo_id, revision=metadata.name, allow_patterns=_weight_patterns(metadata)))
     except LocalEntryNotFoundError as exc:
         if constants.is_offline_mode():
-            raise ModelSourceError(f"model {repo_id}{at} is not in the Hugging Face cache {cache} and HF_HUB_OFFLINE "
+            # newer huggingface_hub releases also say so when the metadata files are the ones missing
+            partial = metadata is not None or isinstance(exc, getattr(errors, "IncompleteSnapshotError", ()))
+            where = "is only partly in" if partial else "is not in"
+            raise ModelSourceError(f"model {repo_id}{at} {where} the Hugging Face cache {cache} and HF_HUB_OFFLINE "
                                    f"is set (it is not a local directory either)") from None
         cause = exc.__cause__ or exc
         raise ModelSourceError(f"cannot download model {repo_id}{at} from the Hugging Face Hub "
