@@ -194,3 +194,6 @@ def _fetch_model(config: Config) -> None:
     except ModelSourceError as exc:
         print(f"rustinfer: {exc}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C during a download: huggingface_hub resumes it next time
+        print(f"\nrustinfer: interrupted while fetching {config.model}", file=sys.stderr)
+        sys.exit(130)
