@@ -57,6 +57,20 @@ def test_a_snapshot_with_files_missing_is_named_as_partly_cached(tmp_path: Path,
     assert "acme/tiny-chat is only partly in the Hugging Face cache" in error, error
 
 
+def test_with_an_index_only_the_shards_it_names_are_wanted(tmp_path: Path) -> None:
+    """The repo also holds a consolidated copy of the weights, never downloaded: huggingface_hub's completeness
+    check (against the tree listing it kept) finds nothing missing, since only the index's shards are asked for."""
+    tree_cache = pytest.importorskip("huggingface_hub._tree_cache")
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    index = {"metadata": {}, "weight_map": {"a.weight": shards[0], "b.weight": shards[1], "c.weight": shards[1]}}
+    files: dict[str, bytes | Path] = {"config.json": b"{}", "model.safetensors.index.json": json.dumps(index).encode()}
+    files |= {shard: shard.encode() for shard in shards}
+    snapshot = add_snapshot(tmp_path, "acme/sharded", COMMIT_MAIN, files)
+    listing = {name: tree_cache.TreeCacheEntry(size=2, blob_id=name) for name in [*files, "consolidated.safetensors"]}
+    tree_cache.write_tree_cache(str(snapshot.parent.parent), COMMIT_MAIN, listing)
+    assert resolve_offline(tmp_path, "acme/sharded") == {"dir": str(snapshot)}
+
+
 def test_a_pinned_revision_resolves_to_that_snapshot(tmp_path: Path) -> None:
     main = add_snapshot(tmp_path, "acme/tiny-chat", COMMIT_MAIN, _files("main"))
     v1 = add_snapshot(tmp_path, "acme/tiny-chat", COMMIT_V1, _files("v1"), refs=("v1",))

@@ -54,20 +54,16 @@ def _weight_patterns(snapshot: Path) -> list[str]:
     else every safetensors file, as the weight loader reads them."""
     index = snapshot / INDEX_FILE
     if index.is_file():
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ModelSourceError(f"{index} has no weight_map")
+        return sorted(set(weight_map.values()))
     return ["*.safetensors"]
 
 
 def _fetch_from_hub(repo_id: str, revision: str) -> Path:
     # Imported here: a local directory (and the launcher's start for one) does not pay for huggingface_hub.
     from huggingface_hub import constants, errors, snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
 
     cache = constants.HF_HUB_CACHE
     at = f" at revision {revision}" if revision else ""
@@ -77,7 +73,7 @@ def _fetch_from_hub(repo_id: str, revision: str) -> Path:
         # the first resolved, so a branch that moves in between cannot mix two commits' files.
         metadata = Path(snapshot_download(repo_id, revision=revision or None, allow_patterns=list(METADATA_FILES)))
         snapshot = Path(snapshot_download(repo_id, revision=metadata.name, allow_patterns=_weight_patterns(metadata)))
-    except LocalEntryNotFoundError as exc:
+    except errors.LocalEntryNotFoundError as exc:
         if constants.is_offline_mode():
             # newer huggingface_hub releases also say so when the metadata files are the ones missing
             partial = metadata is not None or isinstance(exc, getattr(errors, "IncompleteSnapshotError", ()))
@@ -87,15 +83,15 @@ def _fetch_from_hub(repo_id: str, revision: str) -> Path:
         cause = exc.__cause__ or exc
         raise ModelSourceError(f"cannot download model {repo_id}{at} from the Hugging Face Hub "
                                f"({_first_line(cause)}) and it is not in the cache {cache}") from None
-    except GatedRepoError:
+    except errors.GatedRepoError:
         raise ModelSourceError(f"model {repo_id} is gated on the Hugging Face Hub: accept its terms on the Hub and "
                                f"set HF_TOKEN") from None
-    except RevisionNotFoundError:
+    except errors.RevisionNotFoundError:
         raise ModelSourceError(f"model {repo_id} has no revision {revision} on the Hugging Face Hub") from None
-    except RepositoryNotFoundError:
+    except errors.RepositoryNotFoundError:
         raise ModelSourceError(f"model {repo_id} not found on the Hugging Face Hub (nor a local directory; a private "
                                f"repo needs HF_TOKEN)") from None
-    except (HfHubHTTPError, OSError, ValueError) as exc:  # Hub errors, a full disk, an id the Hub refuses
+    except (errors.HfHubHTTPError, OSError, ValueError) as exc:  # Hub errors, a full disk, an id the Hub refuses
         raise ModelSourceError(f"cannot fetch model {repo_id}{at} from the Hugging Face Hub: "
                                f"{_first_line(exc)}") from None
     if not (snapshot / "config.json").is_file():
