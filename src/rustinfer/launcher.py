@@ -19,6 +19,7 @@ import httpx
 
 from infer_protocol.config import ENV_PREFIX, Config, ConfigError, dump_config
 from infer_protocol.config_cli import add_config_arguments, load_config_from_args
+from infer_worker.infrastructure.model_source import ModelSourceError, resolve_model_source
 
 PROCESSES = ("scheduler", "worker", "server")
 WORKSPACE_PACKAGES = ("infer-core", "infer-protocol", "infer-server", "infer-scheduler", "infer-worker",
@@ -200,7 +201,19 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         print(f"rustinfer: {exc}", file=sys.stderr)
         sys.exit(2)
-    if config.model and not Path(config.model).is_dir():
-        print(f"rustinfer: model directory not found: {config.model}", file=sys.stderr)
-        sys.exit(2)
+    if config.model:
+        _fetch_model(config)
     sys.exit(serve(config))
+
+
+def _fetch_model(config: Config) -> None:
+    """Find the model (or download it, with huggingface_hub's progress bars) before any process starts, so a
+    wrong name or a missing download is the first thing printed; the worker later finds it in the cache."""
+    try:
+        resolve_model_source(config.model, config.revision)
+    except ModelSourceError as exc:
+        print(f"rustinfer: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C during a download: huggingface_hub resumes it next time
+        print(f"\nrustinfer: interrupted while fetching {config.model}", file=sys.stderr)
+        sys.exit(130)

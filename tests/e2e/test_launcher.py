@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 
 from tests.e2e.cluster import ServedCluster
+from tests.worker.hub_cache import offline_env
 
 
 def _alive(pid: int) -> bool:
@@ -81,3 +82,13 @@ def test_an_unservable_checkpoint_is_refused_in_one_line(tmp_path: Path) -> None
     lines = [line for line in cluster.log().splitlines() if "start-up failed" in line]
     assert any(line.endswith(needle) for line in lines), cluster.log()
     cluster.stop()
+
+
+def test_a_hub_id_missing_offline_stops_the_launcher_before_any_process(tmp_path: Path) -> None:
+    """The console script as a user runs it: offline with an empty cache, a Hub id is refused in one line naming
+    the id and the cache directory, before any of the three processes starts."""
+    result = subprocess.run([str(Path(sys.executable).parent / "rustinfer"), "serve", "--model", "owner/missing"],
+                            capture_output=True, text=True, timeout=120, env=offline_env(tmp_path))
+    assert result.returncode == 2, result
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("rustinfer: ") and "owner/missing" in line and str(tmp_path / "hub") in line, line

@@ -61,7 +61,7 @@ def test_every_field_has_a_flag(spec: FieldSpec) -> None:
 
 def test_field_specs_follow_the_definition() -> None:
     assert [s.name for s in field_specs()] == list(Config.__struct_fields__)
-    assert [s.flag for s in field_specs()][:2] == ["--model", "--model-name"]
+    assert [s.flag for s in field_specs()][:3] == ["--model", "--revision", "--model-name"]
 
 
 def test_list_flags() -> None:

@@ -30,6 +30,23 @@ def test_served_name() -> None:
     assert served_model_name(load_config(environ={}), None) is None
 
 
+
+def test_a_hub_id_is_served_under_the_repo_id(tmp_path: Path) -> None:
+    """The worker's directory for a Hub id is a snapshot named by its commit: the repo id is the name (as vLLM)."""
+    snapshot = "/hf/hub/models--Qwen--Qwen3-0.6B/snapshots/" + "c" * 40
+    hub = load_config(environ={}, overrides={"model": "Qwen/Qwen3-0.6B"})
+    assert served_model_name(hub, snapshot) == "Qwen/Qwen3-0.6B"
+    assert served_model_name(load_config(environ={}, overrides={"model": "Qwen/Qwen3-0.6B", "model_name": "q"}),
+                             snapshot) == "q"
+    local = tmp_path / "Qwen" / "Qwen3-0.6B"
+    local.mkdir(parents=True)  # a directory spelled like a Hub id is a directory: its name is served
+    assert served_model_name(load_config(environ={}, overrides={"model": str(local)}), str(local)) == "Qwen3-0.6B"
+    d = write_model_dir(tmp_path / "snapshots" / ("c" * 40))
+    info = ModelInfo(model_dir=str(d), max_model_len=64, vocab_size=0, backend="cpu", device="cpu", dtype="float32")
+    assets = load_model_assets(info, hub)
+    assert assets.served_name == "Qwen/Qwen3-0.6B" and "Qwen/Qwen3-0.6B" in assets.aliases
+
+
 def test_load_assets(tmp_path: Path) -> None:
     d = write_model_dir(tmp_path / "m")
     info = ModelInfo(model_dir=str(d), max_model_len=64, vocab_size=0, backend="cpu", device="cpu", dtype="float32")

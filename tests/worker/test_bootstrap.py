@@ -47,8 +47,10 @@ def test_bootstrap_reports_geometry_and_serves_a_step(tmp_path: Path) -> None:
 
 
 def test_missing_model_directory_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(StartupError, match="no config.json"):
+    with pytest.raises(StartupError, match="model directory not found"):
         resolve_model_dir(Config(model=str(tmp_path / "nope")))
+    with pytest.raises(StartupError, match="no config.json"):
+        resolve_model_dir(Config(model=str(tmp_path)))
 
 
 # ------------------------------------------------------------------ start-up refusals

@@ -7,6 +7,7 @@ Unknown or invalid fields are refused with a message naming the field.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import tomllib
 from pathlib import Path
@@ -16,6 +17,7 @@ import msgspec
 from msgspec import Meta
 
 ENV_PREFIX = "RUSTINFER_"
+_HUB_REPO_ID = re.compile(r"[\w-][\w.-]*/[\w-][\w.-]*")  # owner/name; huggingface_hub checks the finer rules
 
 
 class ConfigError(ValueError):
@@ -26,15 +28,20 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     # Each field's meaning is its Meta description: the CLI flags' --help and the description test read it there
     # (a field without one still gets a flag, but tests/protocol/test_config_cli.py fails until it has one).
     # model
-    model: Annotated[str, Meta(
-        description="Hugging Face model directory; empty = the embedded SmolLM2-135M-Instruct")] = ""
+    model: Annotated[str, Meta(description="Hugging Face model directory or Hub repo id (owner/name); "
+                                           "empty = the embedded SmolLM2-135M-Instruct")] = ""
+    revision: Annotated[str, Meta(
+        description="branch, tag or commit when model is a Hub repo id; empty = main")] = ""
     model_name: Annotated[str, Meta(
-        description="model id served at /v1/models; empty = the model directory's name")] = ""
+        description="model id served at /v1/models; empty = the Hub repo id or the directory's name")] = ""
     load_format: Annotated[Literal["auto", "dummy"], Meta(
         description="auto reads the checkpoint; dummy builds random weights from config.json")] = "auto"
     dtype: Annotated[Literal["auto", "float32", "bfloat16", "float16"], Meta(
         description="auto = the backend's preference (float32 on CPU, bfloat16 on CUDA)")] = "auto"
     seed: Annotated[int, Meta(description="seed for dummy weights")] = 0
+    generation_config: Annotated[Literal["auto", "none"], Meta(
+        description="auto: the sampling fields of the model's generation_config.json are the request defaults; "
+                    "none: OpenAI's defaults")] = "auto"
     # backend
     backend: Annotated[str, Meta(
         description="auto, cpu, cuda or any name in the rustinfer.backends entry point group")] = "auto"
@@ -138,6 +145,14 @@ def _validate(c: Config) -> None:
 
 
 FIELDS: tuple[str, ...] = Config.__struct_fields__
+
+
+def hub_repo_id(model: str) -> str | None:
+    """`model` as a Hugging Face Hub repo id, or None: empty (the embedded model), an existing directory (a
+    directory wins over a Hub id of the same spelling) or not shaped like `owner/name`."""
+    if not model or os.path.isdir(os.path.expanduser(model)):
+        return None
+    return model if _HUB_REPO_ID.fullmatch(model) else None
 
 
 def _parse_env_value(name: str, raw: str) -> Any:

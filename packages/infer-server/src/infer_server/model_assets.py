@@ -1,4 +1,5 @@
-"""What the server needs from the model directory: tokenizer, chat template, EOS ids, the served name.
+"""What the server needs from the model directory: tokenizer, chat template, EOS ids, sampling defaults, the
+served name.
 
 The server does not read the model from its own config: it learns the model directory from the worker,
 through the scheduler's first ready `Pong` (`ModelInfo.model_dir`), and loads these assets then (in a
@@ -11,17 +12,24 @@ import asyncio
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infer_protocol.config import Config
+from pydantic import ValidationError
+
+from infer_protocol.config import Config, hub_repo_id
 from infer_protocol.messages import ModelInfo, Pong
 
 from infer_server.chat_template import ChatTemplate, ChatTemplateError
+from infer_server.openai_models import GenerationFields
 from infer_server.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
+
+# The sampling fields of generation_config.json that become the defaults of requests that leave them unset, as
+# vLLM's `--generation-config auto` does (the model's authors tuned them; OpenAI's defaults are not).
+GENERATION_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,8 @@ class ModelAssets:
     chat_template_error: str | None  # why there is no usable template (None = there is none at all)
     eos_token_ids: tuple[int, ...]
     aliases: frozenset[str]  # names a request's `model` may use for this model
+    # request field -> value for requests that leave it unset (from generation_config.json; empty = OpenAI's)
+    sampling_defaults: dict[str, float] = field(default_factory=dict)
 
     @property
     def model_dir(self) -> str:
@@ -48,9 +58,13 @@ class ModelAssets:
 
 
 def served_model_name(config: Config, model_dir: str | None) -> str | None:
-    """config.model_name, else the model directory's basename (from the worker, else from the config)."""
+    """config.model_name, else a Hub repo id as configured (as vLLM serves it: the worker's directory is a
+    snapshot named by its commit), else the model directory's basename (from the worker, else from the config)."""
     if config.model_name:
         return config.model_name
+    repo_id = hub_repo_id(config.model)
+    if repo_id is not None:
+        return repo_id
     source = model_dir or config.model
     if source:
         return os.path.basename(os.path.normpath(source))
@@ -92,8 +106,25 @@ def read_eos_token_ids(model_dir: str | Path, tokenizer: Tokenizer | None = None
     return list(dict.fromkeys(ids))
 
 
+def read_generation_defaults(model_dir: str | Path) -> dict[str, float]:
+    """The sampling fields generation_config.json sets, each checked as a request's own value would be; one the
+    request schema refuses is left out, with a warning."""
+    data = _read_json(Path(model_dir) / "generation_config.json")
+    defaults: dict[str, float] = {}
+    for name in GENERATION_DEFAULT_FIELDS:
+        if data.get(name) is None:
+            continue
+        try:
+            defaults[name] = getattr(GenerationFields.model_validate({name: data[name]}), name)
+        except ValidationError:
+            log.warning("generation_config.json in %s: %s = %r is not a valid request value; ignored", model_dir,
+                        name, data[name])
+    return defaults
+
+
 def load_model_assets(info: ModelInfo, config: Config) -> ModelAssets:
-    """Read tokenizer, template and EOS ids from `info.model_dir` (blocking: run it in a thread)."""
+    """Read tokenizer, template, EOS ids and sampling defaults from `info.model_dir` (blocking: run it in a
+    thread)."""
     model_dir = Path(info.model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist on the server's machine")
@@ -117,6 +148,7 @@ def load_model_assets(info: ModelInfo, config: Config) -> ModelAssets:
         chat_template_error=template_error,
         eos_token_ids=tuple(read_eos_token_ids(model_dir, tokenizer)),
         aliases=frozenset(a for a in aliases if a),
+        sampling_defaults=read_generation_defaults(model_dir) if config.generation_config == "auto" else {},
     )
 
 
@@ -161,6 +193,9 @@ class ModelAssetsLoader:
                 assets.served_name, assets.max_model_len, list(assets.eos_token_ids),
                 "yes" if assets.chat_template else "no",
             )
+            if assets.sampling_defaults:
+                log.info("generation defaults from generation_config.json: %s",
+                         ", ".join(f"{name}={value}" for name, value in assets.sampling_defaults.items()))
         finally:
             self._loading = None
 

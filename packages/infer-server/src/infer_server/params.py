@@ -241,6 +241,12 @@ def resolve_max_tokens(prompt_len: int, max_tokens: int | None, limit: int, *, w
     return max_tokens
 
 
+def _requested_or_default(req: GenerationFields, assets: ModelAssets, name: str, openai_default: float) -> float:
+    """The request's own value of a sampling field, else the model's (generation_config.json), else OpenAI's."""
+    value = getattr(req, name)
+    return float(value) if value is not None else assets.sampling_defaults.get(name, openai_default)
+
+
 def build_params(
     req: GenerationFields,
     prompt_ids: list[int],
@@ -281,23 +287,28 @@ def build_params(
     if allowed and req.min_tokens > 0 and set(allowed) <= set(stop_ids):
         raise invalid_request("'allowed_token_ids' holds only stop tokens, which 'min_tokens' masks: nothing is left "
                               "to sample", param="allowed_token_ids")
-    top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
+    temperature = _requested_or_default(req, assets, "temperature", 1.0)
+    top_p = _requested_or_default(req, assets, "top_p", 1.0)
+    min_p = _requested_or_default(req, assets, "min_p", 0.0)
+    repetition_penalty = _requested_or_default(req, assets, "repetition_penalty", 1.0)
+    top_k = int(_requested_or_default(req, assets, "top_k", 0))
+    top_k = top_k if top_k > 0 else 0  # -1 and 0 are off
     if top_k >= (assets.vocab_size or 2**31):
         top_k = 0  # keeps every token, like off (and a huge k would not fit the engine's int32)
     out = []
     for i in range(req.n):
         seed = random.getrandbits(63) if req.seed is None else (req.seed + i) % _SEED_MOD
         sampling = SamplingParams(
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
+            temperature=temperature,
+            top_p=top_p,
             top_k=top_k,
-            min_p=0.0 if req.min_p is None else req.min_p,
+            min_p=min_p,
             seed=seed,
             logprobs=logprobs is not None,
             top_logprobs=logprobs or 0,
             presence_penalty=req.presence_penalty or 0.0,
             frequency_penalty=req.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            repetition_penalty=repetition_penalty,
             min_tokens=req.min_tokens,
             logit_bias=logit_bias,
             allowed_token_ids=allowed,

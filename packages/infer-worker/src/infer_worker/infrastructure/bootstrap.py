@@ -23,6 +23,7 @@ from infer_worker.domain.sequence import ScheduledSeq, Sequence
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.embedded_model import ensure_embedded_model
 from infer_worker.infrastructure.model_loader import load_model, read_spec
+from infer_worker.infrastructure.model_source import ModelSourceError, resolve_model_source
 from infer_worker.models.spec import ModelSpec
 
 log = logging.getLogger("rustinfer.worker")
@@ -45,10 +46,10 @@ class ReadyWorker:
 def resolve_model_dir(config: Config) -> Path:
     if not config.model:
         return ensure_embedded_model()
-    path = Path(config.model).expanduser()
-    if not (path / "config.json").is_file():
-        raise StartupError(f"model directory {path} has no config.json (expected a Hugging Face model directory)")
-    return path
+    try:
+        return resolve_model_source(config.model, config.revision)
+    except ModelSourceError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def _greedy_seq(seq_id: int, token_ids: list[int], block_ids: list[int]) -> Sequence:
