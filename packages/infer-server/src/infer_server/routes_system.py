@@ -20,13 +20,15 @@ def _json(body: object, status: int = 200) -> Response:
     return Response(msgspec.json.encode(body), status_code=status, media_type="application/json")
 
 
-# HEAD too: load balancers and uptime checkers probe with it.
-@router.api_route("/health", methods=["GET", "HEAD"])
+# HEAD too: load balancers and uptime checkers probe with it (one operation per route in the schema).
+@router.head("/health", include_in_schema=False)
+@router.get("/health")
 async def health() -> Response:
     return _json({"status": "ok"})
 
 
-@router.api_route("/ready", methods=["GET", "HEAD"])
+@router.head("/ready", include_in_schema=False)
+@router.get("/ready")
 async def ready(request: Request) -> Response:
     state = server_state(request)
     if state.ready:
