@@ -122,6 +122,19 @@ def test_api_errors_are_shown_clearly(page: Any) -> None:
     shot(page, "chat-error-1280x800.png")
 
 
+def test_api_key_is_kept_and_sent_as_bearer(page: Any, standin: StandIn) -> None:
+    page.fill("#api-key", "sk-console-1")
+    page.dispatch_event("#api-key", "change")
+    page.fill("#prompt", FRANCE)
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelector('.msg-assistant:last-of-type')?.dataset.finish !== undefined")
+    assert standin.state.chat_headers[-1]["authorization"] == "Bearer sk-console-1"
+    page.reload()
+    page.wait_for_function(f"document.getElementById('model').value === {MODEL!r}")
+    assert page.input_value("#api-key") == "sk-console-1"  # kept in localStorage
+    page.evaluate("localStorage.removeItem('rustinfer.api_key')")
+
+
 def test_enter_sends_and_shift_enter_adds_a_newline(page: Any, standin: StandIn) -> None:
     n = len(standin.state.chat_bodies)
     page.click("#prompt")

@@ -57,6 +57,15 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         description="serve the browser console at / when infer-frontend is installed")] = True
     server_processes: Annotated[int, Meta(
         description="HTTP processes sharing the port (SO_REUSEPORT): streaming is Python work per token")] = 1
+    request_body_timeout_secs: Annotated[float, Meta(
+        description="a request body not fully received this long after its headers is answered 408")] = 30.0
+    api_key: Annotated[str | list[str], Meta(
+        description="API key(s), a list or comma-separated; empty = no auth, else Authorization: Bearer <key> "
+                    "on /v1/*, /tokenize and /detokenize")] = ""
+    api_key_protects_metrics: Annotated[bool, Meta(
+        description="with api_key: /metrics and /metrics/system need the key too")] = False
+    allow_special_tokens_in_content: Annotated[bool, Meta(
+        description="chat content may write control tokens such as <|im_end|> (unsafe: forged turns)")] = False
     # scheduling
     max_batch_tokens: Annotated[int, Meta(
         description="token budget of one step (decode tokens + prefill chunk tokens)")] = 8192
@@ -109,6 +118,12 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     def __post_init__(self) -> None:
         _validate(self)
 
+    @property
+    def api_keys(self) -> tuple[str, ...]:
+        """The accepted API keys: `api_key` as a list, or a comma-separated string (`RUSTINFER_API_KEY=k1,k2`)."""
+        given = self.api_key.split(",") if isinstance(self.api_key, str) else self.api_key
+        return tuple(k.strip() for k in given if k.strip())
+
     def ipc_path(self, channel: str) -> str:
         """The ZMQ IPC address of one channel (`sched`, `plan`, `result`), unique per cluster_id."""
         base = Path(self.ipc_dir or tempfile.gettempdir())
@@ -125,6 +140,7 @@ def _validate(c: Config) -> None:
                  "max_inflight_requests", "max_request_body_bytes", "request_timeout_secs", "ready_timeout_secs",
                  "heartbeat_interval_secs", "worker_timeout_secs", "scheduler_timeout_secs", "cpu_kv_cache_bytes"):
         _positive(name, getattr(c, name))
+    _positive("request_body_timeout_secs", c.request_body_timeout_secs)
     for name in ("max_model_len", "num_blocks", "seed"):
         if getattr(c, name) < 0:
             raise ConfigError(f"config field '{name}' must be >= 0, got {getattr(c, name)!r}")

@@ -53,6 +53,8 @@ def field_specs() -> list[FieldSpec]:
 def _is_str(typ: msgspec.inspect.Type) -> bool:
     if isinstance(typ, msgspec.inspect.StrType):
         return True
+    if isinstance(typ, msgspec.inspect.UnionType):  # `str | list[str]` (api_key): the text, comma-separated
+        return any(isinstance(t, msgspec.inspect.StrType) for t in typ.types)
     return isinstance(typ, msgspec.inspect.LiteralType) and all(isinstance(v, str) for v in typ.values)
 
 

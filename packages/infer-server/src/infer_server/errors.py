@@ -7,6 +7,7 @@ routes and unexpected exceptions, leaves as `{"error": {"message", "type", "para
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 import msgspec
@@ -19,12 +20,19 @@ log = logging.getLogger(__name__)
 
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
+    401: "invalid_request_error",  # OpenAI's type for a missing or wrong API key (code "invalid_api_key")
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
 }
+# 429 and 503 say when to come back (RFC 9110 §10.2.3): an overload or an engine restart is short-lived, and
+# clients (the OpenAI SDK among them) honour the header in their retry back-off.
+RETRY_AFTER_SECS = 1
+_RETRY_STATUSES = frozenset({429, 503})
 
 
 def error_type_for(status: int) -> str:
@@ -67,9 +75,15 @@ def error_body(message: str, *, type: str, param: str | None = None, code: str |
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def retry_after_headers(status: int) -> dict[str, str]:
+    """The `Retry-After` header of a 429 or a 503 (none for any other status): every such response gets it here."""
+    return {"retry-after": str(RETRY_AFTER_SECS)} if status in _RETRY_STATUSES else {}
+
+
 def error_response(err: ApiError) -> Response:
     return Response(
-        content=msgspec.json.encode(err.body()), status_code=err.status, media_type="application/json"
+        content=msgspec.json.encode(err.body()), status_code=err.status, media_type="application/json",
+        headers=retry_after_headers(err.status),
     )
 
 
@@ -107,10 +121,13 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     if kind == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
         return invalid_request(f"The request body is not valid JSON: {detail}".rstrip(": "), code="invalid_json")
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    param = loc[0] if loc else None
-    path = ".".join(loc)
+    raw_loc = [p for p in first.get("loc", ()) if p != "body"]
+    loc = [p for p in raw_loc if not _is_union_tag(p)]
+    param = str(loc[0]) if loc else None
+    path = _path(loc)
     msg = str(first.get("msg", "invalid value"))
+    if len(loc) < len(raw_loc):  # a union (prompt: str | [str] | [int] | [[int]]): no single member's error is it
+        msg = f"matches none of its accepted types ({_union_members(errors, raw_loc)}): {msg}"
     if kind == "missing":
         if not loc:
             return invalid_request("The request body is missing or is not a JSON object.", code="invalid_json")
@@ -120,6 +137,35 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     if not loc:
         return invalid_request(f"The request body must be a JSON object: {msg}", code="invalid_json")
     return invalid_request(f"Invalid value for '{path}': {msg}", param=param, code="invalid_value")
+
+
+# pydantic names the member of a union it tried in the error's location ("str", "list[int]", "ContentPart"); the
+# request's own fields are lower-case names, never one of these.
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|[a-z]+\[.*\]|[A-Z]\w*)$")
+
+
+def _is_union_tag(part: object) -> bool:
+    return isinstance(part, str) and _UNION_TAG.match(part) is not None
+
+
+def _path(loc: list[Any]) -> str:
+    """`messages[0].content[1].text` from pydantic's ("messages", 0, "content", 1, "text")."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _union_members(errors: list[Any], first_loc: list[Any]) -> str:
+    """The union members tried at the first error's union position, in pydantic's order."""
+    at = next(i for i, p in enumerate(first_loc) if _is_union_tag(p))
+    prefix = first_loc[:at]
+    members: list[str] = []
+    for e in errors:
+        loc = [p for p in e.get("loc", ()) if p != "body"]
+        if loc[:at] == prefix and len(loc) > at and _is_union_tag(loc[at]) and loc[at] not in members:
+            members.append(str(loc[at]))
+    return ", ".join(members)
 
 
 async def _handle_api_error(_request: Request, exc: Exception) -> Response:
@@ -144,6 +190,11 @@ async def _handle_http_exception(_request: Request, exc: Exception) -> Response:
     return response
 
 
+def unauthorized(message: str) -> ApiError:
+    """401 in OpenAI's shape for a missing or wrong API key."""
+    return ApiError(401, message, code="invalid_api_key")
+
+
 async def _handle_unexpected(_request: Request, exc: Exception) -> Response:
     log.exception("unhandled error while serving a request")
     return ApiError(500, f"Internal server error: {type(exc).__name__}", code="internal_error").response()
@@ -154,3 +205,22 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
     app.add_exception_handler(Exception, _handle_unexpected)
+
+
+def _is_json_media_type(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
+
+
+async def require_json_content_type(request: Request) -> None:
+    """A dependency of the POST routes: a body declared as anything but JSON is refused with 415 naming what was sent
+    (FastAPI would not parse it and answer that the body is not an object, which hides the cause). A body without a
+    Content-Type is parsed as JSON (the routers set strict_content_type=False): a browser cannot send one without
+    it, so this opens no cross-site form post."""
+    if request.method != "POST":
+        return
+    content_type = request.headers.get("content-type")
+    if not content_type or _is_json_media_type(content_type):
+        return
+    raise ApiError(415, f"The request was sent with Content-Type {content_type!r}; the body must be JSON sent with "
+                   "'Content-Type: application/json'.", code="unsupported_media_type")

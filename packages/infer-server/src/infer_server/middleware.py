@@ -1,22 +1,28 @@
 """Pure ASGI middlewares (no BaseHTTPMiddleware: it would break streaming and disconnect detection).
 
+- ApiKeyMiddleware: with `api_key` set, the API needs `Authorization: Bearer <key>` (401 otherwise).
 - RequestIdMiddleware: echoes the client's `x-request-id` (or a fresh one) on every response.
-- HttpMetricsMiddleware: counts responses by method, endpoint and status.
-- BodyLimitMiddleware: refuses request bodies over `max_request_body_bytes` with 413, and JSON bodies whose
-  strings are not valid Unicode (a lone UTF-16 surrogate escape such as "\\ud800") with 400: the tokenizer
-  and the JSON encoder cannot take such a string.
+- HttpMetricsMiddleware: counts responses by method, endpoint and status (a client that left before any
+  response, e.g. while uploading its body, is counted as 499, not as a server error).
+- BodyLimitMiddleware: refuses request bodies over `max_request_body_bytes` with 413, bodies that do not arrive
+  within `request_body_timeout_secs` with 408, JSON bodies whose strings are not valid Unicode (a lone UTF-16
+  surrogate escape such as "\\ud800": the tokenizer and the JSON encoder cannot take such a string) and the
+  non-JSON literals `NaN`, `Infinity`, `-Infinity` (Python's json parser accepts them) with 400.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import re
+import time
 import uuid
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from infer_server.errors import ApiError
+from infer_server.errors import ApiError, unauthorized
 from infer_server.metrics import ServerMetrics
 
 REQUEST_ID_KEY = "rustinfer.request_id"
@@ -65,6 +71,47 @@ def _invalid_unicode(body: bytes) -> ApiError | None:
                     "Unicode.", param=param, code="invalid_value")
 
 
+class _Constant:
+    """A non-JSON literal (NaN, Infinity, -Infinity) found while parsing, kept to name where it was."""
+
+    __slots__ = ("literal",)
+
+    def __init__(self, literal: str) -> None:
+        self.literal = literal
+
+
+def _find_constant(value: Any) -> tuple[str, str] | None:
+    """(path, literal) of the first non-JSON literal in a value parsed with `parse_constant=_Constant`."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, _Constant):
+            return where or "body", item.literal
+        if isinstance(item, dict):
+            stack.extend((child, f"{where}.{key}" if where else str(key)) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+def _non_json_literal(body: bytes) -> ApiError | None:
+    """JSON (RFC 8259) has no NaN or Infinity, but Python's json, which FastAPI parses with, accepts them; a NaN
+    temperature would reach the sampler. Only a body holding one of the words is parsed here a second time."""
+    if b"NaN" not in body and b"Infinity" not in body:
+        return None
+    try:
+        parsed = json.loads(body, parse_constant=_Constant)
+    except (ValueError, RecursionError):
+        return None  # the app answers the malformed JSON itself
+    found = _find_constant(parsed)
+    if found is None:
+        return None  # the words were inside strings
+    where, literal = found
+    param = where.split(".")[0].split("[")[0] if where != "body" else None
+    return ApiError(400, f"Invalid JSON at '{where}': {literal} is not a JSON value (RFC 8259 has no NaN or Infinity); "
+                    "send a finite number.", param=param, code="invalid_json")
+
+
 def request_id_of(scope: Scope) -> str:
     return str(scope.get(REQUEST_ID_KEY, ""))
 
@@ -109,7 +156,7 @@ class HttpMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = 500
+        status: int | None = None
 
         async def send_recording(message: Message) -> None:
             nonlocal status
@@ -119,25 +166,37 @@ class HttpMetricsMiddleware:
 
         path = scope.get("path", "")
         endpoint = path if path in KNOWN_ENDPOINTS else "other"
+        failed = True
         try:
             await self.app(scope, receive, send_recording)
+            failed = False
         finally:
-            self.metrics.http_requests.labels(scope.get("method", ""), endpoint, str(status)).inc()
+            # No response and no exception: the client left first (during its upload, say): nginx's 499.
+            label = status if status is not None else (500 if failed else 499)
+            self.metrics.http_requests.labels(scope.get("method", ""), endpoint, str(label)).inc()
 
 
 class BodyLimitMiddleware:
-    """Reads the body up front (the app reads all of it anyway), refusing it past `limit` bytes."""
+    """Reads the body up front (the app reads all of it anyway), refusing it past `limit` bytes or when it has not
+    arrived `timeout` seconds after the request's headers (a slow or stalled upload holds a connection and
+    memory)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, timeout: float = 30.0) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
+
+    @staticmethod
+    async def _answer(send: Send, err: ApiError, *, close: bool = False) -> None:
+        response = err.response()
+        if close:  # the rest of the body is never read: the connection cannot carry another request
+            response.headers["connection"] = "close"
+        await send({"type": "http.response.start", "status": err.status, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body, "more_body": False})
 
     async def _refuse(self, send: Send) -> None:
         err = ApiError(413, f"The request body exceeds the limit of {self.limit} bytes.", code="request_too_large")
-        response = err.response()
-        response.headers["connection"] = "close"
-        await send({"type": "http.response.start", "status": 413, "headers": response.raw_headers})
-        await send({"type": "http.response.body", "body": response.body, "more_body": False})
+        await self._answer(send, err, close=True)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS", "DELETE"):
@@ -155,10 +214,17 @@ class BodyLimitMiddleware:
                 break
         chunks: list[bytes] = []
         size = 0
+        deadline = time.monotonic() + self.timeout
         while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                err = ApiError(408, f"The request body did not arrive within {self.timeout:g} s.",
+                               code="request_timeout")
+                await self._answer(send, err, close=True)
                 return
+            if message["type"] == "http.disconnect":
+                return  # the client left mid-upload: nobody to answer (counted as 499)
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
@@ -168,11 +234,9 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        invalid = _invalid_unicode(body)
+        invalid = _invalid_unicode(body) or _non_json_literal(body)
         if invalid is not None:
-            response = invalid.response()
-            await send({"type": "http.response.start", "status": 400, "headers": response.raw_headers})
-            await send({"type": "http.response.body", "body": response.body, "more_body": False})
+            await self._answer(send, invalid)
             return
         replayed = False
 
@@ -184,3 +248,55 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+_OPEN_PATHS = frozenset({"/health", "/ready"})
+_METRICS_PATHS = frozenset({"/metrics", "/metrics/system"})
+_KEYED_PATHS = frozenset({"/tokenize", "/detokenize"})
+
+
+def _needs_key(path: str, protect_metrics: bool) -> bool:
+    """vLLM's rule: the API (/v1/*) and its tokenizer endpoints need the key; probes, the console's static files
+    and the docs stay open, /metrics too unless `api_key_protects_metrics`."""
+    if path in _OPEN_PATHS:
+        return False
+    if path in _METRICS_PATHS:
+        return protect_metrics
+    return path == "/v1" or path.startswith("/v1/") or path in _KEYED_PATHS
+
+
+def _key_matches(given: bytes, keys: tuple[bytes, ...]) -> bool:
+    """Constant-time against every key (no early exit), so the timing tells neither the key nor which one matched."""
+    matched = False
+    for key in keys:
+        matched |= hmac.compare_digest(given, key)
+    return matched
+
+
+class ApiKeyMiddleware:
+    """`Authorization: Bearer <key>` with one of `api_key`'s keys, else 401 in OpenAI's error shape."""
+
+    def __init__(self, app: ASGIApp, keys: tuple[str, ...], protect_metrics: bool = False) -> None:
+        self.app = app
+        self.keys = tuple(k.encode("utf-8") for k in keys)
+        self.protect_metrics = protect_metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.keys or not _needs_key(scope.get("path", ""), self.protect_metrics):
+            await self.app(scope, receive, send)
+            return
+        authorization = next((v for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        if authorization is None:
+            err = unauthorized("You didn't provide an API key. You need to provide your API key in an Authorization "
+                               "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+        else:
+            scheme, _, token = authorization.partition(b" ")
+            if scheme.lower() == b"bearer" and _key_matches(token.strip(), self.keys):
+                await self.app(scope, receive, send)
+                return
+            err = unauthorized("Incorrect API key provided." if scheme.lower() == b"bearer" else
+                               "The Authorization header must use Bearer auth (i.e. Authorization: Bearer YOUR_KEY).")
+        response = err.response()
+        response.headers["www-authenticate"] = "Bearer"  # RFC 6750 §3
+        await send({"type": "http.response.start", "status": 401, "headers": response.raw_headers})
+        await send({"type": "http.response.body", "body": response.body, "more_body": False})

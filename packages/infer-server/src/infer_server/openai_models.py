@@ -1,9 +1,10 @@
 """Pydantic request models for the OpenAI schema (and the /tokenize, /detokenize extensions).
 
 Unknown fields are refused (`extra="forbid"`): a field the server does not know must not be ignored
-silently. Fields the server knows but does not implement are declared so that their neutral values pass;
-`params.py` refuses anything else with a 400 naming the field. Type and range checks live here, so they
-show up in the OpenAPI schema.
+silently. Types are strict (`strict=True`): `"5"`, `true` or `5.0` is not an integer, `"yes"` not a boolean,
+`[true, false]` not a token prompt; only an integer still passes for a float (`"temperature": 1`), as in JSON.
+Fields the server knows but does not implement are declared so that their neutral values pass; `params.py` refuses
+anything else with a 400 naming the field. Type and range checks live here, so they show up in the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit for chat top_logprobs (and vLLM's defaul
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class StreamOptions(_Strict):
@@ -29,7 +30,7 @@ class StreamOptions(_Strict):
 class ContentPart(BaseModel):
     """One part of a list-form message content; only `{"type": "text", "text": ...}` is served."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
 

@@ -33,6 +33,8 @@ LOGIT_BIAS_LIMIT = 100.0
 MAX_STOP_STRINGS = 64
 # Choices of one completion request (prompts x n): each is a sequence in the scheduler, admitted at once.
 MAX_CHOICES = 128
+# OpenAI's (and vLLM's) `max_tokens` of /v1/completions when omitted; chat's is the rest of the context.
+COMPLETION_DEFAULT_MAX_TOKENS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,8 +122,11 @@ def _message_text(message: ChatMessage, index: int) -> str:
         return content
     texts = []
     for j, part in enumerate(content):
-        if part.type != "text" or part.text is None:
+        if part.type != "text":
             raise unsupported(f"messages[{index}].content[{j}]", f"content part type '{part.type}' (only 'text')")
+        if part.text is None:
+            raise invalid_request(f"Missing required parameter: 'messages[{index}].content[{j}].text' (a text part "
+                                  "needs its text).", param="messages", code="missing_required_parameter")
         texts.append(part.text)
     return "\n".join(texts)
 
@@ -144,9 +149,11 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 def completion_prompts(req: CompletionRequest, assets: ModelAssets) -> list[list[int]]:
     """The token ids of each prompt of a completion request: a string, a list of strings, a list of token ids
-    (one prompt) or a list of token-id lists (one prompt each)."""
+    (one prompt) or a list of token-id lists (one prompt each). Its special-token text is parsed (the prompt is the
+    caller's raw text, as in vLLM). Blocking for a long prompt: run it off the event loop."""
     prompt = req.prompt
     if isinstance(prompt, str):
+        check_text_fits(prompt, assets, what="prompt", param="prompt")
         return [assets.tokenizer.encode(prompt, add_special_tokens=True)]
     if not prompt:
         raise invalid_request("'prompt' must not be empty", param="prompt")
@@ -156,6 +163,9 @@ def completion_prompts(req: CompletionRequest, assets: ModelAssets) -> list[list
         if len(prompt) * req.n > MAX_CHOICES:
             raise invalid_request(f"{len(prompt)} prompts x n={req.n} make {len(prompt) * req.n} choices; at most "
                                   f"{MAX_CHOICES} are served in one request", param="prompt")
+        for p in prompt:
+            if isinstance(p, str):
+                check_text_fits(p, assets, what="prompt", param="prompt")
         prompts = [assets.tokenizer.encode(p, add_special_tokens=True) if isinstance(p, str) else list(p)
                    for p in prompt]  # type: ignore[union-attr]
     for ids in prompts:
@@ -225,18 +235,38 @@ def context_error(limit: int, prompt_len: int, max_tokens: int | None, what: str
     )
 
 
-def resolve_max_tokens(prompt_len: int, max_tokens: int | None, limit: int, *, what: str, param: str) -> int:
-    """max_tokens after the context check (omitted = the rest of the context)."""
+def check_text_fits(text: str, assets: ModelAssets, *, what: str, param: str) -> None:
+    """400 context_length_exceeded, before tokenizing, for a text that is certain to exceed the context."""
+    per_token = assets.tokenizer.max_token_chars
+    limit = assets.max_model_len
+    if per_token is None or limit <= 0 or len(text) <= per_token * limit:
+        return
+    at_least = math.ceil(len(text) / per_token)
+    raise ApiError(
+        400,
+        f"This model's maximum context length is {limit} tokens. However, the {what} ({len(text)} characters) is at "
+        f"least {at_least} tokens. Please reduce the length of the {what}.",
+        param=param,
+        code="context_length_exceeded",
+    )
+
+
+def resolve_max_tokens(prompt_len: int, max_tokens: int | None, limit: int, *, what: str, param: str,
+                       default: int | None = None) -> int:
+    """max_tokens after the context check. Omitted: `default` (completions' 16), cut to the rest of the context as
+    vLLM does, or without a default the rest of the context (chat)."""
     if prompt_len == 0:
         raise invalid_request(f"the {what} is empty (0 tokens)", param=param)
     if limit > 0:
         if prompt_len >= limit and (max_tokens is None or prompt_len > limit):
             raise context_error(limit, prompt_len, max_tokens, what, param)
         if max_tokens is None:
-            return limit - prompt_len
+            return limit - prompt_len if default is None else min(default, limit - prompt_len)
         if prompt_len + max_tokens > limit:
             raise context_error(limit, prompt_len, max_tokens, what, "max_tokens")
     if max_tokens is None:
+        if default is not None:
+            return default
         raise invalid_request("'max_tokens' is required: the model's context length is unknown", param="max_tokens")
     return max_tokens
 
@@ -258,6 +288,7 @@ def build_params(
     param: str,
     logprobs: int | None = None,
     prompt_logprobs: bool = False,
+    default_max_tokens: int | None = None,
 ) -> list[GenerationParams]:
     """One GenerationParams per choice (n), or a 400 naming the offending field. `logprobs`: None = no
     logprobs, k = the sampled token's logprob and the k most likely alternatives per token; `prompt_logprobs`: the
@@ -266,7 +297,8 @@ def build_params(
     score_only = max_tokens == 0
     if score_only and not prompt_logprobs:
         raise invalid_request("'max_tokens' 0 scores the prompt: it needs 'echo' and 'logprobs'", param="max_tokens")
-    resolved = resolve_max_tokens(len(prompt_ids), 1 if score_only else max_tokens, limit, what=what, param=param)
+    resolved = resolve_max_tokens(len(prompt_ids), 1 if score_only else max_tokens, limit, what=what, param=param,
+                                  default=default_max_tokens)
     if req.min_tokens > resolved:
         raise invalid_request(f"'min_tokens' ({req.min_tokens}) exceeds max_tokens ({resolved})", param="min_tokens")
     client_stop_ids = list(req.stop_token_ids or [])

@@ -5,45 +5,27 @@ from __future__ import annotations
 import time
 
 import msgspec
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from infer_server.chat_template import ChatTemplateError
-from infer_server.errors import ApiError, invalid_request, not_ready
-from infer_server.model_assets import ModelAssets, served_model_name
-from infer_server.openai_models import ChatCompletionRequest, ChatMessage, CompletionRequest
+from infer_server.errors import ApiError, not_ready, require_json_content_type
+from infer_server.model_assets import served_model_name
+from infer_server.openai_models import ChatCompletionRequest, CompletionRequest
 from infer_server.params import (
+    COMPLETION_DEFAULT_MAX_TOKENS,
     build_params,
     check_chat_request,
     check_completion_request,
     check_model,
     completion_prompts,
     echo_texts,
-    template_messages,
     usage_reporting,
 )
+from infer_server.prompts import chat_prompt_ids, messages_size, off_loop
 from infer_server.serving import serve_generation
 from infer_server.state import server_state
 
-router = APIRouter()
-
-
-def render_chat_prompt(assets: ModelAssets, messages: list[ChatMessage], add_generation_prompt: bool) -> list[int]:
-    """Chat messages -> prompt token ids through the model's template (400 when it has none or it refuses)."""
-    text = render_chat_text(assets, messages, add_generation_prompt)
-    return assets.tokenizer.encode(text, add_special_tokens=False)
-
-
-def render_chat_text(assets: ModelAssets, messages: list[ChatMessage], add_generation_prompt: bool) -> str:
-    template = assets.chat_template
-    if template is None:
-        detail = assets.chat_template_error or "the model directory has no chat template"
-        raise invalid_request(f"This model cannot serve chat completions: {detail}. Use /v1/completions.",
-                              param="messages", code="chat_template_missing")
-    try:
-        return template.render(template_messages(messages), add_generation_prompt=add_generation_prompt)
-    except ChatTemplateError as exc:
-        raise invalid_request(str(exc), param="messages", code="chat_template_error") from None
+router = APIRouter(dependencies=[Depends(require_json_content_type)], strict_content_type=False)
 
 
 @router.post("/v1/chat/completions")
@@ -52,7 +34,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     assets = state.require_assets()
     check_model(body.model, assets)
     check_chat_request(body)
-    prompt_ids = render_chat_prompt(assets, body.messages, body.add_generation_prompt)
+    prompt_ids = await off_loop(messages_size(body.messages), chat_prompt_ids, assets, body.messages,
+                                body.add_generation_prompt,
+                                literal_content=not state.config.allow_special_tokens_in_content)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages",
@@ -69,11 +53,14 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     assets = state.require_assets()
     check_model(body.model, assets)
     check_completion_request(body)
-    prompts = completion_prompts(body, assets)
+    size = len(body.prompt) if isinstance(body.prompt, str) else sum(len(p) for p in body.prompt
+                                                                     if isinstance(p, str | list))
+    prompts = await off_loop(size, completion_prompts, body, assets)
     echo_logprobs = bool(body.echo) and body.logprobs is not None
     params = [p for ids in prompts for p in build_params(body, ids, body.max_tokens, assets, state.config,
                                                          what="prompt", param="prompt", logprobs=body.logprobs,
-                                                         prompt_logprobs=echo_logprobs)]
+                                                         prompt_logprobs=echo_logprobs,
+                                                         default_max_tokens=COMPLETION_DEFAULT_MAX_TOKENS)]
     return await serve_generation(state, request, kind="completion", params=params, model=assets.served_name,
                                   stream=body.stream, prompt_tokens=sum(len(ids) for ids in prompts),
                                   usage_reporting=usage_reporting(body.stream_options),

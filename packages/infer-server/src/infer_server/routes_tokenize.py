@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import msgspec
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from infer_server.errors import invalid_request
+from infer_server.errors import invalid_request, require_json_content_type
 from infer_server.openai_models import DetokenizeRequest, TokenizeRequest
 from infer_server.params import check_model, check_token_ids
-from infer_server.routes_openai import render_chat_text
+from infer_server.prompts import chat_prompt_ids, messages_size, off_loop
 from infer_server.state import server_state
 
-router = APIRouter()
+router = APIRouter(dependencies=[Depends(require_json_content_type)], strict_content_type=False)
 
 
 @router.post("/tokenize")
@@ -24,11 +24,12 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
         raise invalid_request("exactly one of 'prompt' and 'messages' is required", param="prompt")
     if body.prompt is not None:
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
-        ids = assets.tokenizer.encode(body.prompt, add_special_tokens=add_special)
+        ids = await off_loop(len(body.prompt), assets.tokenizer.encode, body.prompt, add_special_tokens=add_special)
     else:
         assert body.messages is not None
-        text = render_chat_text(assets, body.messages, body.add_generation_prompt)
-        ids = assets.tokenizer.encode(text, add_special_tokens=bool(body.add_special_tokens))
+        ids = await off_loop(messages_size(body.messages), chat_prompt_ids, assets, body.messages,
+                             body.add_generation_prompt, add_special_tokens=bool(body.add_special_tokens),
+                             literal_content=not state.config.allow_special_tokens_in_content, check_fits=False)
     out = {"count": len(ids), "max_model_len": assets.max_model_len, "tokens": ids}
     return Response(msgspec.json.encode(out), media_type="application/json")
 

@@ -111,6 +111,7 @@ class SchedulerClient:
         self._queue_time_listeners: list[QueueTimeListener] = []
         self._last_pong: Pong | None = None
         self._last_pong_at = 0.0
+        self._pong_waiters: list[asyncio.Future[Pong]] = []
         self._last_message_at = 0.0
         self._was_ready = False
         self._draining = False  # not ready, but the scheduler still finishes what it holds
@@ -226,6 +227,27 @@ class SchedulerClient:
             handle._timer = asyncio.get_running_loop().call_later(timeout, handle._expire, timeout)
         return handle
 
+    async def fresh_pong(self, timeout: float) -> Pong | None:
+        """A Pong sent after this call (so its stats include everything this server has seen the scheduler do), by
+        pinging now and waiting up to `timeout` for the answer; the latest Pong when none comes in time. A /metrics
+        scrape uses it: between heartbeats the last Pong's counters lag (prefix-cache hits read 0 right after a
+        request that hit). Concurrent callers share one Ping."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Pong] = loop.create_future()
+        first = not self._pong_waiters
+        self._pong_waiters.append(waiter)
+        try:
+            if first:
+                self._send(Ping())
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except (SchedulerUnavailable, TimeoutError):
+            return self._last_pong
+        finally:
+            if waiter in self._pong_waiters:
+                self._pong_waiters.remove(waiter)
+            if not waiter.done():
+                waiter.cancel()
+
     def abort(self, request_id: str) -> None:
         try:
             self._send(Abort(request_id))
@@ -303,6 +325,11 @@ class SchedulerClient:
             log.error("scheduler protocol version %d != server protocol version %d", pong.version, PROTOCOL_VERSION)
         self._last_pong = pong
         self._last_pong_at = time.monotonic()
+        # Any Pong read now left the scheduler after every message read before it (one ordered pipe): fresh enough.
+        waiters, self._pong_waiters = self._pong_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(pong)
         held = pong.stats.num_running + pong.stats.num_waiting
         if pong.ready and pong.version == PROTOCOL_VERSION:
             if not self._was_ready:

@@ -111,15 +111,40 @@ async def serve_generation(
         raise
     fmt = LogprobsFormatter(kind, assets.tokenizer, len(params)) if logprobs else None
     if stream:
-        return EventStreamResponse(_events(state, shape, gens, fmt, echo))
+        end = _StreamEnd(state, shape.kind, gens)
+        # The response ends the stream too: a response cancelled before its body iterator first ran would never
+        # run the iterator's `finally` (closing an unstarted generator skips its body), leaking the admission slot.
+        return EventStreamResponse(_events(shape, gens, fmt, echo, end), on_close=end)
     try:
         return await _respond(state, request, shape, gens, fmt, echo)
     finally:
         state.release()
 
 
-async def _events(state: ServerState, shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,
-                  echo: list[str] | None) -> AsyncGenerator[bytes, None]:
+class _StreamEnd:
+    """Ends a streamed request once, whoever comes first: its event iterator, or its response (cancelled before the
+    iterator started). Aborts every unfinished sequence at the scheduler, gives the admission slot back, records."""
+
+    __slots__ = ("_state", "_kind", "_gens", "_done")
+
+    def __init__(self, state: ServerState, kind: Kind, gens: list[Generation]) -> None:
+        self._state = state
+        self._kind: Kind = kind
+        self._gens = gens
+        self._done = False
+
+    def __call__(self, error_code: str | None = "client_disconnected") -> None:
+        if self._done:
+            return
+        self._done = True
+        for g in self._gens:
+            g.close()
+        self._state.release()
+        _record(self._state.metrics, self._kind, self._gens, error_code)
+
+
+async def _events(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,
+                  echo: list[str] | None, end: _StreamEnd) -> AsyncGenerator[bytes, None]:
     error_code: str | None = "client_disconnected"
     try:
         try:
@@ -159,10 +184,7 @@ async def _events(state: ServerState, shape: ResponseShape, gens: list[Generatio
             yield sse_event(exc.body())
         yield DONE
     finally:
-        for g in gens:
-            g.close()
-        state.release()
-        _record(state.metrics, shape.kind, gens, error_code)
+        end(error_code)
 
 
 async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -31,8 +31,10 @@ def sse_event(payload: Any) -> bytes:
 class EventStreamResponse(Response):
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncGenerator[bytes, None], headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], headers: Mapping[str, str] | None = None,
+                 on_close: Callable[[], None] | None = None) -> None:
         self.events = events
+        self.on_close = on_close  # runs after the iterator is closed, whether or not it ever started
         self.status_code = 200
         self.background = None
         merged = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -68,4 +70,8 @@ class EventStreamResponse(Response):
                     pass
                 except Exception as exc:
                     log.warning("event stream ended with an error: %r", exc)
-            await self.events.aclose()
+            try:
+                await self.events.aclose()
+            finally:
+                if self.on_close is not None:
+                    self.on_close()

@@ -1,6 +1,7 @@
 /* RustInfer console: chat with streaming tokens + a live panel of engine metrics.
  * Static, no build step. Talks to the server over its public HTTP API only:
  *   GET /v1/models, POST /v1/chat/completions (SSE), GET /ready, GET /metrics, GET /metrics/system (optional).
+ * An API key typed into the header (kept in localStorage) goes with every request as `Authorization: Bearer`.
  * The API base URL comes from <meta name="rustinfer-api" content="...">; empty means same origin. */
 "use strict";
 
@@ -12,6 +13,12 @@
     return ((meta && meta.getAttribute("content")) || "").trim().replace(/\/+$/, "");
   })();
   const api = (path) => API_BASE + path;
+  const KEY_STORE = "rustinfer.api_key";
+  // The server asks for the key on /v1/* (and /metrics when configured); /ready and /health ignore it.
+  const authHeaders = () => {
+    const key = (localStorage.getItem(KEY_STORE) || "").trim();
+    return key ? { Authorization: "Bearer " + key } : {};
+  };
 
   const POLL_MS = 1000;
   const HISTORY_S = 15 * 60 + 30; // the longest chart window plus a margin
@@ -326,7 +333,7 @@
     const ctl = new AbortController();
     const timer = setTimeout(() => ctl.abort(), ms);
     try {
-      return await fetch(url, { signal: ctl.signal, cache: "no-store" });
+      return await fetch(url, { signal: ctl.signal, cache: "no-store", headers: authHeaders() });
     } finally {
       clearTimeout(timer);
     }
@@ -539,7 +546,7 @@
     try {
       const resp = await fetch(api("/v1/chat/completions"), {
         method: "POST",
-        headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+        headers: { "Content-Type": "application/json", Accept: "text/event-stream", ...authHeaders() },
         body: JSON.stringify(body),
         signal: controller.signal,
       });
@@ -671,13 +678,23 @@
   maxTok.addEventListener("change", () => localStorage.setItem("rustinfer.max_tokens", maxTok.value));
   sysPrompt.addEventListener("change", () => localStorage.setItem("rustinfer.system", sysPrompt.value));
 
+  // API key: a new one reloads the model list (which a keyed server refused without it)
+  const keyInput = $("api-key");
+  keyInput.value = localStorage.getItem(KEY_STORE) || "";
+  keyInput.addEventListener("change", () => {
+    localStorage.setItem(KEY_STORE, keyInput.value.trim());
+    loadModels();
+  });
+
   // Model list
   const modelSel = $("model");
   modelSel.addEventListener("change", () => {
     chat.model = modelSel.value;
     localStorage.setItem("rustinfer.model", chat.model);
   });
+  let modelsRetry = null;
   async function loadModels() {
+    clearTimeout(modelsRetry); // one retry chain, however often the key changes
     try {
       const r = await fetchWithTimeout(api("/v1/models"), 5000);
       if (!r.ok) throw new Error((await errorFromResponse(r)).message + " (HTTP " + r.status + ")");
@@ -696,7 +713,7 @@
       modelSel.replaceChildren(o);
       modelSel.title = "GET /v1/models failed: " + (e.message || e);
       chat.model = "";
-      setTimeout(loadModels, 5000);
+      modelsRetry = setTimeout(loadModels, 5000);
     }
   }
 
