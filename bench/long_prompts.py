@@ -20,10 +20,12 @@ import httpx
 
 
 def stream_completion(client: httpx.Client, url: str, body: dict) -> tuple[float, int, str]:
-    """(TTFT seconds, chunks with text, error or '')."""
+    """(TTFT seconds, completion tokens from the usage chunk, error or ''). Tokens, not chunks: the server holds
+    back a partial UTF-8 character and sends it with the next token, so a random model's chunks can be fewer."""
     start = time.perf_counter()
-    ttft, chunks = 0.0, 0
-    with client.stream("POST", f"{url}/v1/completions", json=body | {"stream": True}) as resp:
+    ttft, chunks, tokens = 0.0, 0, 0
+    body = body | {"stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
         if resp.status_code != 200:
             return 0.0, 0, f"HTTP {resp.status_code}: {resp.read().decode()[:200]}"
         for line in resp.iter_lines():
@@ -31,12 +33,14 @@ def stream_completion(client: httpx.Client, url: str, body: dict) -> tuple[float
                 continue
             event = json.loads(line[6:])
             if "error" in event:
-                return ttft, chunks, str(event["error"])[:200]
+                return ttft, tokens, str(event["error"])[:200]
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
             if event.get("choices") and event["choices"][0].get("text"):
                 chunks += 1
                 if chunks == 1:
                     ttft = time.perf_counter() - start
-    return ttft, chunks, ""
+    return ttft, tokens, ""
 
 
 def main() -> int:
@@ -89,9 +93,9 @@ def main() -> int:
             prompt = base[:length] if args.shared_prefix else [rng.randrange(args.vocab) for _ in range(length)]
             body = {"model": args.model, "prompt": prompt,
                     "max_tokens": args.max_tokens, "ignore_eos": True, "temperature": 0}
-            ttft, chunks, error = stream_completion(client, args.url, body)
-            if error or chunks != args.max_tokens:
-                error = error or f"{chunks} chunks for {args.max_tokens} tokens"
+            ttft, tokens, error = stream_completion(client, args.url, body)
+            if error or tokens != args.max_tokens:
+                error = error or f"{tokens} tokens of {args.max_tokens}"
                 break
             ttfts.append(ttft)
         ttfts.sort()
