@@ -222,3 +222,21 @@ def test_modules_to_not_convert_stay_dense(tmp_path: Path) -> None:
     model, _ = load_model(path, CpuBackend(), "float32", "auto", 0)
     assert model.layers[0].mlp.down_proj.scheme.method.value == "dense"
     assert model.layers[0].mlp.gate_up_proj.scheme.method.value == "awq"
+
+
+@pytest.mark.parametrize("name,method", [("qwen3-4b-awq", "awq"), ("qwen3-4b-fp8", "fp8-block")])
+def test_bench_configs_build_in_their_layout(name: str, method: str) -> None:
+    """The published Qwen3-4B quantized configs pass every start-up check; built on the meta device (no memory)."""
+    from infer_worker.models.llama import LlamaForCausalLM
+    from infer_worker.models.spec import ModelSpec
+
+    root = Path(__file__).resolve().parents[2]
+    spec = ModelSpec.from_hf_config(json.loads((root / "bench" / "models" / name / "config.json").read_text()))
+    model = LlamaForCausalLM(spec, CpuBackend().ops, torch.bfloat16, "meta")
+    layer = model.layers[0]
+    assert {layer.attention.qkv_proj.scheme.method.value, layer.mlp.down_proj.scheme.method.value} == {method}
+    assert model.lm_head.scheme.method.value == "dense"
+    if method == "awq":
+        assert tuple(layer.mlp.down_proj.params.tensors["qweight"].shape) == (9728, 2560 // 8)
+    else:
+        assert tuple(layer.attention.qkv_proj.params.tensors["weight_scale_inv"].shape) == ((4096 + 2048) // 128, 20)

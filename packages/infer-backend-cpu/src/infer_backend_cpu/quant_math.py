@@ -36,14 +36,6 @@ def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
     return (codes - zeros) * scales.to(torch.float32).repeat_interleave(group, dim=0)
 
 
-def awq_linear(
-    x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    # As an `[out, in]` weight in x's dtype, so the GEMM is the one a dense twin of the checkpoint runs.
-    weight = awq_dequantize(qweight, qzeros, scales).t().contiguous().to(x.dtype)
-    return F.linear(x, weight, bias)
-
-
 def quantize_activation_fp8(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
     """`x [T, K]` -> (e4m3 codes `[T, K]`, fp32 scales `[T, ceil(K / group)]`); a partial last group scales alone."""
     rows, cols = x.shape
@@ -63,6 +55,14 @@ def fp8_block_dequantize(
     return weight.to(torch.float32) * per_row.repeat_interleave(group, dim=1)[:, : weight.shape[1]]
 
 
+def fp8_grouped_codes(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """e4m3 codes `[N, K]` -> fp32 `[groups, group, N]` (zero-padded): each group's GEMM operand, contiguous."""
+    cols = weight.shape[1]
+    groups = -(-cols // group)
+    padded = F.pad(weight.to(torch.float32), (0, groups * group - cols))
+    return padded.view(weight.shape[0], groups, group).permute(1, 2, 0).contiguous()
+
+
 def fp8_block_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -70,15 +70,18 @@ def fp8_block_linear(
     scale_row: torch.Tensor,
     group: int,
     bias: torch.Tensor | None,
+    grouped: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """W8A8 `x [T, K] @ w.T` with `weight` e4m3 `[N, K]`, `scale_inv [rows, ceil(K / group)]` and `scale_row [N]`."""
+    """W8A8 `x [T, K] @ w.T` with `weight` the e4m3 codes `[N, K]`, `scale_inv [rows, ceil(K / group)]` and
+    `scale_row [N]`; `grouped` is `fp8_grouped_codes(weight, group)` when the caller keeps it."""
     cols = x.shape[1]
     codes, x_scale = quantize_activation_fp8(x, group)
+    w = fp8_grouped_codes(weight, group) if grouped is None else grouped
     w_scale = scale_inv.to(torch.float32)[scale_row.long()]  # [N, groups]
     out = torch.zeros((x.shape[0], weight.shape[0]), dtype=torch.float32, device=x.device)
     for g, start in enumerate(range(0, cols, group)):
-        block = slice(start, min(start + group, cols))
-        partial = codes[:, block].to(torch.float32) @ weight[:, block].to(torch.float32).t()
+        end = min(start + group, cols)
+        partial = codes[:, start:end].to(torch.float32) @ w[g, : end - start]
         out += partial * (x_scale[:, g, None] * w_scale[None, :, g])
     if bias is not None:
         out += bias.to(torch.float32)
