@@ -10,36 +10,13 @@ import torch.nn.functional as F
 
 from infer_backend_cpu.fused_ops import CpuFusedOps
 from infer_backend_cpu.quant_math import awq_dequantize, fp8_block_linear, fp8_grouped_codes
-from infer_core.ports.fused_ops import unfused_add_rms_norm_linear, unfused_silu_mul_linear
-from infer_core.ports.linear_ops import LinearOps
+from infer_core.ports.linear_ops import LinearOps, UnfusedLinearOps
 from infer_core.quant import QuantMethod, QuantScheme
 
 Operands = Sequence[torch.Tensor]
 
 
-class _Unfused:
-    """The norm+GEMM and SiLU+GEMM ops as the separate reference ops, around the scheme's `linear`."""
-
-    scheme: QuantScheme
-
-    def __init__(self, fused: CpuFusedOps, scheme: QuantScheme) -> None:
-        self._fused = fused
-        self.scheme = scheme
-
-    def linear(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
-        raise NotImplementedError
-
-    def add_rms_norm_linear(
-        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-        weight: Operands, bias: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        return unfused_add_rms_norm_linear(self._fused, self.linear, x, residual, norm_weight, eps, weight, bias)
-
-    def silu_mul_linear(self, gate_up: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
-        return unfused_silu_mul_linear(self._fused, self.linear, gate_up, weight, bias)
-
-
-class DenseLinearOps(_Unfused):
+class DenseLinearOps(UnfusedLinearOps):
     def linear(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, weight[0], bias)
 
@@ -62,7 +39,7 @@ class _Expanded:
         return hit[1]
 
 
-class AwqLinearOps(_Unfused):
+class AwqLinearOps(UnfusedLinearOps):
     def __init__(self, fused: CpuFusedOps, scheme: QuantScheme) -> None:
         super().__init__(fused, scheme)
         self._dense = _Expanded()
@@ -74,7 +51,7 @@ class AwqLinearOps(_Unfused):
         return F.linear(x, dense.to(x.dtype), bias)
 
 
-class Fp8BlockLinearOps(_Unfused):
+class Fp8BlockLinearOps(UnfusedLinearOps):
     def __init__(self, fused: CpuFusedOps, scheme: QuantScheme) -> None:
         super().__init__(fused, scheme)
         self._codes = _Expanded()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
+from infer_core.ports.fused_ops import FusedOps, unfused_add_rms_norm_linear, unfused_silu_mul_linear
 from infer_core.ports.tensor import Tensor
 from infer_core.quant import QuantScheme
 
@@ -37,3 +38,24 @@ class LinearOpsFactory(Protocol):
     def bind(self, scheme: QuantScheme) -> LinearOps:
         """The ops for weights of `scheme`; raises ValueError for a scheme this backend cannot run."""
         ...
+
+
+class UnfusedLinearOps:
+    """A scheme's `LinearOps` whose norm+GEMM and SiLU+GEMM are the separate ops around its `linear`: what an
+    adapter binds for a layout it has no fused kernel for."""
+
+    def __init__(self, fused: FusedOps, scheme: QuantScheme) -> None:
+        self._fused = fused
+        self.scheme = scheme
+
+    def linear(self, x: Tensor, weight: Sequence[Tensor], bias: Tensor | None) -> Tensor:
+        raise NotImplementedError
+
+    def add_rms_norm_linear(
+        self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Sequence[Tensor],
+        bias: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        return unfused_add_rms_norm_linear(self._fused, self.linear, x, residual, norm_weight, eps, weight, bias)
+
+    def silu_mul_linear(self, gate_up: Tensor, weight: Sequence[Tensor], bias: Tensor | None) -> Tensor:
+        return unfused_silu_mul_linear(self._fused, self.linear, gate_up, weight, bias)
