@@ -13,6 +13,7 @@ from infer_core.ports.op_ports import OpPorts
 from infer_backend_cpu.collective import SingleProcessCollective
 from infer_backend_cpu.fused_ops import CpuFusedOps
 from infer_backend_cpu.host_memory import host_memory_info
+from infer_backend_cpu.linear_ops import CpuLinears
 from infer_backend_cpu.math_ops import CpuMathOps
 from infer_backend_cpu.sampler import CpuSampler
 
@@ -49,8 +50,10 @@ class CpuBackend:
         self.device: str = device
         # fp32 by default: CPU matmuls in bf16 are slow and the reference backend should be exact.
         self._default_dtype = DType.parse(dtype) if isinstance(dtype, str) else (dtype or DType.FLOAT32)
+        fused = CpuFusedOps()
         self.ops = OpPorts(
-            math=CpuMathOps(), fused=CpuFusedOps(), sampler=CpuSampler(), collective=SingleProcessCollective()
+            math=CpuMathOps(), fused=fused, sampler=CpuSampler(), collective=SingleProcessCollective(),
+            linears=CpuLinears(fused),
         )
 
     @staticmethod

@@ -94,6 +94,7 @@ class CudaBackend:
             dtype if isinstance(dtype, DType) else None
         )
 
+        from infer_backend_cuda.linear_ops import CudaLinears
         from infer_backend_cuda.ops import CudaMathOps, SingleDeviceCollective, TritonFusedOps
         from infer_backend_cuda.sampler import CudaSampler
 
@@ -101,8 +102,10 @@ class CudaBackend:
         sampler.warmup()  # Numba kernels compiled and loaded before any graph capture
         # INFER_CUDA_SKINNY_GEMM=0 keeps every GEMM on cuBLAS (for A/B benchmarks and debugging).
         math = CudaMathOps(skinny_gemm=os.environ.get(SKINNY_GEMM_ENV, "1") != "0")
+        fused = TritonFusedOps(math)
         self.ops = OpPorts(
-            math=math, fused=TritonFusedOps(math), sampler=sampler, collective=SingleDeviceCollective()
+            math=math, fused=fused, sampler=sampler, collective=SingleDeviceCollective(),
+            linears=CudaLinears(math, fused),
         )
         self._graph_pool = None
 

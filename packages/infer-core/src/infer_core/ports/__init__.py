@@ -7,6 +7,7 @@ backend's op bundles at construction time; there are no per-op registry look-ups
 from infer_core.ports.backend import GraphRunner, LlmBackend, MemoryInfo
 from infer_core.ports.collective import Collective
 from infer_core.ports.fused_ops import AttentionBatch, FusedOps
+from infer_core.ports.linear_ops import LinearOps, LinearOpsFactory
 from infer_core.ports.math_ops import MathOps
 from infer_core.ports.op_ports import OpPorts
 from infer_core.ports.sampler import SampleOutput, Sampler, SamplingBatch
@@ -18,6 +19,8 @@ __all__ = [
     "FusedOps",
     "GraphRunner",
     "LlmBackend",
+    "LinearOps",
+    "LinearOpsFactory",
     "MathOps",
     "MemoryInfo",
     "OpPorts",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from infer_core.ports.collective import Collective
 from infer_core.ports.fused_ops import FusedOps
+from infer_core.ports.linear_ops import LinearOpsFactory
 from infer_core.ports.math_ops import MathOps
 from infer_core.ports.sampler import Sampler
 
@@ -16,3 +17,4 @@ class OpPorts:
     fused: FusedOps
     sampler: Sampler
     collective: Collective
+    linears: LinearOpsFactory  # per weight scheme (dense, AWQ, block FP8) the GEMM-bearing ops

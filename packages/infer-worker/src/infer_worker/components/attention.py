@@ -7,6 +7,7 @@ import torch
 
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.op_ports import OpPorts
+from infer_core.quant import DENSE_CONFIG, ModuleQuant
 from infer_worker.components.linear import Linear, MergedLinear
 from infer_worker.components.weights import WeightInit, WeightSlot, WeightSlots, empty, prefixed
 
@@ -27,7 +28,9 @@ class Attention:
         norm_eps: float,
         dtype: torch.dtype,
         device: str,
+        quant: ModuleQuant = ModuleQuant(DENSE_CONFIG),
     ) -> None:
+        """`quant` is the checkpoint's quantization seen from this module (`model.layers.N.self_attn.`)."""
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} query heads cannot be grouped over {num_kv_heads} kv heads")
         self._fused = ops.fused
@@ -38,10 +41,13 @@ class Attention:
         self.cos_sin_cache = cos_sin_cache
         self.norm_eps = norm_eps
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+        qkv = (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size))
         self.qkv_proj = MergedLinear(
-            ops, hidden_size, (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)), bias, dtype, device
+            ops, hidden_size, qkv, bias, dtype, device, quant.fused_scheme(tuple(n for n, _ in qkv)), quant.name("")
         )
-        self.o_proj = Linear.allocate(ops, q_size, hidden_size, bias, dtype, device)
+        self.o_proj = Linear.allocate(
+            ops, q_size, hidden_size, bias, dtype, device, quant.scheme("o_proj"), quant.name("o_proj")
+        )
         self.q_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None
         self.k_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None
 

@@ -5,26 +5,30 @@ from __future__ import annotations
 import torch
 
 from infer_core.ports.op_ports import OpPorts
+from infer_core.quant import DENSE_CONFIG, ModuleQuant
 from infer_worker.components.linear import Linear, MergedLinear
 from infer_worker.components.weights import WeightSlots, prefixed
 
 
 class GatedMlp:
     def __init__(
-        self, ops: OpPorts, hidden_size: int, intermediate_size: int, bias: bool, dtype: torch.dtype, device: str
+        self, ops: OpPorts, hidden_size: int, intermediate_size: int, bias: bool, dtype: torch.dtype, device: str,
+        quant: ModuleQuant = ModuleQuant(DENSE_CONFIG),
     ) -> None:
-        self._fused = ops.fused
+        gate_up = (("gate_proj", intermediate_size), ("up_proj", intermediate_size))
         self.gate_up_proj = MergedLinear(
-            ops, hidden_size, (("gate_proj", intermediate_size), ("up_proj", intermediate_size)), bias, dtype, device
+            ops, hidden_size, gate_up, bias, dtype, device, quant.fused_scheme(("gate_proj", "up_proj")), quant.name("")
         )
-        self.down_proj = Linear.allocate(ops, intermediate_size, hidden_size, bias, dtype, device)
+        self.down_proj = Linear.allocate(
+            ops, intermediate_size, hidden_size, bias, dtype, device, quant.scheme("down_proj"), quant.name("down_proj")
+        )
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.down(self.gate_up_proj(hidden))
 
     def down(self, gate_up: torch.Tensor) -> torch.Tensor:
         """The MLP after its gate/up GEMM (which the decoder layer fuses with the norm before it)."""
-        return self._fused.silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
+        return self.down_proj.silu_mul_linear(gate_up)
 
     def weight_slots(self) -> WeightSlots:
         return {**self.gate_up_proj.weight_slots(), **prefixed("down_proj.", self.down_proj.weight_slots())}

@@ -26,7 +26,7 @@ class RMSNorm:
         self, x: torch.Tensor, residual: torch.Tensor | None, linear: Linear
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """`residual = x + residual` (`x` when None); returns `(linear(norm(residual)), residual)`, fused."""
-        return self._fused.add_rms_norm_linear(x, residual, self.weight, self.eps, linear.weight, linear.bias)
+        return linear.add_rms_norm_linear(x, residual, self.weight, self.eps)
 
     def weight_slots(self) -> WeightSlots:
         return {"weight": WeightSlot(self.weight, WeightInit.ONES)}

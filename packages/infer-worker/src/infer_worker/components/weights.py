@@ -13,6 +13,9 @@ from typing import Mapping, NamedTuple
 import torch
 
 DUMMY_STD = 0.02  # HF's usual initializer_range: keeps activations of a random model in a sane range
+# Random 4-bit codes around a zero point of 8 spread as U{-8..7}, whose std is ~4.61: the scale that gives DUMMY_STD.
+AWQ_DUMMY_ZERO_WORD = 0x88888888 - (1 << 32)  # eight nibbles of 8, as the int32 the layout stores
+AWQ_DUMMY_SCALE = DUMMY_STD / 4.61
 
 
 class WeightInit(Enum):
@@ -21,6 +24,11 @@ class WeightInit(Enum):
     NORMAL = "normal"  # projections and embeddings
     ONES = "ones"  # norm scales
     ZEROS = "zeros"  # biases
+    RANDOM_BITS = "random_bits"  # AWQ qweight: every 4-bit code equally likely
+    AWQ_ZERO_POINT = "awq_zero_point"  # AWQ qzeros: the midpoint code
+    AWQ_SCALE = "awq_scale"  # AWQ scales: DUMMY_STD over the codes' spread
+    FP8_NORMAL = "fp8_normal"  # FP8 weight: N(0, 1) codes, well inside e4m3's range
+    FP8_SCALE = "fp8_scale"  # FP8 weight_scale_inv: DUMMY_STD
 
 
 class WeightSlot(NamedTuple):
@@ -32,15 +40,34 @@ class WeightSlot(NamedTuple):
             raise ValueError(
                 f"weight {name!r} has shape {tuple(value.shape)}, the model expects {tuple(self.tensor.shape)}"
             )
+        if _is_code(self.tensor.dtype) and value.dtype != self.tensor.dtype:
+            # Packed ints and FP8 codes are bit patterns: a cast would load a different layout without a word.
+            raise ValueError(
+                f"weight {name!r} has dtype {value.dtype}, the quantized layout stores {self.tensor.dtype}"
+            )
         self.tensor.copy_(value)
 
     def init_dummy(self, generator: torch.Generator) -> None:
-        if self.init is WeightInit.NORMAL:
-            self.tensor.normal_(0.0, DUMMY_STD, generator=generator)
-        elif self.init is WeightInit.ONES:
-            self.tensor.fill_(1.0)
+        t, init = self.tensor, self.init
+        if init is WeightInit.NORMAL:
+            t.normal_(0.0, DUMMY_STD, generator=generator)
+        elif init is WeightInit.ONES:
+            t.fill_(1.0)
+        elif init is WeightInit.RANDOM_BITS:
+            size = t.element_size()
+            raw = torch.randint(0, 256, (*t.shape[:-1], t.shape[-1] * size), dtype=torch.uint8, device=t.device,
+                                generator=generator)
+            t.copy_(raw.view(t.dtype))
+        elif init is WeightInit.AWQ_ZERO_POINT:
+            t.fill_(AWQ_DUMMY_ZERO_WORD)
+        elif init is WeightInit.AWQ_SCALE:
+            t.fill_(AWQ_DUMMY_SCALE)
+        elif init is WeightInit.FP8_NORMAL:  # normal_ has no float8 kernel: draw in fp32, then round to e4m3
+            t.copy_(torch.empty(t.shape, device=t.device).normal_(0.0, 1.0, generator=generator))
+        elif init is WeightInit.FP8_SCALE:
+            t.fill_(DUMMY_STD)
         else:
-            self.tensor.zero_()
+            t.zero_()
 
 
 WeightSlots = dict[str, WeightSlot]
@@ -49,6 +76,10 @@ WeightSlots = dict[str, WeightSlot]
 def prefixed(prefix: str, slots: Mapping[str, WeightSlot]) -> WeightSlots:
     """Qualify a component's slot names with its place in the checkpoint (`model.layers.3.mlp.` + ...)."""
     return {f"{prefix}{name}": slot for name, slot in slots.items()}
+
+
+def _is_code(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point or dtype.itemsize == 1
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> torch.Tensor:

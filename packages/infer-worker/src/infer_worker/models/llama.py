@@ -13,10 +13,12 @@ import torch
 
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.op_ports import OpPorts
+from infer_core.quant import ModuleQuant
 from infer_worker.components.attention import Attention
 from infer_worker.components.decoder_layer import DecoderLayer
 from infer_worker.components.embedding import Embedding
 from infer_worker.components.linear import Linear
+from infer_worker.components.linear_weight import LinearWeight
 from infer_worker.components.mlp import GatedMlp
 from infer_worker.components.norm import RMSNorm
 from infer_worker.components.rotary import cos_sin_cache
@@ -36,27 +38,30 @@ class LlamaForCausalLM:
         self.device = device
         rope = cos_sin_cache(spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling, device)
         self.embed_tokens = Embedding(ops, spec.vocab_size, spec.hidden_size, dtype, device)
-        self.layers = [self._layer(ops, rope) for _ in range(spec.num_layers)]
+        self.layers = [self._layer(ops, rope, i) for i in range(spec.num_layers)]
         self.norm = RMSNorm(ops, spec.hidden_size, spec.rms_norm_eps, dtype, device)
-        # Tied embeddings: the head *is* the embedding tensor, so there is nothing separate to load.
+        # Tied embeddings: the head *is* the embedding tensor, so there is nothing separate to load. The head and
+        # the embedding stay dense in every quantized format.
         self.lm_head = (
-            Linear(ops, self.embed_tokens.weight)
+            Linear(ops, LinearWeight.dense(self.embed_tokens.weight))
             if spec.tie_word_embeddings
             else Linear.allocate(ops, spec.hidden_size, spec.vocab_size, False, dtype, device)
         )
         self._slots = self.weight_slots()
 
-    def _layer(self, ops: OpPorts, rope: torch.Tensor) -> DecoderLayer:
+    def _layer(self, ops: OpPorts, rope: torch.Tensor, index: int) -> DecoderLayer:
         spec, dtype, device = self.spec, self.dtype, self.device
+        quant = ModuleQuant(spec.quantization, f"model.layers.{index}.")
         attention = Attention(
             ops, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, rope,
             qk_norm=spec.qk_norm, bias=spec.attention_bias, norm_eps=spec.rms_norm_eps, dtype=dtype, device=device,
+            quant=quant.within("self_attn."),
         )
         return DecoderLayer(
             RMSNorm(ops, spec.hidden_size, spec.rms_norm_eps, dtype, device),
             attention,
             RMSNorm(ops, spec.hidden_size, spec.rms_norm_eps, dtype, device),
-            GatedMlp(ops, spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype, device),
+            GatedMlp(ops, spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype, device, quant.within("mlp.")),
         )
 
     # ------------------------------------------------------------------ weights

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from infer_core.dtypes import DType
+from infer_core.quant import DENSE_CONFIG, QuantConfig
 from infer_worker.components.rotary import SUPPORTED_ROPE_TYPES, RopeScaling
+from infer_worker.models.quantization import quant_config_from_hf
 
 # Architectures whose attention normalises q and k per head (their checkpoints carry q_norm/k_norm weights).
 _QK_NORM_ARCHITECTURES = frozenset({"Qwen3ForCausalLM"})
@@ -43,6 +45,7 @@ class ModelSpec:
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     torch_dtype: DType | None = None  # the checkpoint's declared dtype (a core DType, despite the HF name)
+    quantization: QuantConfig = DENSE_CONFIG  # the layout of the linear weights (dense, AWQ, block FP8)
 
     @property
     def eos_token_id(self) -> int | None:
@@ -78,6 +81,7 @@ class ModelSpec:
             eos_token_ids=_token_ids(config.get("eos_token_id")),
             bos_token_id=config.get("bos_token_id"),
             torch_dtype=_dtype(config.get("dtype") or config.get("torch_dtype")),
+            quantization=quant_config_from_hf(config),
         )
 
 

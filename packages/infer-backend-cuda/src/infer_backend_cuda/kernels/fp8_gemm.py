@@ -1,0 +1,154 @@
+"""Block FP8 (W8A8, DeepSeek / Qwen3-FP8): dynamic activation quantization and the block-scaled GEMMs.
+
+`fp8_quantize_activation`: per row and per `group` columns, scale = amax / 448 (1 where amax is 0), codes =
+e4m3(clamp(x / scale, ±448)), with IEEE division so that the codes equal the CPU reference's bit for bit.
+
+`fp8_block_linear`: `y = sum_g (x_q[:, g] @ w_q[:, g].T) * x_scale[:, g] * w_scale[row, g]` in fp32, one K step per
+group; `scale_row [N]` names the `weight_scale_inv` row of each output row (fused parts keep their own partial
+blocks). Prefill takes a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores), decode (<= 8 rows) a
+GEMV-style kernel with the products on the CUDA cores. `torch._scaled_mm`'s block-scaled recipes are not used:
+they cannot be checked here without a GPU and they need whole 128-blocks, where SmolLM2 and fused parts have
+partial ones.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
+
+_E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
+SKINNY_MAX_M = 8
+
+
+class Fp8Config(NamedTuple):
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+@triton.jit
+def _round_to_e4m3_grid(v):
+    """`v` (|v| <= 448) rounded to the nearest e4m3 value, ties to even, in fp32. Triton 3.9's interpreter casts
+    fp32 to fp8 wrongly where rounding carries into the exponent (124.7 -> 64), so under it the cast is handed
+    values it need not round; on the GPU the hardware conversion (cvt.rn.satfinite) rounds the same way."""
+    exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    quantum = tl.exp2((tl.maximum(exponent, -6) - 3).to(tl.float32))  # 3 mantissa bits; subnormals below 2^-6
+    t = v / quantum  # exact: a power of two
+    r = tl.floor(t + 0.5)
+    r = tl.where((r - t == 0.5) & (r % 2 != 0), r - 1.0, r)
+    return r * quantum
+
+
+@triton.jit
+def _act_quant_kernel(
+    x_ptr, q_ptr, s_ptr, K, x_stride, q_stride, s_stride, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr
+):
+    row, g = tl.program_id(0), tl.program_id(1)
+    cols = g * GROUP + tl.arange(0, GROUP)
+    mask = cols < K
+    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=0)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full((), _E4M3_MAX, tl.float32)), 1.0)
+    codes = tl.clamp(tl.math.div_rn(x, tl.zeros_like(x) + scale), -_E4M3_MAX, _E4M3_MAX)
+    if ROUND_IN_FP32:
+        codes = _round_to_e4m3_grid(codes)
+    tl.store(q_ptr + row.to(tl.int64) * q_stride + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(s_ptr + row * s_stride + g, scale)
+
+
+@triton.jit
+def _fp8_gemm_kernel(
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, row_ptr, b_ptr, out_ptr,
+    M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SKINNY: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, GROUP)
+    m_mask, n_mask = rm < M, rn < N
+    scale_rows = tl.load(row_ptr + rn, mask=n_mask, other=0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for g in range(0, tl.cdiv(K, GROUP)):
+        kk = g * GROUP + rk
+        k_mask = kk < K
+        a = tl.load(xq_ptr + rm.to(tl.int64)[:, None] * xq_stride + kk[None, :],
+                    mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_ptr + rn.to(tl.int64)[None, :] * w_stride + kk[:, None],
+                    mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [GROUP, BLOCK_N]
+        if SKINNY:
+            partial = tl.sum(a.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        elif DOT_F32:
+            partial = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:
+            partial = tl.dot(a, w)
+        x_scale = tl.load(xs_ptr + rm * xs_stride + g, mask=m_mask, other=0.0)
+        w_scale = tl.load(ws_ptr + scale_rows * ws_stride + g, mask=n_mask, other=0.0)
+        acc += partial * (x_scale[:, None] * w_scale[None, :])
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+def fp8_quantize_activation(
+    x: torch.Tensor, group: int, codes: torch.Tensor | None = None, scales: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x [M, K]` -> (e4m3 codes `[M, K]`, fp32 scales `[M, ceil(K / group)]`)."""
+    check_last_dim_contiguous("input", x)
+    m, k = x.shape
+    groups = triton.cdiv(k, group)
+    if codes is None:
+        codes = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    if scales is None:
+        scales = torch.empty((m, groups), dtype=torch.float32, device=x.device)
+    if m:
+        _act_quant_kernel[(m, groups)](x, codes, scales, k, x.stride(0), codes.stride(0), scales.stride(0),
+                                       GROUP=group, ROUND_IN_FP32=interpreting(), num_warps=1 if group <= 128 else 2)
+    return codes, scales
+
+
+def default_config(m: int, group: int) -> Fp8Config:
+    """Decode: ~8K fp32 products per K step and program. Prefill: 64-128 row tiles on the tensor cores."""
+    if m <= SKINNY_MAX_M:
+        bm = next_pow2(m)
+        return Fp8Config(bm, max(8, 8192 // (bm * group)), 4, 2)
+    return Fp8Config(64 if m <= 64 else 128, 128, 8 if m > 64 else 4, 3)
+
+
+def fp8_block_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale_inv: torch.Tensor,
+    scale_row: torch.Tensor,
+    group: int,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: Fp8Config | None = None,
+) -> torch.Tensor:
+    """W8A8 `x [M, K] @ dequant(weight [N, K]).T (+ bias)` -> `[M, N]` in x's dtype."""
+    if x.dim() != 2 or weight.shape[1] != x.shape[1] or scale_row.shape[0] != weight.shape[0]:
+        raise ValueError(f"FP8 GEMM: input {tuple(x.shape)}, weight {tuple(weight.shape)} and scale_row "
+                         f"{tuple(scale_row.shape)} do not match")
+    check_last_dim_contiguous("weight", weight)
+    m, k = x.shape
+    n = weight.shape[0]
+    codes, x_scale = fp8_quantize_activation(x, group)
+    if out is None:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    cfg = config or default_config(m, group)
+    skinny = cfg.block_m <= SKINNY_MAX_M
+    _fp8_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
+        codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, out,
+        m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
+        GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), SKINNY=skinny,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return out

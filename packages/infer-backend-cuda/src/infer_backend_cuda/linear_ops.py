@@ -1,0 +1,86 @@
+"""The CUDA adapter's `LinearOps` per weight scheme, bound once per scheme when the model is built.
+
+Dense weights keep the existing paths (cuBLAS, the skinny Triton GEMM and its fused norm / SiLU prologues). AWQ
+and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after the unfused norm or
+SiLU kernel. Every path allocates its outputs with `torch.empty` only, which a CUDA-graph capture serves from the
+graph's pool, and never synchronises with the host.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from infer_backend_cuda.kernels import awq_gemm, fp8_gemm
+from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
+from infer_core.ports.linear_ops import LinearOps, UnfusedLinearOps
+from infer_core.quant import QuantMethod, QuantScheme
+
+Operands = Sequence[torch.Tensor]
+
+
+class DenseLinearOps:
+    def __init__(self, math: CudaMathOps, fused: TritonFusedOps, scheme: QuantScheme) -> None:
+        self._math = math
+        self._fused = fused
+        self.scheme = scheme
+
+    def linear(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        return self._math.linear(x, weight[0], bias)
+
+    def add_rms_norm_linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+        weight: Operands, bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._fused.add_rms_norm_linear(x, residual, norm_weight, eps, weight[0], bias)
+
+    def silu_mul_linear(self, gate_up: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        return self._fused.silu_mul_linear(gate_up, weight[0], bias)
+
+
+class _QuantizedLinearOps(UnfusedLinearOps):
+    """A quantized scheme's GEMM with the norm and SiLU kernels before it, unfused."""
+
+    def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def linear(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        # Inputs of any leading shape, as F.linear takes them; the kernels see `[rows, in]`, rows contiguous.
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        return self.gemm(rows, weight, bias).reshape(*x.shape[:-1], -1)
+
+
+class AwqLinearOps(_QuantizedLinearOps):
+    def __init__(self, fused: TritonFusedOps, scheme: QuantScheme) -> None:
+        awq_gemm.check_group(scheme.group_size)
+        super().__init__(fused, scheme)
+
+    def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        qweight, qzeros, scales = weight
+        return awq_gemm.awq_linear(x, qweight, qzeros, scales, bias)
+
+
+class Fp8BlockLinearOps(_QuantizedLinearOps):
+    def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        codes, scale_inv, scale_row = weight
+        return fp8_gemm.fp8_block_linear(x, codes, scale_inv, scale_row, self.scheme.block[1], bias)
+
+
+class CudaLinears:
+    def __init__(self, math: CudaMathOps, fused: TritonFusedOps) -> None:
+        self._math = math
+        self._fused = fused
+        self._bound: dict[QuantScheme, LinearOps] = {}
+
+    def bind(self, scheme: QuantScheme) -> LinearOps:
+        if scheme not in self._bound:
+            if scheme.method is QuantMethod.DENSE:
+                self._bound[scheme] = DenseLinearOps(self._math, self._fused, scheme)
+            elif scheme.method is QuantMethod.AWQ:
+                self._bound[scheme] = AwqLinearOps(self._fused, scheme)
+            else:
+                self._bound[scheme] = Fp8BlockLinearOps(self._fused, scheme)
+        return self._bound[scheme]

@@ -1,0 +1,147 @@
+"""The W4A16 (AWQ) and W8A8 (block FP8) kernels against the CPU reference numerics (`infer_backend_cpu.quant_math`,
+itself checked against an independent packer and transformers in tests/worker/test_quantized_models.py).
+Interpreter shapes are tiny; the Qwen3-4B shapes, odd row counts and CUDA-graph replay are marked `gpu`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer_backend_cpu.quant_math import awq_dequantize, fp8_block_linear as ref_fp8_linear, quantize_activation_fp8
+from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8
+from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
+from tests.worker.quant_checkpoints import quantize_awq, quantize_fp8_block
+
+
+def _awq(n: int, k: int, group: int, device: str, seed: int = 0):
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
+    tensors, _ = quantize_awq(w, group)
+    return [tensors[name].to(device) for name in ("qweight", "qzeros", "scales")]
+
+
+def _fp8(parts: list[int], k: int, block: tuple[int, int], device: str, seed: int = 0):
+    """A fused FP8 weight of `parts` (each part its own, possibly partial, last block of scale rows)."""
+    g = torch.Generator().manual_seed(seed)
+    codes, scales, rows, first = [], [], [], 0
+    for size in parts:
+        tensors, _ = quantize_fp8_block(torch.randn(size, k, generator=g) * 0.05, block, torch.float32)
+        codes.append(tensors["weight"])
+        scales.append(tensors["weight_scale_inv"])
+        rows.append(first + torch.arange(size, dtype=torch.int32) // block[0])
+        first += scales[-1].shape[0]
+    return torch.cat(codes).to(device), torch.cat(scales).to(device), torch.cat(rows).to(device)
+
+
+def _x(m: int, k: int, dtype: torch.dtype, device: str, seed: int = 1) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype=dtype, device=device)
+
+
+def _awq_reference(x, qweight, qzeros, scales, bias=None):
+    w = awq_dequantize(qweight.cpu(), qzeros.cpu(), scales.cpu()).to(x.dtype).float()
+    y = x.cpu().float() @ w
+    return y + bias.cpu().float() if bias is not None else y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,config", [(1, None), (3, A.AwqConfig(4, 16, 32, 2, 1)), (5, None),
+                                      (3, A.AwqConfig(16, 16, 32, 4, 1)), (19, A.AwqConfig(16, 32, 16, 4, 1))])
+def test_awq_linear_matches_the_dequantized_reference(m, config, dtype, device):
+    qweight, qzeros, scales = _awq(40, 64, 32, device)  # N = 40: a partial column tile
+    bias = _x(40, 1, torch.float32, device, 7).reshape(40).to(dtype)
+    x = _x(m, 64, dtype, device)
+    out = poison(torch.empty((m, 40), dtype=dtype, device=device))
+    y = A.awq_linear(x, qweight, qzeros, scales, bias, out=out, config=config)
+    assert y is out
+    torch.testing.assert_close(y.float().cpu(), _awq_reference(x, qweight, qzeros, scales, bias), **tol(dtype))
+
+
+def test_awq_refuses_groups_the_kernels_cannot_step(device):
+    assert A.group_block_k(128, 64) == 64 and A.group_block_k(96, 64) == 32 and A.group_block_k(32, 64) == 32
+    with pytest.raises(ValueError, match="divisible by 16"):
+        A.check_group(8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [64, 200])  # 200 = 3 groups of 64 and a partial one of 8
+def test_fp8_activation_quant_equals_the_reference_bit_for_bit(k, dtype, device):
+    x = _x(5, k, dtype, device) * 3
+    x[2] = 0  # amax = 0: scale 1, codes 0
+    codes, scales = F8.fp8_quantize_activation(x, 64)
+    ref_codes, ref_scales = quantize_activation_fp8(x.cpu(), 64)
+    assert torch.equal(scales.cpu(), ref_scales)
+    assert torch.equal(codes.cpu().view(torch.uint8), ref_codes.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,config", [(1, None), (3, F8.Fp8Config(4, 8, 2, 1)), (19, F8.Fp8Config(16, 16, 4, 1)),
+                                      (2, F8.Fp8Config(16, 32, 4, 1))])
+def test_fp8_block_linear_matches_the_w8a8_reference(m, config, dtype, device):
+    # Parts 40 and 24 with blocks of 16 rows: part one ends in a partial block; K = 200 ends in a partial group.
+    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
+    bias = _x(64, 1, torch.float32, device, 7).reshape(64).to(dtype)
+    x = _x(m, 200, dtype, device)
+    out = poison(torch.empty((m, 64), dtype=dtype, device=device))
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, out=out, config=config)
+    assert y is out
+    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 64, bias.cpu())
+    torch.testing.assert_close(y.cpu().float(), ref.float(), **tol(dtype))
+
+
+# ------------------------------------------------------------------ on the GPU
+
+QWEN3_4B = ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728))  # qkv, o, gate_up, down
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 33, 257])
+def test_awq_qwen3_4b_shapes_on_gpu(m):
+    for n, k in QWEN3_4B:
+        qweight, qzeros, scales = _awq(n, k, 128, "cuda", seed=n)
+        x = _x(m, k, torch.bfloat16, "cuda")
+        y = A.awq_linear(x, qweight, qzeros, scales)
+        ref = _awq_reference(x, qweight, qzeros, scales)
+        torch.testing.assert_close(y.float().cpu(), ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 33, 257])
+def test_fp8_qwen3_4b_shapes_on_gpu(m):
+    for n, k in QWEN3_4B + ((576 + 192 + 192, 576),):  # and SmolLM2's qkv: partial blocks both ways
+        parts = [576, 192, 192] if k == 576 else [n]
+        codes, scale_inv, scale_row = _fp8(parts, k, (128, 128), "cuda", seed=n)
+        x = _x(m, k, torch.bfloat16, "cuda")
+        xq, xs = F8.fp8_quantize_activation(x, 128)
+        ref_q, ref_s = quantize_activation_fp8(x.cpu(), 128)
+        assert torch.equal(xs.cpu(), ref_s)
+        assert torch.equal(xq.cpu().view(torch.uint8), ref_q.contiguous().view(torch.uint8))
+        y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128)
+        ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, None).float()
+        torch.testing.assert_close(y.float().cpu(), ref, atol=1e-2 * ref.abs().max().item(), rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["awq", "fp8"])
+@pytest.mark.parametrize("m", [1, 8, 40])
+def test_quantized_gemms_replay_in_a_cuda_graph(fmt, m):
+    n, k = 2560, 4096
+    x = _x(m, k, torch.bfloat16, "cuda")
+    if fmt == "awq":
+        operands = _awq(n, k, 128, "cuda")
+        run = lambda: A.awq_linear(x, *operands)  # noqa: E731
+    else:
+        operands = _fp8([n], k, (128, 128), "cuda")
+        run = lambda: F8.fp8_block_linear(x, *operands, 128)  # noqa: E731
+    eager = run()
+    torch.cuda.synchronize()
+    run()  # warm-up outside the capture (Triton compiles here)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    x.copy_(_x(m, k, torch.bfloat16, "cuda", seed=5))
+    graph.replay()
+    expected = run()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected) and not torch.equal(captured, eager)
