@@ -31,14 +31,11 @@ def model_class(architecture: str) -> CausalLMClass:
 def check_servable(config: Mapping[str, Any]) -> None:
     """Refuse, from config.json alone and before any weight is read, a checkpoint this engine cannot serve: an
     architecture without a model class (else the first missing key or unexpected weight name would be the only
-    message), or a quantized checkpoint (its packed weights have names no model class expects)."""
+    message). A quantization_config the engine cannot serve is refused by `quant_config_from_hf`, which
+    `ModelSpec.from_hf_config` calls, naming the field."""
     architecture = architecture_of(config)
     if architecture not in MODEL_CLASSES:
         raise ValueError(
             f"model architecture {architecture} (model_type {config.get('model_type', '?')}) is not supported; "
             f"supported: {', '.join(supported_architectures())}"
         )
-    quantization = config.get("quantization_config")
-    if quantization:
-        method = quantization.get("quant_method", "?") if isinstance(quantization, Mapping) else quantization
-        raise ValueError(f"quantization {method} (quantization_config.quant_method) is not supported yet")
