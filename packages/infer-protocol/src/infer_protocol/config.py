@@ -77,7 +77,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     enable_prefix_caching: Annotated[bool, Meta(
         description="RadixTree prefix cache: reuse the KV of shared, page-aligned prompt prefixes")] = True
     enable_overlap: Annotated[bool, Meta(
-        description="plan step k+1 before step k's tokens are back (DESIGN §5); false = synchronous")] = True
+        description="plan step k+1 before step k's tokens are back (one step ahead); false = synchronous")] = True
     ignore_eos: Annotated[bool, Meta(description="default for requests: keep generating past EOS (benchmarks)")] = False
     # KV cache
     mem_fraction_static: Annotated[float, Meta(
