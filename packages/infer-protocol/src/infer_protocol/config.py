@@ -171,7 +171,7 @@ def hub_repo_id(model: str) -> str | None:
     return model if _HUB_REPO_ID.fullmatch(model) else None
 
 
-def _parse_env_value(name: str, raw: str) -> Any:
+def _parse_env_value(raw: str) -> Any:
     """Environment values are TOML literals (`8`, `true`, `[1, 2]`); anything else is taken as a string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
@@ -207,7 +207,7 @@ def load_config(
             field = key[len(ENV_PREFIX):].lower()
             if field not in FIELDS:
                 raise ConfigError(f"unknown config field '{field}' (from environment variable {key})")
-            data[field] = _parse_env_value(field, raw)
+            data[field] = _parse_env_value(raw)
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value

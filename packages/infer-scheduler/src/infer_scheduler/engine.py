@@ -72,8 +72,6 @@ class Engine:
             raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
         if max_inflight_steps not in (1, 2):
             raise ValueError(f"max_inflight_steps must be 1 or 2, got {max_inflight_steps}")
-        if max_model_len <= 1:
-            raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching)
