@@ -140,7 +140,8 @@ def test_heuristic_config_bounds_the_register_tile():
 
 
 def test_tuned_table_entries_are_launchable():
-    """The committed table (written on the GPU by scripts/bench_skinny_gemm.py) holds sane configs."""
+    """The committed table (written on the GPU by packages/infer-backend-cuda/scripts/bench_skinny_gemm.py) holds
+    sane configs."""
     if not S._TABLE.exists():
         pytest.skip("no tuned table committed")
     table = json.loads(S._TABLE.read_text())

@@ -114,3 +114,10 @@ def test_same_tokens_with_caching_chunking_and_preemption(seed):
     assert st2.num_preemptions > 0
     assert base == cached == chunked == tiny == tiny_nocache
     assert all(len(t) == s.max_tokens for s in subs for t in [base[s.request_id]])
+
+
+@pytest.mark.parametrize(("kw", "message"), [({"max_model_len": 1}, "max_model_len must be > 1"),
+                                             ({"max_inflight_steps": 3}, "max_inflight_steps must be 1 or 2")])
+def test_engine_refuses_a_bad_geometry(kw, message):
+    with pytest.raises(ValueError, match=message):
+        make_engine(**kw)

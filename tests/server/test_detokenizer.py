@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from tokenizers import Tokenizer as HfTokenizer
+from tokenizers import decoders, models, normalizers
+
 from infer_server.tokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, Tokenizer
 
 
@@ -66,3 +69,37 @@ def test_flush_releases_an_incomplete_tail(tokenizer: Tokenizer) -> None:
     assert detok.add(ids[:1]) == "a"
     assert [detok.add([t]) for t in ids[1:]] == ["", "", ""]  # the broken tail is withheld ...
     assert detok.flush() == REPLACEMENT_CHAR  # ... and only released when the request ends
+
+
+def _sentencepiece_tokenizer() -> Tokenizer:
+    """Llama-2's shape: Metaspace pieces, byte fallback for what the vocabulary lacks (a newline is <0x0A>, as in
+    Llama 2), the Replace/ByteFallback/Fuse/Strip decoder. Single-character pieces, no merges."""
+    vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)),
+                                         "\u2581", *"abcdefghijklmnopqrstuvwxyzHP,.!?"])}
+    hf = HfTokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    hf.add_special_tokens(["<unk>", "<s>", "</s>"])
+    hf.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    hf.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    return Tokenizer(hf)
+
+
+def test_byte_fallback_text_streams_whole() -> None:
+    tok = _sentencepiece_tokenizer()
+    text = "Hello world\n日本 is Paris\n\n🙂 today"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert "<0x0A>" in [tok.hf.id_to_token(i) for i in ids]
+    deltas = _stream(tok, ids)
+    assert "".join(deltas) == text
+    assert all(REPLACEMENT_CHAR not in d for d in deltas)
+    assert tok.token_bytes(tok.token_to_id("<0x0A>") or 0) == b"\n"  # byte fallback read without ByteLevel
+
+
+def test_byte_fallback_invalid_bytes_after_a_newline() -> None:
+    """ByteFallback decodes a run of byte tokens together: '\n' (<0x0A>) then a byte that starts no valid character
+    decodes as U+FFFD U+FFFD, so the text no longer extends the '\n' already emitted (the library's stream raises).
+    The stream goes on: the invalid byte shows as U+FFFD and no later token is lost."""
+    tok = _sentencepiece_tokenizer()
+    ids = [tok.token_to_id(piece) or 0 for piece in ("a", "<0x0A>", "<0xE6>", "b", "c")]
+    assert _stream(tok, ids) == ["a", "\n", "", REPLACEMENT_CHAR + "b", "c", ""]

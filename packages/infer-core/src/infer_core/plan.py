@@ -6,6 +6,11 @@ from dataclasses import dataclass
 from enum import Enum
 
 
+# A token id in a sequence's `token_ids` that a step in flight is sampling: the one-step-ahead pipeline plans (the
+# scheduler) and launches (the worker) the next step before its real id is known. Never a vocabulary id.
+PENDING = -1
+
+
 class FinishReason(str, Enum):
     STOP = "stop"  # EOS or a stop token / stop string
     LENGTH = "length"  # max_tokens or the context limit

@@ -77,7 +77,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     enable_prefix_caching: Annotated[bool, Meta(
         description="RadixTree prefix cache: reuse the KV of shared, page-aligned prompt prefixes")] = True
     enable_overlap: Annotated[bool, Meta(
-        description="plan step k+1 before step k's tokens are back (DESIGN §5); false = synchronous")] = True
+        description="plan step k+1 before step k's tokens are back (one step ahead); false = synchronous")] = True
     ignore_eos: Annotated[bool, Meta(description="default for requests: keep generating past EOS (benchmarks)")] = False
     # KV cache
     mem_fraction_static: Annotated[float, Meta(
@@ -171,7 +171,7 @@ def hub_repo_id(model: str) -> str | None:
     return model if _HUB_REPO_ID.fullmatch(model) else None
 
 
-def _parse_env_value(name: str, raw: str) -> Any:
+def _parse_env_value(raw: str) -> Any:
     """Environment values are TOML literals (`8`, `true`, `[1, 2]`); anything else is taken as a string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
@@ -207,7 +207,7 @@ def load_config(
             field = key[len(ENV_PREFIX):].lower()
             if field not in FIELDS:
                 raise ConfigError(f"unknown config field '{field}' (from environment variable {key})")
-            data[field] = _parse_env_value(field, raw)
+            data[field] = _parse_env_value(raw)
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value

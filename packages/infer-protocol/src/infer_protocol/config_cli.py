@@ -79,9 +79,9 @@ def flag_value(spec: FieldSpec, raw: str) -> Any:
         return raw  # a string field takes the text as it is (`--model-name 7` is the name "7")
     if isinstance(spec.type, msgspec.inspect.ListType):
         if raw.lstrip().startswith("["):
-            return _parse_env_value(spec.name, raw)
-        return [_parse_env_value(spec.name, item.strip()) for item in raw.split(",") if item.strip()]
-    return _parse_env_value(spec.name, raw)  # a TOML literal (numbers, and any type a later field brings)
+            return _parse_env_value(raw)
+        return [_parse_env_value(item.strip()) for item in raw.split(",") if item.strip()]
+    return _parse_env_value(raw)  # a TOML literal (numbers, and any type a later field brings)
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:

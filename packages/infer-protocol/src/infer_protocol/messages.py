@@ -1,14 +1,21 @@
 """Every wire message, as msgspec Structs in tagged unions (msgpack on ZMQ).
 
-`PROTOCOL_VERSION` travels in `Hello`/`Ready`; a peer with another version is refused at the handshake.
+`PROTOCOL_VERSION` travels in `Ping`/`Pong` (server <-> scheduler) and `Ready` (worker -> scheduler): a server is
+not ready while the scheduler's `Pong` carries another version, and a scheduler treats a worker whose `Ready` does
+as lost.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+# Bumped whenever a message or its fields change: an older peer cannot decode a new tag or (forbid_unknown_fields)
+# a new field.
+# 1: the first protocol
 # 2: penalties, min_tokens masking, top logprobs (SamplingParams, NewSeq, StepResult, TokenOutput)
 # 3: the one-step-ahead pipeline's per-step host timings (StepResult.launch_ms, SchedulerStats step timings)
+# 4: logit_bias, then allowed_token_ids (SamplingParams; the latter came without a bump of its own)
+# 5: prompt logprobs (SamplingParams.prompt_logprobs, PromptLogprobs, TokenOutput / StepResult.prompt_logprobs)
 # 6: StepFailed (a step that failed on the worker without harming it: its requests fail, the engine goes on)
 PROTOCOL_VERSION = 6
 

@@ -2,8 +2,8 @@
 
 Up to `max_inflight_steps` steps are in flight. With 1 the pipeline is synchronous: `plan_step` returns the
 `StepPlan` of step k, `apply_result` takes `StepResult` k, and only then is step k+1 planned. With 2 it is the
-one-step-ahead pipeline of DESIGN §5: step k+1 is planned right after k is dispatched, as if every request that
-samples in step k already had its token (a PENDING placeholder in `token_ids`; the worker gathers the real id on
+one-step-ahead pipeline (docs/architecture.md): step k+1 is planned right after k is dispatched, as if every request
+that samples in step k already had its token (a PENDING placeholder in `token_ids`; the worker gathers the real id on
 the device). Result k writes the tokens in place and applies the stop rules; a request that stopped at k was
 already planned into k+1, so its k+1 token is discarded and the worker forgets it in plan k+2; an abort while
 steps are in flight discards their tokens the same way. A request preempted while a step in flight samples its
@@ -72,8 +72,6 @@ class Engine:
             raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
         if max_inflight_steps not in (1, 2):
             raise ValueError(f"max_inflight_steps must be 1 or 2, got {max_inflight_steps}")
-        if max_model_len <= 1:
-            raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching)

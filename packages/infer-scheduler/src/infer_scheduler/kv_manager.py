@@ -20,7 +20,8 @@ class KvCacheManager:
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         self.cache: RadixCache | None = RadixCache(self.allocator, block_size) if enable_prefix_caching else None
-        # An eviction walks the whole tree, so it frees at least this many blocks at once (amortised).
+        # An eviction sorts every evictable leaf by last access (the cache keeps them in a set: no tree walk), so it
+        # frees at least this many blocks at once, amortising that sort over them.
         self.evict_batch = max(1, num_blocks // 64)
 
     @property

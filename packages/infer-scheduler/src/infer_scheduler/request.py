@@ -18,11 +18,8 @@ from __future__ import annotations
 import math
 from enum import Enum
 
-from infer_core.plan import FinishReason
+from infer_core.plan import PENDING, FinishReason
 from infer_protocol.messages import ContinueSeq, PromptLogprobs, SamplingParams, Submit
-
-
-PENDING = -1  # a placeholder in token_ids: sampled by a step in flight, not known yet
 
 
 class RequestStatus(str, Enum):

@@ -6,7 +6,7 @@ Sockets (all bound here, so any start order works):
   PUSH   `plan`   StepPlan / Shutdown to the worker.
   PULL   `result` StepResult / StepFailed / Ready / Progress / Heartbeat / WorkerError from the worker.
 
-With `enable_overlap` (the default) the pipeline runs one step ahead (DESIGN §5): step k+1 is planned and sent
+With `enable_overlap` (default) the pipeline runs one step ahead (docs/architecture.md): step k+1 is planned and sent
 right after step k, so the worker has it queued before step k's tokens are back; otherwise it is synchronous
 (plan k, wait for result k, plan k+1). One Poller covers every socket, so Submit / Abort / Ping are served while
 steps are in flight.

@@ -1,10 +1,10 @@
 """HF `tokenizers` wrapper and the incremental detokenizer.
 
-The detokenizer decodes a sliding window of recent tokens (the "prefix/read offset" scheme of TGI and vLLM):
-the text of a token depends on its neighbours (leading spaces, byte-level pieces of one character), so
-each step decodes `ids[prefix:]` and emits what it adds to `ids[prefix:read]`. Text that ends in U+FFFD is
-an incomplete UTF-8 sequence (a character split across tokens): it is held back until the next token
-completes it, so a client never sees broken characters. Special tokens are skipped by default.
+The detokenizer is the library's `tokenizers.decoders.DecodeStream` (the "prefix/read offset" scheme of TGI and
+vLLM, in Rust): the text of a token depends on its neighbours (leading spaces, byte-level pieces of one character),
+so each step decodes the previous chunk's tokens plus the new ones and emits what they add. Text that would end in
+U+FFFD is an incomplete UTF-8 sequence (a character split across tokens): the stream returns None and holds it back
+until a later token completes it, so a client never sees broken characters. Special tokens are skipped by default.
 """
 
 from __future__ import annotations
@@ -17,8 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tokenizers
 from tokenizers import Tokenizer as HfTokenizer
 from tokenizers import models as hf_models
+
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError as exc:  # tokenizers < 0.21 (pyproject asks for more; a stale environment may not have it)
+    raise ImportError(
+        f"infer-server needs tokenizers >= 0.21 (tokenizers.decoders.DecodeStream); found {tokenizers.__version__}"
+    ) from exc
 
 REPLACEMENT_CHAR = "\ufffd"
 # Prompt tokens decoded as context before the first generated token (fixes leading-space handling of
@@ -154,9 +162,10 @@ class Tokenizer:
             out = b""
         else:
             if self._byte_level is None:
+                # Ask the decoder what it does with a piece of GPT-2's byte alphabet ("\u0120" is the space byte)
+                # rather than parse its serialisation: a ByteLevel decoder, alone or inside a Sequence, maps it.
                 decoder = self._hf.decoder
-                state = decoder.__getstate__() if decoder is not None else b""
-                self._byte_level = b'"type":"ByteLevel"' in state
+                self._byte_level = decoder is not None and decoder.decode(["a\u0120b"]) == "a b"
                 self._added_ids = frozenset(self._hf.get_added_tokens_decoder())
             # added tokens (specials included) are stored as their literal text, not in the byte alphabet
             out = piece.encode("utf-8") if token_id in self._added_ids else _piece_bytes(piece, self._byte_level)
@@ -208,50 +217,70 @@ def read_tokenizer_config(model_dir: str | Path) -> dict[str, Any]:
 class IncrementalDetokenizer:
     """Turns a stream of token ids into text deltas that never split a UTF-8 character."""
 
-    __slots__ = ("_tok", "_ids", "_prefix", "_read", "_skip")
+    __slots__ = ("_hf", "_stream", "_skip", "_num", "_last", "_held")
 
     def __init__(
         self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int] = (), *, skip_special_tokens: bool = True
     ) -> None:
-        self._tok = tokenizer
+        hf = tokenizer.hf
+        self._hf = hf
         self._skip = skip_special_tokens
+        # The last prompt tokens are the context of the first generated one (SentencePiece-style decoders strip
+        # the leading space at the start of the decoded text). A context that itself ends in a broken character
+        # would shift every later delta: drop it then.
         context = list(prompt_token_ids[-_CONTEXT_TOKENS:])
-        # A context that itself ends in a broken character would shift every later delta: drop it then.
-        if context and tokenizer.decode(context, skip_special_tokens=skip_special_tokens).endswith(REPLACEMENT_CHAR):
+        if context and hf.decode(context, skip_special_tokens=skip_special_tokens).endswith(REPLACEMENT_CHAR):
             context = []
-        self._ids: list[int] = context
-        self._prefix = 0
-        self._read = len(context)
+        self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        # For flush, which the stream lacks: the last emitted token (the held tail's context) and the held tail.
+        self._last: int | None = None
+        self._held: list[int] = []
+        # The context goes through `step` (its text discarded), not DecodeStream's `ids`, which is newer than 0.21.
+        self._feed(context, recover=True)
+        self._held = []  # a context token held back (a skipped special one) is never output
+        self._num = 0
 
     @property
     def num_generated(self) -> int:
-        return len(self._ids)
-
-    def _window_delta(self) -> tuple[str, bool]:
-        decode = self._tok.decode
-        prefix_text = decode(self._ids[self._prefix : self._read], skip_special_tokens=self._skip)
-        full_text = decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
-        if len(full_text) > len(prefix_text):
-            return full_text[len(prefix_text) :], True
-        return "", False
+        return self._num
 
     def add(self, token_ids: Sequence[int]) -> str:
         """Append tokens; return the new complete text (possibly "")."""
-        if not token_ids:
-            return ""
-        self._ids.extend(token_ids)
-        delta, grew = self._window_delta()
-        if not grew or delta.endswith(REPLACEMENT_CHAR):
-            return ""  # nothing visible yet, or a character still incomplete: hold back
-        self._prefix = self._read
-        self._read = len(self._ids)
-        return delta
+        self._num += len(token_ids)
+        return self._feed(token_ids, recover=True)
+
+    def _feed(self, token_ids: Sequence[int], *, recover: bool) -> str:
+        out = ""
+        for t in token_ids:  # one id at a time: the list form of `step` is newer than 0.21
+            try:
+                text = self._stream.step(self._hf, t)
+            except Exception:  # tokenizers raises a bare Exception for an invalid prefix
+                if not recover:
+                    raise
+                # The text stopped extending what was emitted: ByteFallback decodes a run of byte tokens together,
+                # so a byte that starts no valid character turns an emitted byte before it (Llama-2's newline is
+                # <0x0A>) into U+FFFD. Replay the tokens not emitted yet through a fresh stream, so none is lost
+                # (only the previous chunk's context is); an error of another kind comes back from the replay.
+                self._stream = DecodeStream(skip_special_tokens=self._skip)
+                pending, self._held = [*self._held, t], []
+                out += self._feed(pending, recover=False)
+                continue
+            if text is None:
+                self._held.append(t)  # nothing visible yet, or a character still incomplete: hold back
+            else:
+                out += text
+                self._last = t
+                if self._held:
+                    self._held = []
+        return out
 
     def flush(self) -> str:
         """The request ended: emit whatever is still held back, broken or not."""
-        if self._read >= len(self._ids):
+        if not self._held:
             return ""
-        delta, _ = self._window_delta()
-        self._prefix = self._read
-        self._read = len(self._ids)
-        return delta
+        context = [] if self._last is None else [self._last]
+        before = self._hf.decode(context, skip_special_tokens=self._skip)
+        text = self._hf.decode(context + self._held, skip_special_tokens=self._skip)
+        self._held = []
+        self._stream = DecodeStream(skip_special_tokens=self._skip)  # nothing is held after a flush
+        return text[len(before):] if len(text) > len(before) else ""

@@ -10,7 +10,8 @@ at one). Variants fuse the residual add + RMSNorm, or SiLU-and-mul, into the pro
 weight tile one iteration ahead, the first one before waiting on the producer kernel (under PDL).
 
 Launch configurations are chosen per (op, M bucket, N, K) from a table measured on the GPU
-(`configs/skinny_gemm.json`, written by `scripts/bench_skinny_gemm.py`), with a shape heuristic otherwise.
+(`configs/skinny_gemm.json`, written by `packages/infer-backend-cuda/scripts/bench_skinny_gemm.py`), with a shape
+heuristic otherwise.
 """
 from __future__ import annotations
 

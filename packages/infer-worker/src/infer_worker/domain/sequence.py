@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from infer_core.plan import PENDING as PENDING  # re-exported to the application (it fills the ids in on collection)
 from infer_protocol.messages import PromptLogprobs, SamplingParams
-
-
-PENDING = -1  # a token id in token_ids that a step in flight is sampling (the worker fills it in on collection)
 
 
 @dataclass(slots=True)
