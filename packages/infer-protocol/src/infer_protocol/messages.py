@@ -9,7 +9,8 @@ import msgspec
 
 # 2: penalties, min_tokens masking, top logprobs (SamplingParams, NewSeq, StepResult, TokenOutput)
 # 3: the one-step-ahead pipeline's per-step host timings (StepResult.launch_ms, SchedulerStats step timings)
-PROTOCOL_VERSION = 5
+# 6: SchedulerStats.worker_restarts
+PROTOCOL_VERSION = 6
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -101,6 +102,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefix_cache_hits_tokens: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    worker_restarts: int = 0  # workers adopted after the first (each a new, empty KV cache)
     # host time per step, moving averages over the recent steps (milliseconds)
     plan_ms: float = 0.0  # the scheduler planning a step
     apply_ms: float = 0.0  # the scheduler applying a step's result (stop rules, outputs)

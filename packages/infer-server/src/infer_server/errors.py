@@ -67,9 +67,16 @@ def error_body(message: str, *, type: str, param: str | None = None, code: str |
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+# Seconds a client should wait before retrying: a 429 clears as soon as a request finishes; a 503 (engine not
+# ready, worker lost and being restarted, draining) takes a worker start at best.
+RETRY_AFTER_SECS = {429: 1, 503: 5}
+
+
 def error_response(err: ApiError) -> Response:
+    retry_after = RETRY_AFTER_SECS.get(err.status)
     return Response(
-        content=msgspec.json.encode(err.body()), status_code=err.status, media_type="application/json"
+        content=msgspec.json.encode(err.body()), status_code=err.status, media_type="application/json",
+        headers={"Retry-After": str(retry_after)} if retry_after is not None else None,
     )
 
 

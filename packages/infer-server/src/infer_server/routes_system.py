@@ -8,6 +8,7 @@ import msgspec
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from infer_server.errors import RETRY_AFTER_SECS
 from infer_server.metrics import CONTENT_TYPE
 from infer_server.state import server_state
 
@@ -30,7 +31,9 @@ async def ready(request: Request) -> Response:
     if state.ready:
         assets = state.loader.assets
         return _json({"status": "ready", "model": assets.served_name if assets else None})
-    return _json({"status": "not_ready", "detail": state.readiness_detail()}, status=503)
+    response = _json({"status": "not_ready", "detail": state.readiness_detail()}, status=503)
+    response.headers["Retry-After"] = str(RETRY_AFTER_SECS[503])
+    return response
 
 
 @router.get("/metrics/system")
