@@ -24,7 +24,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_dead_worker_stops_the_cluster_and_is_named(tmp_path: Path, embedded_model_dir: Path) -> None:
-    cluster = ServedCluster(tmp_path, max_model_len=1024).start()
+    """With restarts off (worker_max_restarts = 0); the restarts are tests/e2e/test_supervisor.py's."""
+    cluster = ServedCluster(tmp_path, max_model_len=1024, worker_max_restarts=0).start()
     pids = cluster.pids()
     assert set(pids) == {"scheduler", "worker", "server"}, cluster.log()
     os.kill(pids["worker"], signal.SIGKILL)

@@ -63,6 +63,10 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     cluster_id: str = "default"
     ipc_dir: str = ""  # "" = the system temp dir
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # supervision by `rustinfer serve`: a worker that dies is restarted, a bounded number of times
+    worker_max_restarts: int = 3  # restarts allowed within worker_restart_window_secs; one more death stops serve
+    worker_restart_window_secs: float = 60.0  # a restart older than this no longer counts against the limit
+    worker_restart_backoff_secs: float = 1.0  # delay before the first restart in the window; doubles with each next
     # timeouts (seconds)
     request_timeout_secs: float = 600.0
     ready_timeout_secs: float = 600.0
@@ -88,9 +92,10 @@ def _positive(name: str, value: float) -> None:
 def _validate(c: Config) -> None:
     for name in ("max_batch_tokens", "max_batch_seqs", "chunked_prefill_size", "block_size", "tensor_parallel_size",
                  "max_inflight_requests", "max_request_body_bytes", "request_timeout_secs", "ready_timeout_secs",
-                 "heartbeat_interval_secs", "worker_timeout_secs", "scheduler_timeout_secs", "cpu_kv_cache_bytes"):
+                 "heartbeat_interval_secs", "worker_timeout_secs", "scheduler_timeout_secs", "cpu_kv_cache_bytes",
+                 "worker_restart_window_secs"):
         _positive(name, getattr(c, name))
-    for name in ("max_model_len", "num_blocks", "seed"):
+    for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs"):
         if getattr(c, name) < 0:
             raise ConfigError(f"config field '{name}' must be >= 0, got {getattr(c, name)!r}")
     if not 0.0 < c.mem_fraction_static <= 1.0:
