@@ -60,3 +60,15 @@ def test_bad_flags_give_one_line_errors(tmp_path: Path) -> None:
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2, result
         assert needle in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_the_restart_budget_backs_off_and_forgets_old_restarts() -> None:
+    from infer_protocol.config import Config
+    from rustinfer.launcher import WorkerRestarts
+
+    budget = WorkerRestarts(Config(worker_max_restarts=3, worker_restart_window_secs=60.0,
+                                   worker_restart_backoff_secs=1.0))
+    assert [budget.next_delay(t) for t in (0.0, 10.0, 20.0)] == [1.0, 2.0, 4.0]
+    assert budget.next_delay(30.0) is None  # a fourth death within 60 s of the first restart
+    assert budget.next_delay(60.5) == 4.0  # the first restart has left the window: one is free again
+    assert WorkerRestarts(Config(worker_max_restarts=0)).next_delay(0.0) is None
