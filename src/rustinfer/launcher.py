@@ -187,10 +187,12 @@ def _supervise(cluster: Cluster, stopping: list[int]) -> int:
             if code is not None and restart_at is None:
                 delay = restarts.next_delay(now)
                 if delay is None:
-                    print(f"rustinfer: the worker exited with code {code}, and it was restarted "
-                          f"{len(restarts.times)} times in the last {cfg.worker_restart_window_secs:g} s already "
-                          f"(worker_max_restarts = {cfg.worker_max_restarts}, worker_restart_window_secs = "
-                          f"{cfg.worker_restart_window_secs:g}): giving up; stopping the others",
+                    why = ("restarts are off (worker_max_restarts = 0)" if not cfg.worker_max_restarts else
+                           f"it was restarted {len(restarts.times)} times in the last "
+                           f"{cfg.worker_restart_window_secs:g} s already (worker_max_restarts = "
+                           f"{cfg.worker_max_restarts}, worker_restart_window_secs = "
+                           f"{cfg.worker_restart_window_secs:g})")
+                    print(f"rustinfer: the worker exited with code {code}, and {why}: giving up; stopping the others",
                           file=sys.stderr, flush=True)
                     return 1
                 print(f"rustinfer: the worker exited with code {code}; its requests failed (worker_lost); "

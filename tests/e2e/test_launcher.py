@@ -32,7 +32,7 @@ def test_a_dead_worker_stops_the_cluster_and_is_named(tmp_path: Path, embedded_m
     assert cluster.proc is not None
     code = cluster.proc.wait(timeout=60)
     assert code != 0
-    assert "the worker exited" in cluster.log()
+    assert "the worker exited" in cluster.log() and "restarts are off" in cluster.log()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
         time.sleep(0.2)
