@@ -1,5 +1,8 @@
 """`rustinfer serve`: start scheduler, worker and server on one config, wait until ready, and keep the three
-alive together — when one dies, or on Ctrl-C / SIGTERM, all three are torn down (SIGTERM: after draining)."""
+alive together. A worker that dies once the cluster served is restarted (the scheduler fails its requests with
+`worker_lost` and adopts the new one), at most `worker_max_restarts` times within `worker_restart_window_secs`,
+after a backoff that doubles; past that, or when the scheduler or a server dies, or on Ctrl-C / SIGTERM, all are
+torn down (SIGTERM: after draining)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -67,8 +71,14 @@ class Cluster:
             self.procs[name] = subprocess.Popen(_command(name, self._config_path),
                                                 env=server_env if name.startswith("server") else env)
 
-    def dead(self) -> tuple[str, int] | None:
+    def restart_worker(self) -> None:
+        """A fresh worker on the same config: it connects to the running scheduler, which adopts it at its Ready."""
+        self.procs["worker"] = subprocess.Popen(_command("worker", self._config_path), env=child_environ(os.environ))
+
+    def dead(self, skip: tuple[str, ...] = ()) -> tuple[str, int] | None:
         for role, proc in self.procs.items():
+            if role in skip:
+                continue
             code = proc.poll()
             if code is not None:
                 return role, code
@@ -152,6 +162,68 @@ def _wait_ready(cluster: Cluster, stopping: list[int]) -> int:
     return 130 if signal.SIGINT in stopping else 0
 
 
+class WorkerRestarts:
+    """The restart budget: at most `worker_max_restarts` within `worker_restart_window_secs`, the n-th restart of
+    the window after `worker_restart_backoff_secs * 2**(n-1)` (a worker that dies at once is not restarted in a
+    tight loop, one that died an hour ago does not count)."""
+
+    def __init__(self, config: Config) -> None:
+        self.max = config.worker_max_restarts
+        self.window = config.worker_restart_window_secs
+        self.backoff = config.worker_restart_backoff_secs
+        self.times: deque[float] = deque()  # when each restart within the window was decided
+
+    def next_delay(self, now: float) -> float | None:
+        """The delay before the next restart, and it is counted; None when the budget is spent."""
+        while self.times and now - self.times[0] >= self.window:
+            self.times.popleft()
+        if len(self.times) >= self.max:
+            return None
+        self.times.append(now)
+        return self.backoff * 2 ** (len(self.times) - 1)
+
+
+def _supervise(cluster: Cluster, stopping: list[int]) -> int:
+    """Watch the processes until a stop is asked (0) or the cluster cannot go on (1, saying why)."""
+    cfg = cluster.config
+    restarts = WorkerRestarts(cfg)
+    restart_at: float | None = None  # a dead worker's replacement is due then
+    recovering = False  # a replacement started and /ready has not said 200 since
+    with httpx.Client() as client:
+        while not stopping:
+            now = time.monotonic()
+            dead = cluster.dead(skip=("worker",))
+            if dead is not None:
+                print(f"rustinfer: the {dead[0]} exited with code {dead[1]}; stopping the others", file=sys.stderr)
+                return 1
+            code = cluster.procs["worker"].poll()
+            if code is not None and restart_at is None:
+                delay = restarts.next_delay(now)
+                if delay is None:
+                    why = ("restarts are off (worker_max_restarts = 0)" if not cfg.worker_max_restarts else
+                           f"it was restarted {len(restarts.times)} times in the last "
+                           f"{cfg.worker_restart_window_secs:g} s already (worker_max_restarts = "
+                           f"{cfg.worker_max_restarts}, worker_restart_window_secs = "
+                           f"{cfg.worker_restart_window_secs:g})")
+                    print(f"rustinfer: the worker exited with code {code}, and {why}: giving up; stopping the others",
+                          file=sys.stderr, flush=True)
+                    return 1
+                print(f"rustinfer: the worker exited with code {code}; its requests failed (worker_lost); "
+                      f"restarting it in {delay:g} s (restart {len(restarts.times)} of at most "
+                      f"{cfg.worker_max_restarts} within {cfg.worker_restart_window_secs:g} s)",
+                      file=sys.stderr, flush=True)
+                restart_at = now + delay
+            if restart_at is not None and now >= restart_at:
+                restart_at = None
+                recovering = True
+                cluster.restart_worker()
+            if recovering and _ready_status(client, cluster.url)[0]:
+                recovering = False
+                print("rustinfer: the restarted worker is ready; serving again", file=sys.stderr, flush=True)
+            time.sleep(0.2)
+    return 0
+
+
 def serve(config: Config) -> int:
     cluster = Cluster(config)
     stopping: list[int] = []
@@ -163,13 +235,7 @@ def serve(config: Config) -> int:
         if code or stopping:
             return code
         print(f"rustinfer: ready — OpenAI-compatible API at {cluster.url}/v1 (Ctrl-C to stop)", flush=True)
-        while not stopping:
-            dead = cluster.dead()
-            if dead:
-                print(f"rustinfer: the {dead[0]} exited with code {dead[1]}; stopping the others", file=sys.stderr)
-                return 1
-            time.sleep(0.2)
-        return 0
+        return _supervise(cluster, stopping)
     finally:
         cluster.stop()
 

@@ -109,6 +109,13 @@ class ServedCluster:
                     found.append((role, int(entry.name)))
         return found
 
+    def freeze(self, role: str = "worker") -> "Frozen":
+        """Stops a process (SIGSTOP) until the returned handle resumes it: with the worker stopped no step runs, so
+        a test holds requests in flight by its own hand, not by a token count that the machine's speed decides.
+        A stopped worker keeps its sockets open (it is not lost) but sends no heartbeats: keep it stopped for less
+        than worker_timeout_secs."""
+        return Frozen(self.pids()[role])
+
     def stop(self) -> int | None:
         if self.proc is None:
             return None
@@ -120,6 +127,22 @@ class ServedCluster:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return self.proc.returncode
+
+
+class Frozen:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        os.kill(pid, signal.SIGSTOP)
+        self.resumed = False
+
+    def resume(self) -> None:
+        """SIGCONT (idempotent; a process that died meanwhile is fine)."""
+        if not self.resumed:
+            self.resumed = True
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
 
 ROLES = ("scheduler", "worker", "server")

@@ -2,7 +2,9 @@
 200 randomly disconnecting clients, overload (429), request timeouts (504 / error event), SIGTERM draining of
 the server and of the scheduler, the body size limit (413) and `x-request-id`.
 
-Every wait is bounded: a test that would hang fails instead.
+Every wait is bounded: a test that would hang fails instead. A test that needs requests in flight holds them there
+itself, by stopping the worker (`cluster.freeze()`, SIGSTOP) until it has acted, never by a token count long
+enough on this machine: on a faster one (or a slower one) such a count finished too early (or too late).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.cluster import DirectCluster, ServedCluster
+from tests.e2e.cluster import DirectCluster, Frozen, ServedCluster
 
 MODEL = "tiny"
 # greedy (the CPU reference sampler's fast path), past EOS: a request runs exactly max_tokens steps
@@ -49,6 +51,14 @@ def wait_for(what: str, predicate: Callable[[], bool], timeout: float, interval:
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def requests_held(url: str, n: int) -> bool:
+    """The server has `n` generation requests open and the scheduler holds them all (its figures come with its
+    Pong, at most a heartbeat old): a signal now reaches none of them before the scheduler has it."""
+    m = scrape(url)
+    return (m["rustinfer_num_requests_inflight"] == n
+            and m["rustinfer_num_requests_running"] + m["rustinfer_num_requests_waiting"] == n)
 
 
 def kv_settled(url: str) -> bool:
@@ -124,30 +134,30 @@ class MidFlight:
     stream: Call
     plain: list[Call]
     signalled_at: list[float]
+    worker: Frozen
 
 
-def signal_mid_flight(url: str, proc: Any, n_plain: int, n_tokens: int) -> MidFlight:
-    """Sends SIGTERM to `proc` while one stream and `n_plain` plain requests are running: from the stream's own
-    thread at its first token, once the server counts every request in flight (`n_tokens` must be long enough
-    that the plain ones, started first, are still running then); the signal does not depend on the test's main
-    thread being scheduled in time on a loaded machine."""
+def signal_mid_flight(cluster: ServedCluster, proc: Any, n_plain: int, n_tokens: int, *,
+                      resume: bool = True) -> MidFlight:
+    """Sends SIGTERM to `proc` while one stream and `n_plain` plain requests are in flight, however fast the
+    machine: the worker is stopped first, the requests are sent, and the signal goes once the server and the
+    scheduler hold all of them; none can have finished. Then the worker resumes (with `resume=False` the test
+    resumes it: `flight.worker.resume()`). The cluster's worker_timeout_secs must outlast the stop."""
+    url = cluster.url
     body = LONG | {"max_tokens": n_tokens}
-    signalled_at: list[float] = []
-
-    def send() -> None:
-        wait_for(f"{n_plain + 1} requests in flight",
-                 lambda: scrape(url)["rustinfer_num_requests_inflight"] == n_plain + 1, 30, 0.01)
+    worker = cluster.freeze()
+    try:
+        plain = [start_call(url, "/v1/completions", body, stream=False) for _ in range(n_plain)]
+        stream = start_call(url, "/v1/completions", body, stream=True)
+        wait_for(f"{n_plain + 1} requests held", lambda: requests_held(url, n_plain + 1), 60, 0.02)
         proc.send_signal(signal.SIGTERM)
-        signalled_at.append(time.monotonic())
-
-    # The plain requests go first: the server finishes a request whether or not its client reads, so a stream
-    # started first could be done before they arrive; a plain one cannot be done before a later stream starts.
-    plain = [start_call(url, "/v1/completions", body, stream=False) for _ in range(n_plain)]
-    wait_for(f"{n_plain} requests accepted", lambda: scrape(url)["rustinfer_num_requests_inflight"] >= n_plain, 30,
-             0.01)
-    stream = start_call(url, "/v1/completions", body, stream=True, on_first_token=send)
-    assert stream.first_token.wait(90) and signalled_at, f"not signalled: {stream.status} {stream.error!r}"
-    return MidFlight(stream, plain, signalled_at)
+        signalled_at = [time.monotonic()]
+    except BaseException:
+        worker.resume()
+        raise
+    if resume:
+        worker.resume()
+    return MidFlight(stream, plain, signalled_at, worker)
 
 
 def assert_drained(flight: MidFlight, n_tokens: int, timeout: float = 120) -> None:
@@ -179,23 +189,51 @@ def assert_error_then_done(call: Call, code: str) -> None:
 # ------------------------------------------------------------------ a worker killed mid-stream
 
 
+def hold_mid_stream(cluster: ServedCluster, n_streams: int, n_plain: int) -> tuple[list[Call], list[Call], Frozen]:
+    """Streams and plain requests held in flight by the test: the first stream stops the worker at its first token
+    (it is mid-stream; 3000 tokens cannot all come in the moment before the stop), the others are sent while the
+    worker is stopped, and this returns once the server and the scheduler hold all of them. The caller resumes or
+    kills the worker."""
+    url = cluster.url
+    body = LONG | {"max_tokens": 3000}
+    frozen: list[Frozen] = []
+    first = start_call(url, "/v1/completions", body, stream=True,
+                       on_first_token=lambda: frozen.append(cluster.freeze()))
+    assert first.first_token.wait(90) and frozen, f"no token streamed: {first.status} {first.error!r}"
+    try:
+        streams = [first, *(start_call(url, "/v1/completions", body, stream=True) for _ in range(n_streams - 2))]
+        if n_streams > 1:
+            streams.append(start_call(url, "/v1/chat/completions",
+                                      {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                       "temperature": 0, "ignore_eos": True, "max_tokens": 3000}, stream=True))
+        plain = [start_call(url, "/v1/completions", body, stream=False) for _ in range(n_plain)]
+        wait_for(f"{n_streams + n_plain} requests held", lambda: requests_held(url, n_streams + n_plain), 60, 0.02)
+    except BaseException:
+        frozen[0].resume()
+        raise
+    return streams, plain, frozen[0]
+
+
+def ended_at(call: Call) -> float:
+    """When the request's outcome reached the client: a stream's last event before [DONE], a plain one's answer."""
+    if call.events:
+        return call.events[-2][0] if call.payloads[-1] == "[DONE]" and len(call.events) > 1 else call.events[-1][0]
+    assert call.finished_at is not None
+    return call.finished_at
+
+
 def test_worker_killed_mid_stream(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Without the launcher: a killed worker is noticed at once (its connection closes), not after
+    worker_timeout_secs (60 s here, so that a test waiting for it would fail): every request ends within 3 s."""
     cluster = DirectCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=1024, block_size=4,
-                            worker_timeout_secs=2.0)
+                            worker_timeout_secs=60.0)
     cluster.start(timeout=300)
     try:
         url = cluster.url
-        streams = [start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True) for _ in range(2)]
-        streams.append(start_call(url, "/v1/chat/completions",
-                                  {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": 0,
-                                   "ignore_eos": True, "max_tokens": 3000}, stream=True))
-        plain = [start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=False) for _ in range(2)]
-        for s in streams:
-            assert s.first_token.wait(60), "no token streamed"
-        wait_for("5 requests in flight", lambda: scrape(url)["rustinfer_num_requests_inflight"] == 5, 30)
+        streams, plain, _ = hold_mid_stream(cluster, 3, 2)
         assert all(not any(p == "[DONE]" for p in s.payloads) for s in streams), "a stream ended before the kill"
 
-        os.kill(cluster.pids()["worker"], signal.SIGKILL)
+        os.kill(cluster.pids()["worker"], signal.SIGKILL)  # a stopped process dies of SIGKILL too
         killed_at = time.monotonic()
 
         for call in streams + plain:
@@ -206,9 +244,10 @@ def test_worker_killed_mid_stream(tmp_path: Path, tiny_model_dir: Path) -> None:
         for p in plain:
             assert p.status == 503, p.body
             assert p.body["error"]["code"] == "worker_lost" and p.body["error"]["type"] == "server_error"
-        assert time.monotonic() - killed_at < 30
+        late = [round(ended_at(c) - killed_at, 2) for c in streams + plain]
+        assert max(late) < 3.0, late
 
-        wait_for("/ready 503", lambda: httpx.get(f"{url}/ready", timeout=5).status_code == 503, 15)
+        wait_for("/ready 503", lambda: httpx.get(f"{url}/ready", timeout=5).status_code == 503, 5)
         assert "worker" in httpx.get(f"{url}/ready", timeout=5).json()["detail"]
         resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=10)
         assert resp.status_code == 503 and resp.json()["error"]["type"] == "server_error"
@@ -337,7 +376,7 @@ def test_metrics_cover_the_request_lifecycle(tiny_cluster: ServedCluster) -> Non
 @pytest.fixture(scope="module")
 def limited_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServedCluster]:
     cluster = ServedCluster(tmp_path_factory.mktemp("limited"), model=str(tiny_model_dir), model_name=MODEL,
-                            num_blocks=2048, block_size=4, max_inflight_requests=2)
+                            num_blocks=2048, block_size=4, max_inflight_requests=2, worker_timeout_secs=60.0)
     cluster.start(timeout=300)
     yield cluster
     cluster.stop()
@@ -345,27 +384,22 @@ def limited_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Pa
 
 def test_overload_429(limited_cluster: ServedCluster) -> None:
     url = limited_cluster.url
-    over: list[httpx.Response] = []
-
-    def overload() -> None:  # on the second stream's thread at its first token: both streams are in flight
-        for path, body in (("/v1/completions", LONG | {"max_tokens": 2}),
-                           ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}]})):
-            over.append(httpx.post(f"{url}{path}", json=body, timeout=10))
-
-    seconds: list[Call] = []
-
-    def second() -> None:  # on the first stream's thread: no wait on the test's main thread in between
-        seconds.append(start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True,
-                                  on_first_token=overload))
-
-    first = start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True, on_first_token=second)
-    assert first.first_token.wait(30) and len(seconds) == 1, first.error
-    assert seconds[0].first_token.wait(30) and len(over) == 2, (seconds[0].error, over)
+    worker = limited_cluster.freeze()  # the two streams stay in flight until the test lets them go
+    try:
+        streams = [start_call(url, "/v1/completions", LONG | {"max_tokens": 64}, stream=True) for _ in range(2)]
+        wait_for("2 requests in flight", lambda: scrape(url)["rustinfer_num_requests_inflight"] == 2, 60, 0.02)
+        over = [httpx.post(f"{url}{path}", json=body, timeout=10)
+                for path, body in (("/v1/completions", LONG | {"max_tokens": 2}),
+                                   ("/v1/chat/completions", {"model": MODEL,
+                                                             "messages": [{"role": "user", "content": "x"}]}))]
+    finally:
+        worker.resume()
     for resp in over:
         assert resp.status_code == 429, resp.text
         assert resp.json()["error"]["code"] == "rate_limit_exceeded"
         assert resp.json()["error"]["type"] == "rate_limit_error"
-    for s in (first, seconds[0]):  # 3000 tokens each: both complete, then the server serves again
+        assert resp.headers["retry-after"] == "1"
+    for s in streams:  # both complete, then the server serves again
         s.join(timeout=120)
         assert s.payloads[-1] == "[DONE]" and s.payloads[-2]["choices"][0]["finish_reason"] == "length"
     resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=30)
@@ -374,20 +408,27 @@ def test_overload_429(limited_cluster: ServedCluster) -> None:
 
 @pytest.fixture(scope="module")
 def timeout_cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServedCluster]:
-    """A 1 s request timeout: 3000 tokens cannot be generated that fast even on an idle machine (with 5 s, a
-    quiet CI machine finished them in time and the request never timed out)."""
+    """A 1 s request timeout; the tests stop the worker so that their request is still open at the deadline."""
     cluster = ServedCluster(tmp_path_factory.mktemp("timeout"), model=str(tiny_model_dir), model_name=MODEL,
-                            num_blocks=1024, block_size=4, request_timeout_secs=1.0)
+                            num_blocks=1024, block_size=4, request_timeout_secs=1.0, worker_timeout_secs=60.0)
     cluster.start(timeout=300)
     yield cluster
     cluster.stop()
 
 
 def test_stream_timeout_ends_with_an_error_event(timeout_cluster: ServedCluster) -> None:
-    """A stream still running at request_timeout_secs ends with an error event (`timeout`) then [DONE]."""
+    """A stream still running at request_timeout_secs ends with an error event (`timeout`) then [DONE]. The worker
+    is stopped at its first token, so the stream is mid-way at the deadline however fast the machine."""
     url = timeout_cluster.url
-    s = start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True)
-    s.join(timeout=30)
+    frozen: list[Frozen] = []
+    s = start_call(url, "/v1/completions", LONG | {"max_tokens": 3000}, stream=True,
+                   on_first_token=lambda: frozen.append(timeout_cluster.freeze()))
+    try:
+        s.join(timeout=30)
+    finally:
+        for f in frozen:
+            f.resume()
+    assert frozen, "no token streamed"
     assert_error_then_done(s, "timeout")
     assert s.events[-1][0] - s.events[0][0] < 20
     wait_for("the timed-out request released", lambda: kv_settled(url), 20)
@@ -396,7 +437,11 @@ def test_stream_timeout_ends_with_an_error_event(timeout_cluster: ServedCluster)
 def test_non_streaming_timeout_is_504(timeout_cluster: ServedCluster) -> None:
     url = timeout_cluster.url
     started = time.monotonic()
-    resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 3000}, timeout=30)
+    worker = timeout_cluster.freeze()  # no step runs: the request is still open at the deadline
+    try:
+        resp = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 3000}, timeout=30)
+    finally:
+        worker.resume()
     assert resp.status_code == 504, resp.text
     assert resp.json()["error"]["code"] == "timeout" and resp.json()["error"]["type"] == "server_error"
     assert 0.9 < time.monotonic() - started < 20
@@ -464,13 +509,13 @@ def test_sigterm_to_rustinfer_serve_drains(tmp_path: Path, tiny_model_dir: Path)
     """`rustinfer serve` forwards SIGTERM so that requests in flight finish: server and scheduler drain, the
     scheduler stops the worker, and the launcher exits 0."""
     cluster = ServedCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=2048, block_size=4,
-                            shutdown_timeout_secs=60.0)
+                            shutdown_timeout_secs=60.0, worker_timeout_secs=60.0)
     cluster.start(timeout=300)
     try:
         children = cluster.pids()
         assert cluster.proc is not None
-        n = 2000
-        assert_drained(signal_mid_flight(cluster.url, cluster.proc, 1, n), n)
+        n = 64
+        assert_drained(signal_mid_flight(cluster, cluster.proc, 1, n), n)
         assert cluster.proc.wait(timeout=70) == 0, cluster.log()
         wait_for("every child gone", lambda: not any(Path(f"/proc/{pid}").exists() for pid in children.values()), 10)
     finally:
@@ -511,15 +556,18 @@ def test_server_drain_deadline_ends_open_requests_with_server_shutdown(tmp_path:
     (JSON 503; an error event then [DONE] on a stream) — not a bare 500 from uvicorn cancelling them — and are
     aborted at the scheduler, which frees their KV blocks for the next server."""
     cluster = DirectCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=2048, block_size=4,
-                            shutdown_timeout_secs=1.0)
+                            shutdown_timeout_secs=1.0, worker_timeout_secs=60.0)
     cluster.start(timeout=300)
     try:
         url = cluster.url
-        n = 4000  # far more than the deadline lets either finish
+        n = 64
         server = cluster.procs["server"]
-        flight = signal_mid_flight(url, server, 1, n)
-        for call in [flight.stream, *flight.plain]:
-            call.join(60)
+        flight = signal_mid_flight(cluster, server, 1, n, resume=False)  # stopped until the server's deadline
+        try:
+            for call in [flight.stream, *flight.plain]:
+                call.join(60)
+        finally:
+            flight.worker.resume()
         plain = flight.plain[0]
         assert plain.status == 503 and plain.body["error"]["code"] == "server_shutdown", (plain.status, plain.body)
         assert_error_then_done(flight.stream, "server_shutdown")
@@ -532,14 +580,14 @@ def test_server_drain_deadline_ends_open_requests_with_server_shutdown(tmp_path:
 
 def test_sigterm_drains_server_then_scheduler(tmp_path: Path, tiny_model_dir: Path) -> None:
     cluster = DirectCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=2048, block_size=4,
-                            shutdown_timeout_secs=60.0)
+                            shutdown_timeout_secs=60.0, worker_timeout_secs=60.0)
     cluster.start(timeout=300)
     try:
         url = cluster.url
-        n = 1000
+        n = 64
         # 1. the server: in-flight requests complete, then it exits 0
         server = cluster.procs["server"]
-        assert_drained(signal_mid_flight(url, server, 2, n), n)
+        assert_drained(signal_mid_flight(cluster, server, 2, n), n)
         assert server.wait(timeout=30) == 0
 
         # 2. a fresh server joins the running scheduler and worker
@@ -547,8 +595,11 @@ def test_sigterm_drains_server_then_scheduler(tmp_path: Path, tiny_model_dir: Pa
 
         # 3. the scheduler: it finishes what it runs, refuses new work, stops the worker, exits 0
         scheduler = cluster.procs["scheduler"]
-        flight = signal_mid_flight(url, scheduler, 2, n)
-        refused = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=30)
+        flight = signal_mid_flight(cluster, scheduler, 2, n, resume=False)
+        try:  # refused while the three still run
+            refused = httpx.post(f"{url}/v1/completions", json=LONG | {"max_tokens": 2}, timeout=30)
+        finally:
+            flight.worker.resume()
         assert refused.status_code == 503, refused.text
         assert_drained(flight, n)
         assert scheduler.wait(timeout=30) == 0

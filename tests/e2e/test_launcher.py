@@ -25,14 +25,15 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_dead_worker_stops_the_cluster_and_is_named(tmp_path: Path, embedded_model_dir: Path) -> None:
-    cluster = ServedCluster(tmp_path, max_model_len=1024).start()
+    """With restarts off (worker_max_restarts = 0); the restarts are tests/e2e/test_supervisor.py's."""
+    cluster = ServedCluster(tmp_path, max_model_len=1024, worker_max_restarts=0).start()
     pids = cluster.pids()
     assert set(pids) == {"scheduler", "worker", "server"}, cluster.log()
     os.kill(pids["worker"], signal.SIGKILL)
     assert cluster.proc is not None
     code = cluster.proc.wait(timeout=60)
     assert code != 0
-    assert "the worker exited" in cluster.log()
+    assert "the worker exited" in cluster.log() and "restarts are off" in cluster.log()
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(_alive(p) for p in pids.values()):
         time.sleep(0.2)
@@ -92,3 +93,15 @@ def test_a_hub_id_missing_offline_stops_the_launcher_before_any_process(tmp_path
     assert result.returncode == 2, result
     [line] = result.stderr.strip().splitlines()
     assert line.startswith("rustinfer: ") and "owner/missing" in line and str(tmp_path / "hub") in line, line
+
+
+def test_the_restart_budget_backs_off_and_forgets_old_restarts() -> None:
+    from infer_protocol.config import Config
+    from rustinfer.launcher import WorkerRestarts
+
+    budget = WorkerRestarts(Config(worker_max_restarts=3, worker_restart_window_secs=60.0,
+                                   worker_restart_backoff_secs=1.0))
+    assert [budget.next_delay(t) for t in (0.0, 10.0, 20.0)] == [1.0, 2.0, 4.0]
+    assert budget.next_delay(30.0) is None  # a fourth death within 60 s of the first restart
+    assert budget.next_delay(60.5) == 4.0  # the first restart has left the window: one is free again
+    assert WorkerRestarts(Config(worker_max_restarts=0)).next_delay(0.0) is None

@@ -114,7 +114,9 @@ CLUSTERS: dict[str, dict[str, object]] = {
                   max_batch_tokens=STEP_TOKENS),
     "both": dict(enable_prefix_caching=True, block_size=BOTH_BLOCK_SIZE, chunked_prefill_size=CHUNK,
                  max_batch_tokens=STEP_TOKENS),
-    "tight": dict(enable_prefix_caching=True, block_size=TIGHT_BLOCK_SIZE, num_blocks=TIGHT_BLOCKS),
+    # worker_timeout_secs: the refusal test stops this worker (SIGSTOP) for a moment; it must not be taken for lost
+    "tight": dict(enable_prefix_caching=True, block_size=TIGHT_BLOCK_SIZE, num_blocks=TIGHT_BLOCKS,
+                  worker_timeout_secs=60.0),
     "sync": dict(enable_prefix_caching=True, block_size=TIGHT_BLOCK_SIZE, num_blocks=TIGHT_BLOCKS,
                  enable_overlap=False),
 }
@@ -159,6 +161,13 @@ def tokens_of(resp: httpx.Response, max_tokens: int = MAX_TOKENS) -> list[int]:
     assert choice["finish_reason"] == "length", choice
     assert len(choice["token_ids"]) == max_tokens, choice
     return choice["token_ids"]
+
+
+def wait_for_inflight(cluster: ServedCluster, n: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while metrics(cluster)["rustinfer_num_requests_inflight"] < n:
+        assert time.monotonic() < deadline, f"fewer than {n} requests in flight after {timeout} s"
+        time.sleep(0.01)
 
 
 def complete_all(cluster: ServedCluster, prompts: list[list[int]], max_tokens: int = MAX_TOKENS) -> list[list[int]]:
@@ -274,46 +283,38 @@ def test_preemption_under_a_tiny_kv_cache_and_refusal_of_never_fitting_requests(
         ((PROMPTS[1] * 3)[:cap + 10], 1),  # the prompt alone is beyond the cache
     ]
 
-    def refuse_during_a_run() -> bool:
-        """Runs the 16 and sends the never-fitting requests while they run; whether the refusals came back
-        before the 16 finished (a loaded machine can stall this thread until they have: then the run says
-        nothing about the refusal's timing)."""
-        finished = threading.Event()
-        results: list[list[int]] = []
+    finished = threading.Event()
+    results: list[list[int]] = []
 
-        def run_all() -> None:
-            results.extend(complete_all(cluster, PROMPTS))
-            finished.set()
+    def run_all() -> None:
+        results.extend(complete_all(cluster, PROMPTS))
+        finished.set()
 
-        runner = threading.Thread(target=run_all)
-        runner.start()
-        try:
-            # The server's own in-flight gauge is live (the scheduler's figures lag by up to a heartbeat). The 16
-            # arrive over a second or so; refuse while the first few run, long before the last finish.
-            deadline = time.monotonic() + 30
-            while metrics(cluster)["rustinfer_num_requests_inflight"] < 4 and not finished.is_set():
-                assert time.monotonic() < deadline, "the 16 requests never started"
-                time.sleep(0.01)
-            for prompt, max_tokens in never_fit:
-                try:  # refused at submission, not queued until the others are done (or forever)
-                    resp = complete(cluster, prompt, max_tokens, timeout=10)
-                except httpx.TimeoutException:
-                    pytest.fail(f"a request needing {len(prompt) + max_tokens} tokens of a {cap}-token cache was "
-                                "not refused within 10 s")
-                assert resp.status_code == 400, resp.text
-                err = resp.json()["error"]
-                assert err["code"] == "context_length_exceeded", err
-                assert err["type"] == "invalid_request_error", err
-                assert f"maximum context length is {cap} tokens" in err["message"], err
-            refused_while_running = not finished.is_set()
-        finally:
-            runner.join(timeout=300)
-        assert finished.is_set()
-        assert results == reference
-        return refused_while_running
-
-    # A refusal that waited for the cache to drain would come after the 16 every time; one stalled run is not that.
-    assert any(refuse_during_a_run() for _ in range(3)), "the refusals never came while the 16 requests were running"
+    # The worker is stopped while the 16 arrive and the refusals are sent: none of the 16 can finish before the
+    # refusals come back, however fast the machine, so a refusal that waited for the cache to drain would hang.
+    worker = cluster.freeze()
+    runner = threading.Thread(target=run_all)
+    runner.start()
+    try:
+        # The server's own in-flight gauge is live (the scheduler's figures lag by up to a heartbeat).
+        wait_for_inflight(cluster, 4, timeout=60)
+        for prompt, max_tokens in never_fit:
+            try:  # refused at submission, not queued until the others are done (or forever)
+                resp = complete(cluster, prompt, max_tokens, timeout=10)
+            except httpx.TimeoutException:
+                pytest.fail(f"a request needing {len(prompt) + max_tokens} tokens of a {cap}-token cache was "
+                            "not refused within 10 s")
+            assert resp.status_code == 400, resp.text
+            err = resp.json()["error"]
+            assert err["code"] == "context_length_exceeded", err
+            assert err["type"] == "invalid_request_error", err
+            assert f"maximum context length is {cap} tokens" in err["message"], err
+        assert not finished.is_set()
+    finally:
+        worker.resume()
+        runner.join(timeout=300)
+    assert finished.is_set()
+    assert results == reference
 
     after = settled(cluster, before)
     check_no_leak(after)

@@ -42,6 +42,7 @@ class StandInWorker(threading.Thread):
         self.alive = threading.Event()  # cleared = hung: no heartbeats, no results
         self.alive.set()
         self.stop_now = threading.Event()
+        self.vanish = threading.Event()  # set = dies like a killed process: sockets closed, nothing sent
         self.fatal: str | None = None  # set to send a fatal WorkerError
         self.corrupt_next = False  # set to drop the last token of the next result (a malformed StepResult)
         self.shutdown_received = threading.Event()
@@ -77,7 +78,7 @@ class StandInWorker(threading.Thread):
         send(Ready(num_blocks=self.num_blocks, block_size=self.block_size, model=MODEL))
         last_beat = 0.0
         try:
-            while not self.stop_now.is_set():
+            while not self.stop_now.is_set() and not self.vanish.is_set():
                 if self.fatal is not None:
                     send(WorkerError(fatal=True, message=self.fatal))
                     self.fatal = None
@@ -123,15 +124,20 @@ class FakeServer:
     def send(self, msg) -> None:
         self.sock.send(self.enc.encode(msg))
 
-    def recv(self, timeout: float = 5.0):
-        if not self.sock.poll(int(timeout * 1000)):
-            raise TimeoutError("no message from the scheduler")
-        return self.dec.decode(self.sock.recv())
+    def recv(self, timeout: float = 5.0, *, pongs: bool = False):
+        """The next message; the scheduler's unsolicited Pongs (readiness changed) are skipped unless `pongs`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.sock.poll(max(1, int((deadline - time.monotonic()) * 1000))):
+                raise TimeoutError("no message from the scheduler")
+            msg = self.dec.decode(self.sock.recv())
+            if pongs or not isinstance(msg, Pong):
+                return msg
 
     def ping(self, timeout: float = 5.0) -> Pong:
         self.send(Ping())
         while True:
-            msg = self.recv(timeout)
+            msg = self.recv(timeout, pongs=True)
             if isinstance(msg, Pong):
                 return msg
 

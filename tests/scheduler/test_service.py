@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -13,7 +14,7 @@ import msgspec
 import pytest
 
 from infer_protocol.config import Config
-from infer_protocol.messages import Abort, RequestError, TokenBatch
+from infer_protocol.messages import Abort, Pong, RequestError, TokenBatch
 from infer_scheduler.service import Service
 
 from .conftest import make_submit
@@ -217,6 +218,66 @@ def test_fatal_worker_error_fails_requests(config, service, servers, workers):
     assert not srv.ping().ready
 
 
+def test_a_dead_worker_is_lost_at_once_and_a_new_one_adopted(config, servers, workers):
+    """A worker process that dies closes its connections: the scheduler fails its requests at once, not after
+    worker_timeout_secs (30 s here), tells the servers unasked, and adopts the next worker with a fresh KV state."""
+    config = msgspec.structs.replace(config, worker_timeout_secs=30.0)
+    svc = Service(config)
+    t = threading.Thread(target=svc.run, daemon=True)
+    t.start()
+    try:
+        w = workers(config, step_delay=0.02)
+        srv = servers()
+        wait_for(lambda: srv.ping().ready)
+        srv.send(make_submit(list(range(1, 20)), max_tokens=4, rid="warm"))
+        collect(srv, {"warm"})
+        wait_for(lambda: srv.ping().stats.num_cached_blocks > 0)  # the prefix cache holds blocks of the dead worker
+        steps = srv.ping().stats.num_steps
+        srv.send(make_submit([1, 2, 3], max_tokens=500, rid="r1"))
+        assert isinstance(srv.recv(), TokenBatch)
+        w.vanish.set()
+        t0 = time.monotonic()
+        _, errors = collect(srv, {"r1"}, timeout=5)
+        assert time.monotonic() - t0 < 1.0
+        assert [(e.code, e.status) for e in errors] == [("worker_lost", 503)]
+        assert "connection closed" in errors[0].message
+        pong = srv.recv(2, pongs=True)  # unasked: the server need not wait for its next ping
+        assert isinstance(pong, Pong) and not pong.ready and "worker was lost" in pong.status
+        srv.send(make_submit([1], max_tokens=1, rid="refused"))
+        _, errors = collect(srv, {"refused"})
+        assert errors[0].code == "worker_lost"
+
+        workers(config)
+        pong = srv.recv(5, pongs=True)  # the adoption is announced too
+        assert isinstance(pong, Pong) and pong.ready
+        st = pong.stats
+        assert st.worker_restarts == 1 and st.num_running == 0
+        assert st.num_free_blocks == st.num_total_blocks and st.num_cached_blocks == 0  # nothing of the old cache
+        assert st.num_steps >= steps  # counters carry over: /metrics never goes back
+        srv.send(make_submit(list(range(1, 20)), max_tokens=4, rid="after"))
+        outs, errors = collect(srv, {"after"})
+        assert not errors and outs["after"][0].num_cached_tokens == 0 and outs["after"][-1].finish_reason == "length"
+    finally:
+        svc.stop()
+        svc.stop()
+        t.join(5)
+
+
+def test_a_raw_connection_to_the_plan_socket_is_not_a_worker(config, service, servers, workers):
+    """Only a ZMQ peer's closing counts as the worker's death: a plain socket connect (another scheduler probing
+    the file) leaves the worker alone."""
+    workers(config)
+    srv = servers()
+    wait_for(lambda: srv.ping().ready)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.connect(config.ipc_path("plan")[len("ipc://"):])
+    probe.close()
+    srv.send(make_submit([1, 2, 3], max_tokens=5, rid="r"))
+    outs, errors = collect(srv, {"r"})
+    assert not errors and outs["r"][-1].finish_reason == "length"
+    assert srv.ping().ready
+
+
 def test_stop_drains_and_sends_shutdown_to_the_worker(config, servers, workers):
     svc = Service(config)
     t = threading.Thread(target=svc.run, daemon=True)
@@ -298,6 +359,7 @@ def test_a_second_scheduler_on_the_same_cluster_id_is_refused(config):
             Service(config)
         assert os.path.exists(config.ipc_path("sched")[len("ipc://"):])  # the refused one removed nothing
     finally:
+        first.monitor.close(linger=0)
         first.router.close(linger=0)
         first.push.close(linger=0)
         first.pull.close(linger=0)  # closed without unlinking: the files stay behind, as after a crash

@@ -145,8 +145,8 @@ def test_no_redirect_built_from_host(server: ServerHarness) -> None:
 def test_retry_after_on_503_and_429(make_server: MakeServer) -> None:
     s = make_server(start_scheduler=False, max_inflight_requests=1)
     r = s.http.post("/v1/completions", json={"prompt": "x"})
-    assert r.status_code == 503 and r.headers["retry-after"] == "1"
-    assert s.http.get("/ready").headers["retry-after"] == "1"
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+    assert s.http.get("/ready").headers["retry-after"] == "5"
     s.start_scheduler()
     s.wait_ready()
 

@@ -33,8 +33,9 @@ def test_ready_503_until_the_first_ready_pong(make_server: MakeServer) -> None:
     assert s.http.get("/health").status_code == 200
     r = s.http.get("/ready")
     assert r.status_code == 503 and "waiting for the scheduler" in r.json()["detail"]
+    assert r.headers["retry-after"] == "5"
     r = s.http.post("/v1/chat/completions", json={"messages": USER})
-    assert r.status_code == 503 and _err(r)["code"] == "model_not_ready"
+    assert r.status_code == 503 and _err(r)["code"] == "model_not_ready" and r.headers["retry-after"] == "5"
     assert _err(s.http.post("/tokenize", json={"prompt": "x"}))["code"] == "model_not_ready"
     assert s.http.get("/v1/models").status_code == 503  # the model's name is not known yet
     s.fake.ready = False
@@ -99,7 +100,7 @@ def test_overload_answers_429(make_server: MakeServer) -> None:
                     client.stream("POST", "/v1/completions", json=body) as b:
                 assert a.status_code == b.status_code == 200
                 r = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
-                assert r.status_code == 429
+                assert r.status_code == 429 and r.headers["retry-after"] == "1"
                 assert _err(r)["code"] == "rate_limit_exceeded" and _err(r)["type"] == "rate_limit_error"
         # both streams closed: capacity is back
         deadline = time.monotonic() + 5
@@ -160,7 +161,7 @@ def test_lost_worker_fails_inflight_requests(make_server: MakeServer) -> None:
             return await task
 
     r = asyncio.run(main())
-    assert r.status_code == 503 and _err(r)["code"] == "worker_lost"
+    assert r.status_code == 503 and _err(r)["code"] == "worker_lost" and r.headers["retry-after"] == "5"
     assert s.http.get("/ready").status_code == 503
 
 

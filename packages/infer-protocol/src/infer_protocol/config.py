@@ -101,6 +101,14 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         description="names the ZMQ IPC sockets: several clusters on one machine need different ids")] = "default"
     ipc_dir: Annotated[str, Meta(description="directory of the IPC socket files; empty = the system temp dir")] = ""
     log_level: Annotated[Literal["debug", "info", "warning", "error"], Meta(description="log level")] = "info"
+    # supervision by `rustinfer serve`: a worker that dies is restarted, a bounded number of times
+    worker_max_restarts: Annotated[int, Meta(
+        description="worker restarts allowed within worker_restart_window_secs; one more death stops serve "
+                    "(0 = never restart)")] = 3
+    worker_restart_window_secs: Annotated[float, Meta(
+        description="a restart older than this no longer counts against worker_max_restarts")] = 60.0
+    worker_restart_backoff_secs: Annotated[float, Meta(
+        description="delay before the first restart in the window; doubles with each next one")] = 1.0
     # timeouts (seconds)
     request_timeout_secs: Annotated[float, Meta(
         description="a request running longer is ended (504, or an error event when streaming)")] = 600.0
@@ -138,10 +146,11 @@ def _positive(name: str, value: float) -> None:
 def _validate(c: Config) -> None:
     for name in ("max_batch_tokens", "max_batch_seqs", "chunked_prefill_size", "block_size", "tensor_parallel_size",
                  "max_inflight_requests", "max_request_body_bytes", "request_timeout_secs", "ready_timeout_secs",
-                 "heartbeat_interval_secs", "worker_timeout_secs", "scheduler_timeout_secs", "cpu_kv_cache_bytes"):
+                 "heartbeat_interval_secs", "worker_timeout_secs", "scheduler_timeout_secs", "cpu_kv_cache_bytes",
+                 "worker_restart_window_secs"):
         _positive(name, getattr(c, name))
     _positive("request_body_timeout_secs", c.request_body_timeout_secs)
-    for name in ("max_model_len", "num_blocks", "seed"):
+    for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs"):
         if getattr(c, name) < 0:
             raise ConfigError(f"config field '{name}' must be >= 0, got {getattr(c, name)!r}")
     if not 0.0 < c.mem_fraction_static <= 1.0:

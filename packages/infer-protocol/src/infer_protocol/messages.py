@@ -17,7 +17,8 @@ import msgspec
 # 4: logit_bias, then allowed_token_ids (SamplingParams; the latter came without a bump of its own)
 # 5: prompt logprobs (SamplingParams.prompt_logprobs, PromptLogprobs, TokenOutput / StepResult.prompt_logprobs)
 # 6: StepFailed (a step that failed on the worker without harming it: its requests fail, the engine goes on)
-PROTOCOL_VERSION = 6
+# 7: SchedulerStats.worker_restarts (workers adopted after the first)
+PROTOCOL_VERSION = 7
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -109,6 +110,7 @@ class SchedulerStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prefix_cache_hits_tokens: int = 0
     num_preemptions: int = 0
     num_steps: int = 0
+    worker_restarts: int = 0  # workers adopted after the first (each a new, empty KV cache)
     # host time per step, moving averages over the recent steps (milliseconds)
     plan_ms: float = 0.0  # the scheduler planning a step
     apply_ms: float = 0.0  # the scheduler applying a step's result (stop rules, outputs)

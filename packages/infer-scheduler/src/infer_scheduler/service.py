@@ -6,7 +6,13 @@ Sockets (all bound here, so any start order works):
   PUSH   `plan`   StepPlan / Shutdown to the worker.
   PULL   `result` StepResult / StepFailed / Ready / Progress / Heartbeat / WorkerError from the worker.
 
-With `enable_overlap` (default) the pipeline runs one step ahead (docs/architecture.md): step k+1 is planned and sent
+A worker is lost when its connection to `plan` closes (the kernel closes it the moment the process dies, so a
+kill -9 is noticed within a poll, and a busy worker, however long its step, keeps it open), when it reports a
+fatal error, or when it is silent for `worker_timeout_secs` (a hung process). Every request it held, running or
+waiting, ends with `worker_lost`; the next worker's `Ready` gets a fresh engine (empty allocator and prefix
+cache, as its KV cache is empty), and the servers hear of both at once (an unsolicited Pong).
+
+With `enable_overlap` (the default) the pipeline runs one step ahead (docs/architecture.md): step k+1 is planned and sent
 right after step k, so the worker has it queued before step k's tokens are back; otherwise it is synchronous
 (plan k, wait for result k, plan k+1). One Poller covers every socket, so Submit / Abort / Ping are served while
 steps are in flight.
@@ -19,10 +25,11 @@ import logging
 import os
 import socket
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import msgspec
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from infer_protocol import codec
 from infer_protocol.config import Config
@@ -52,6 +59,13 @@ from infer_scheduler.step_timings import StepTimings
 log = logging.getLogger("infer_scheduler.service")
 
 _POLL_MS = 50
+# The plan socket's connection events: a worker's connection is a peer once its ZMTP handshake succeeded (a raw
+# connect, such as another scheduler probing the socket file, never is), and its closing is the worker's death.
+_PEER_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_DISCONNECTED)
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_COUNTERS = ("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "num_preemptions", "num_steps")
 # A step allocates a few hundred short-lived objects (outputs, plan entries); the default gen-0 threshold (700)
 # would collect almost every step and a full collection walks every token list. Collect rarely instead, and
 # freeze what start-up allocated so collections never walk it.
@@ -110,6 +124,11 @@ class Service:
         self.status = "waiting for the worker"
         self.worker_lost = False
         self._last_worker_msg = 0.0
+        self._workers_adopted = 0  # Ready messages accepted; every one after the first is a restarted worker
+        self._carried = SchedulerStats()  # the counters of earlier workers' engines, so /metrics never goes back
+        self._handshaking: deque[int] = deque()  # plan connections (fds) accepted, handshake outcome not seen yet
+        self._plan_peers: set[int] = set()  # plan connections (fds) of workers
+        self._servers: dict[bytes, float] = {}  # server identity -> when it last pinged
         self._pending: list[Submit] = []  # submissions before the worker is ready
         self._owner: dict[str, bytes] = {}  # request id -> the server's identity
         # queue time (arrival -> first scheduled step), sent with a request's first output
@@ -140,11 +159,15 @@ class Service:
             if self._own_ctx:
                 self._ctx.term()
             raise
+        self.monitor = self.push.get_monitor_socket(_PEER_EVENTS)
         self.poller = zmq.Poller()
         self.poller.register(self.router, zmq.POLLIN)
         self.poller.register(self.pull, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
 
     def close(self) -> None:
+        self.push.disable_monitor()
+        self.monitor.close(linger=0)
         for sock in (self.router, self.pull, self.push):
             sock.close()
         for chan in ("sched", "plan", "result"):
@@ -178,6 +201,8 @@ class Service:
                     self._drain(self.router, self._on_server_frames)
                 if self.pull in events:
                     self._drain(self.pull, self._on_worker_frames)
+                if self.monitor in events:
+                    self._drain(self.monitor, self._on_plan_event)
                 self._check_worker()
                 self._step()
                 self._flush()
@@ -245,6 +270,7 @@ class Service:
             log.warning("dropping an undecodable server message: %s", exc)
             return
         if isinstance(msg, Ping):
+            self._servers[ident] = time.monotonic()
             self._send(ident, self._pong())
         elif isinstance(msg, Submit):
             self._on_submit(ident, msg)
@@ -256,6 +282,8 @@ class Service:
             stats = self.timings.add_to(self.engine.stats())
         else:
             stats = SchedulerStats(num_waiting=len(self._pending))
+        carried = {name: getattr(stats, name) + getattr(self._carried, name) for name in _COUNTERS}
+        stats = msgspec.structs.replace(stats, worker_restarts=max(0, self._workers_adopted - 1), **carried)
         status = f"shutting down (draining {len(self._owner)} requests)" if self.stopping else self.status
         return Pong(ready=self.ready and not self.stopping, stats=stats, model=self.model, status=status)
 
@@ -282,6 +310,17 @@ class Service:
             self._owner[rid] = ident
             self._arrived[rid] = (time.monotonic(), -1)
             self._track(rid)
+
+    def _tell_servers(self) -> None:
+        """An unsolicited Pong to every server that pinged lately: readiness changed (worker lost or adopted), and
+        a server should not take new requests, or refuse them, until its next ping."""
+        now = time.monotonic()
+        recent = 2 * self.config.scheduler_timeout_secs
+        self._servers = {ident: seen for ident, seen in self._servers.items() if now - seen < recent}
+        if self._servers:
+            pong = self._pong()
+            for ident in self._servers:
+                self._send(ident, pong)
 
     def _on_abort(self, rid: str) -> None:
         out: TokenOutput | None = None
@@ -416,6 +455,7 @@ class Service:
         self.model = msg.model
         self.worker_lost = False
         self.status = "ready"
+        self._workers_adopted += 1
         log.info("worker ready: %d KV blocks of %d tokens, max_model_len %d, model %s", msg.num_blocks,
                  msg.block_size, self.engine.max_model_len, msg.model.model_dir)
         pending, self._pending = self._pending, []
@@ -428,6 +468,26 @@ class Service:
                     self._send(ident, err)
             else:
                 self._track(sub.request_id)
+        self._tell_servers()
+
+    def _on_plan_event(self, frames: list[bytes]) -> None:
+        event = parse_monitor_message(frames)
+        kind, fd = event["event"], int(event["value"])
+        if kind == zmq.EVENT_ACCEPTED:
+            self._handshaking.append(fd)
+        elif kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # carries no fd: connections handshake in accept order
+            if self._handshaking:
+                self._plan_peers.add(self._handshaking.popleft())
+        elif kind & _HANDSHAKE_FAILED:
+            if self._handshaking:
+                self._handshaking.popleft()
+        elif kind == zmq.EVENT_DISCONNECTED:
+            if fd in self._handshaking:
+                self._handshaking.remove(fd)
+            elif fd in self._plan_peers:
+                self._plan_peers.discard(fd)
+                if not self.worker_lost:
+                    self._lose_worker("the worker's connection closed (the process exited)")
 
     def _check_worker(self) -> None:
         if self.engine is None:
@@ -439,10 +499,15 @@ class Service:
     def _lose_worker(self, reason: str) -> None:
         log.error("worker lost: %s", reason)
         self._fail_everything("worker_lost", f"the worker was lost: {reason}")
+        if self.engine is not None:
+            stats = self.engine.stats()
+            self._carried = msgspec.structs.replace(
+                self._carried, **{name: getattr(self._carried, name) + getattr(stats, name) for name in _COUNTERS})
         self.engine = None
         self._unsent = None
         self.worker_lost = True
-        self.status = reason
+        self.status = f"the worker was lost: {reason}"
+        self._tell_servers()
 
     def _fail_everything(self, code: str, message: str) -> None:
         self._flush()  # what finished before the failure is delivered first

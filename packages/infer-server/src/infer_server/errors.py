@@ -29,10 +29,10 @@ _TYPE_BY_STATUS = {
     422: "invalid_request_error",
     429: "rate_limit_error",
 }
-# 429 and 503 say when to come back (RFC 9110 §10.2.3): an overload or an engine restart is short-lived, and
-# clients (the OpenAI SDK among them) honour the header in their retry back-off.
-RETRY_AFTER_SECS = 1
-_RETRY_STATUSES = frozenset({429, 503})
+# 429 and 503 say when to come back (RFC 9110 §10.2.3), and clients (the OpenAI SDK among them) honour the header
+# in their retry back-off. In seconds: a 429 clears as soon as a request finishes; a 503 (engine not ready, worker
+# lost and being restarted, draining) takes a worker start at best.
+RETRY_AFTER_SECS = {429: 1, 503: 5}
 
 
 def error_type_for(status: int) -> str:
@@ -77,7 +77,7 @@ def error_body(message: str, *, type: str, param: str | None = None, code: str |
 
 def retry_after_headers(status: int) -> dict[str, str]:
     """The `Retry-After` header of a 429 or a 503 (none for any other status): every such response gets it here."""
-    return {"retry-after": str(RETRY_AFTER_SECS)} if status in _RETRY_STATUSES else {}
+    return {"retry-after": str(RETRY_AFTER_SECS[status])} if status in RETRY_AFTER_SECS else {}
 
 
 def error_response(err: ApiError) -> Response:

@@ -63,6 +63,8 @@ class SchedulerCollector(Collector):
                       stats.prefix_cache_hits_tokens)
         yield counter("rustinfer_num_preemptions", "Requests preempted by the scheduler", stats.num_preemptions)
         yield counter("rustinfer_scheduler_steps", "Steps the scheduler has run", stats.num_steps)
+        yield counter("rustinfer_worker_restarts", "Workers the scheduler adopted after the first (restarts)",
+                      stats.worker_restarts)
         for name, doc, value in (
             ("plan", "The scheduler planning a step", stats.plan_ms),
             ("apply", "The scheduler applying a step's result", stats.apply_ms),
