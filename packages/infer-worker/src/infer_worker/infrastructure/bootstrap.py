@@ -14,7 +14,7 @@ from infer_core.plan import blocks_needed
 from infer_protocol.config import Config
 from infer_protocol.messages import ModelInfo, SamplingParams
 
-from infer_worker.application.fault_injection import FAULT_ENV, with_fault_injection
+from infer_worker.application.fault_injection import FAULT_ENV, FAULT_KIND_ENV, with_fault_injection
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
@@ -191,7 +191,7 @@ def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
     if fault:
         log.warning("test-only fault injection is on: a step fails when a prompt holds token %s (%s)", fault, FAULT_ENV)
     try:
-        executor = with_fault_injection(runner, fault)
+        executor = with_fault_injection(runner, fault, os.environ.get(FAULT_KIND_ENV), backend.device)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     service = WorkerService(executor, is_fatal=backend.is_fatal_error)
