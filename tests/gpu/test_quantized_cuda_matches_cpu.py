@@ -38,18 +38,11 @@ def _write(fmt: str, path: Path) -> Path:
     return path
 
 
-FP8_AGREEING_TOKENS = 4  # the prefill token and the first decodes: the cascade has not reached greedy choices yet
-
-
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_quantized_cuda_fp32_greedy_equals_cpu(fmt: str, tmp_path: Path) -> None:
-    model_dir = _write(fmt, tmp_path / fmt)
-    cuda = _greedy(_runner(model_dir, "cuda", DType.FLOAT32))
-    cpu = _greedy(_runner(model_dir, "cpu", DType.FLOAT32))
-    if fmt == "awq":
-        assert cuda == cpu
-    else:  # measured on the H200: 5 of 16 tokens agreed before the first near-tie flipped
-        assert [t[:FP8_AGREEING_TOKENS] for t in cuda] == [t[:FP8_AGREEING_TOKENS] for t in cpu]
+def test_awq_cuda_fp32_greedy_equals_cpu(tmp_path: Path) -> None:
+    """FP8 has no such test: measured on the H200, its fp32 greedy tokens part from the CPU's within the first
+    few (one prompt at the first token), as the cascade above predicts; its logits are held to a bound below."""
+    model_dir = _write("awq", tmp_path / "awq")
+    assert _greedy(_runner(model_dir, "cuda", DType.FLOAT32)) == _greedy(_runner(model_dir, "cpu", DType.FLOAT32))
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -62,15 +55,16 @@ def test_quantized_cuda_graph_replay_equals_eager(fmt: str, tmp_path: Path) -> N
     assert replayed == eager
 
 
+@pytest.mark.parametrize("cuda_dtype", [DType.BFLOAT16, DType.FLOAT32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-def test_quantized_cuda_bf16_logits_close_to_cpu_fp32(fmt: str, tmp_path: Path) -> None:
+def test_quantized_cuda_logits_close_to_cpu_fp32(fmt: str, cuda_dtype: DType, tmp_path: Path) -> None:
     from infer_protocol.messages import SamplingParams
     from infer_worker.application.model_runner import prepare_step
     from infer_worker.domain.sequence import ScheduledSeq, Sequence
 
     model_dir = _write(fmt, tmp_path / fmt)
     logits = {}
-    for name, backend, dtype in (("cpu", "cpu", DType.FLOAT32), ("cuda", "cuda", DType.BFLOAT16),
+    for name, backend, dtype in (("cpu", "cpu", DType.FLOAT32), ("cuda", "cuda", cuda_dtype),
                                  ("cpu_bf16", "cpu", DType.BFLOAT16)):
         runner = _runner(model_dir, backend, dtype)
         seq = Sequence(0, list(range(100, 140)), 0, list(range(8)), SamplingParams(temperature=0.0))
@@ -79,7 +73,7 @@ def test_quantized_cuda_bf16_logits_close_to_cpu_fp32(fmt: str, tmp_path: Path) 
         logits[name] = runner.model.compute_logits(hidden).float().cpu()
     cos = torch.nn.functional.cosine_similarity(logits["cpu"], logits["cuda"], dim=-1)
     if fmt == "awq":
-        assert float(cos.min()) > 0.99
+        assert float(cos.min()) > (0.99 if cuda_dtype is DType.BFLOAT16 else 0.9999)
     else:  # no further from the fp32 reference than the reference's own bf16 run (CPU: min ~0.947, mean ~0.973)
         own = torch.nn.functional.cosine_similarity(logits["cpu"], logits["cpu_bf16"], dim=-1)
         assert float(cos.min()) > float(own.min()) - 0.03 and float(cos.mean()) > float(own.mean()) - 0.01, (
