@@ -71,7 +71,9 @@ class ServedCluster:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"cluster exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                # Ready once the launcher says so too: until it has seen /ready itself it is still starting up,
+                # and a worker that dies then is not restarted (a test that kills it must not race that).
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200 and "rustinfer: ready" in self.log():
                     return self
             except httpx.HTTPError:
                 pass
