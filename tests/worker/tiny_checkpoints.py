@@ -16,9 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Co
 
 from infer_backend_cpu import CpuBackend
 from infer_core.dtypes import DType
-from infer_protocol.messages import SamplingParams
 from infer_worker.application.model_runner import ModelRunner, prepare_step
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import GREEDY, Sampling, ScheduledSeq, Sequence
 from infer_worker.infrastructure.model_loader import load_model
 from infer_worker.models.causal_lm import CausalLM
 from infer_worker.models.spec import ModelSpec
@@ -110,8 +109,8 @@ class Engine:
         free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(1)).tolist()
         return cls(model, spec, runner, block_size, free)
 
-    def new_seq(self, seq_id: int, prompt: list[int], sampling: SamplingParams | None = None) -> Sequence:
-        return Sequence(seq_id, list(prompt), 0, [], sampling or SamplingParams(temperature=0.0))
+    def new_seq(self, seq_id: int, prompt: list[int], sampling: Sampling | None = None) -> Sequence:
+        return Sequence(seq_id, list(prompt), 0, [], sampling or GREEDY)
 
     def step(self, work: list[tuple[Sequence, int]]) -> dict[int, int]:
         """Compute `num_new` tokens of each sequence; returns seq_id -> sampled token (applied to the seq)."""

@@ -19,11 +19,12 @@ from infer_core.plan import blocks_needed
 from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
-from infer_protocol.messages import PromptLogprobs, SamplingParams
+from infer_protocol.messages import PromptLogprobs
 from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
-from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
+from infer_worker.application.sampled_tokens import SampledTokens
+from infer_worker.domain.sequence import GREEDY, PENDING, Sampling, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM, KvCaches
 
 # The sampler's counter hash only reads the low 32 bits of a seed; masking here also keeps any Python int
@@ -127,7 +128,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 def sampling_arrays(seqs: Seq[Sequence]) -> dict[str, np.ndarray]:
     """Per-row sampling parameters; the counter position is the index of the token being sampled."""
-    params: list[SamplingParams] = [s.sampling for s in seqs]
+    params: list[Sampling] = [s.sampling for s in seqs]
     n = len(seqs)
     return {
         "temperature": np.fromiter((p.temperature for p in params), dtype=np.float32, count=n),
@@ -292,7 +293,7 @@ class ModelRunner:
             if next_block + blocks > cache_blocks:
                 raise ValueError(f"dummy run of {num_tokens} tokens needs more than the {cache_blocks} cache blocks")
             token_ids = [(7 * (i + j) + 1) % vocab for j in range(length)]
-            seq = Sequence(-1 - i, token_ids, 0, list(range(next_block, next_block + blocks)), SamplingParams(temperature=0.0))
+            seq = Sequence(-1 - i, token_ids, 0, list(range(next_block, next_block + blocks)), GREEDY)
             scheduled.append(ScheduledSeq(seq, length))
             next_block += blocks
         return self.execute(scheduled)

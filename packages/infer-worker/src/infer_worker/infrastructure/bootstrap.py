@@ -12,14 +12,14 @@ from typing import Any, Callable
 from infer_core.dtypes import DType
 from infer_core.plan import blocks_needed
 from infer_protocol.config import Config
-from infer_protocol.messages import ModelInfo, SamplingParams
+from infer_protocol.messages import ModelInfo
 
 from infer_worker.application.fault_injection import FAULT_ENV, FAULT_KIND_ENV, with_fault_injection
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
 from infer_worker.application.worker_service import WorkerService
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.embedded_model import ensure_embedded_model
 from infer_worker.infrastructure.model_loader import load_model, read_spec
@@ -53,7 +53,7 @@ def resolve_model_dir(config: Config) -> Path:
 
 
 def _greedy_seq(seq_id: int, token_ids: list[int], block_ids: list[int]) -> Sequence:
-    return Sequence(seq_id, token_ids, 0, block_ids, SamplingParams(temperature=0.0))
+    return Sequence(seq_id, token_ids, 0, block_ids, GREEDY)
 
 
 def _profile_sequences(num_tokens: int, max_model_len: int, block_size: int) -> list[ScheduledSeq]:
