@@ -12,6 +12,7 @@ import torch
 
 from infer_core.dtypes import DType
 from infer_worker.domain.sequence import Sampling, ScheduledSeq, Sequence
+from tests.worker.tiny_checkpoints import forward_step
 
 pytestmark = pytest.mark.gpu
 BLOCK = 16
@@ -90,7 +91,7 @@ def test_cuda_bf16_logits_close_to_cpu_fp32(tmp_path: Path) -> None:
         seq = Sequence(0, list(PROMPTS[1]), 0, list(range(8)), Sampling(temperature=0.0))
         step = __import__("infer_worker.application.model_runner", fromlist=["prepare_step"]).prepare_step(
             [ScheduledSeq(seq, seq.num_tokens)], BLOCK, 8)
-        hidden = runner.model.forward(runner._tensor(step.input_ids), runner.attention_batch(step), runner.kv_caches)
+        hidden = forward_step(runner, step)
         store["logits"] = runner.model.compute_logits(hidden).float().cpu()
     a, b = ref["logits"], got["logits"]
     cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)

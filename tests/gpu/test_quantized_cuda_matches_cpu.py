@@ -20,6 +20,7 @@ import torch
 from infer_core.dtypes import DType
 from tests.gpu.test_cuda_matches_cpu import _greedy, _runner
 from tests.worker.quant_checkpoints import awq_config, fp8_config, write_quantized
+from tests.worker.tiny_checkpoints import forward_step
 
 pytestmark = pytest.mark.gpu
 FORMATS = {"awq": awq_config(64), "fp8": fp8_config((128, 128))}
@@ -68,7 +69,7 @@ def test_quantized_cuda_logits_close_to_cpu_fp32(fmt: str, cuda_dtype: DType, tm
         runner = _runner(model_dir, backend, dtype)
         seq = Sequence(0, list(range(100, 140)), 0, list(range(8)), GREEDY)
         step = prepare_step([ScheduledSeq(seq, seq.num_tokens)], 16, 8)
-        hidden = runner.model.forward(runner._tensor(step.input_ids), runner.attention_batch(step), runner.kv_caches)
+        hidden = forward_step(runner, step)
         logits[name] = runner.model.compute_logits(hidden).float().cpu()
     cos = torch.nn.functional.cosine_similarity(logits["cpu"], logits["cuda"], dim=-1)
     if fmt == "awq":

@@ -226,14 +226,6 @@ class ModelRunner:
                                            all_greedy=bool((sampling["temperature"] == 0).all()))
         return dev[:4], batch, sampling_batch
 
-    def attention_batch(self, step: HostStep) -> AttentionBatch:
-        """The step's attention inputs, copied one by one (for callers outside the hot path)."""
-        return AttentionBatch(
-            positions=self._tensor(step.positions), slot_mapping=self._tensor(step.slot_mapping),
-            query_start_loc=self._tensor(step.query_start_loc), seq_lens=self._tensor(step.seq_lens),
-            block_tables=self._tensor(step.block_tables), max_query_len=step.max_query_len,
-            max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=self.block_size)
-
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
         """Launch a step and wait for its tokens."""
         return self.launch(scheduled).result()
