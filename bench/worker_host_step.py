@@ -21,8 +21,9 @@ from infer_protocol import codec
 from infer_protocol.messages import ContinueSeq, NewSeq, SamplingParams, StepPlan
 from infer_worker.application.graph_runner import _StaticBuffers
 from infer_worker.application.model_runner import LaunchedStep, prepare_step, sampling_arrays
+from infer_worker.application.sampled_tokens import SampledTokens
 from infer_worker.application.worker_service import WorkerService
-from infer_worker.domain.sequence import SampledTokens, ScheduledSeq
+from infer_worker.domain.sequence import ScheduledSeq
 
 BLOCK = 16
 

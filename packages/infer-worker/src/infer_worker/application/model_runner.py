@@ -19,11 +19,12 @@ from infer_core.plan import blocks_needed
 from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
-from infer_protocol.messages import PromptLogprobs, SamplingParams
+from infer_protocol.messages import PromptLogprobs
 from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
-from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
+from infer_worker.application.sampled_tokens import SampledTokens
+from infer_worker.domain.sequence import GREEDY, PENDING, Sampling, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM, KvCaches
 
 # The sampler's counter hash only reads the low 32 bits of a seed; masking here also keeps any Python int
@@ -127,7 +128,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 def sampling_arrays(seqs: Seq[Sequence]) -> dict[str, np.ndarray]:
     """Per-row sampling parameters; the counter position is the index of the token being sampled."""
-    params: list[SamplingParams] = [s.sampling for s in seqs]
+    params: list[Sampling] = [s.sampling for s in seqs]
     n = len(seqs)
     return {
         "temperature": np.fromiter((p.temperature for p in params), dtype=np.float32, count=n),
@@ -225,14 +226,6 @@ class ModelRunner:
                                            all_greedy=bool((sampling["temperature"] == 0).all()))
         return dev[:4], batch, sampling_batch
 
-    def attention_batch(self, step: HostStep) -> AttentionBatch:
-        """The step's attention inputs, copied one by one (for callers outside the hot path)."""
-        return AttentionBatch(
-            positions=self._tensor(step.positions), slot_mapping=self._tensor(step.slot_mapping),
-            query_start_loc=self._tensor(step.query_start_loc), seq_lens=self._tensor(step.seq_lens),
-            block_tables=self._tensor(step.block_tables), max_query_len=step.max_query_len,
-            max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=self.block_size)
-
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
         """Launch a step and wait for its tokens."""
         return self.launch(scheduled).result()
@@ -292,7 +285,7 @@ class ModelRunner:
             if next_block + blocks > cache_blocks:
                 raise ValueError(f"dummy run of {num_tokens} tokens needs more than the {cache_blocks} cache blocks")
             token_ids = [(7 * (i + j) + 1) % vocab for j in range(length)]
-            seq = Sequence(-1 - i, token_ids, 0, list(range(next_block, next_block + blocks)), SamplingParams(temperature=0.0))
+            seq = Sequence(-1 - i, token_ids, 0, list(range(next_block, next_block + blocks)), GREEDY)
             scheduled.append(ScheduledSeq(seq, length))
             next_block += blocks
         return self.execute(scheduled)

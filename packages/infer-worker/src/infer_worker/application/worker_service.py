@@ -22,9 +22,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from infer_protocol.messages import NewSeq, StepFailed, StepPlan, StepResult
+from infer_protocol.messages import NewSeq, SamplingParams, StepFailed, StepPlan, StepResult
 
-from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
+from infer_worker.application.sampled_tokens import SampledTokens
+from infer_worker.domain.sequence import PENDING, Sampling, ScheduledSeq, Sequence
 
 
 class LaunchedWork(Protocol):
@@ -45,6 +46,15 @@ log = logging.getLogger("rustinfer.worker")
 
 def _never_fatal(exc: BaseException) -> bool:
     return False
+
+
+_SAMPLING_FIELDS = Sampling.__dataclass_fields__.keys()
+
+
+def to_sampling(params: SamplingParams) -> Sampling:
+    """The domain's copy of a wire `SamplingParams`: made once per admitted sequence, never per step. It takes
+    the fields the domain declares, so a wire field the worker does not know yet is not an error here."""
+    return Sampling(**{name: getattr(params, name) for name in _SAMPLING_FIELDS})
 
 
 class UnknownSequenceError(RuntimeError):
@@ -202,7 +212,7 @@ class WorkerService:
             token_ids=list(new.token_ids),
             num_computed=new.num_computed,
             block_ids=list(new.block_ids),
-            sampling=new.sampling,
+            sampling=to_sampling(new.sampling),
             prompt_len=len(new.token_ids) - new.num_generated,
             stop_token_ids=tuple(new.stop_token_ids),
         )
