@@ -3,9 +3,12 @@ persistent batch, prepare the inputs (numpy bookkeeping, sampling rows) and pack
 runner's page-locked staging layout — everything `WorkerService.launch` does on the host before the replay —
 then write the sampled ids back (`collect`). The device copy, the replay and the sampling are left out.
 
-    uv run python bench/worker_host_step.py [--steps 2000] [--batches 1,64,256] [--context 1024]
+    uv run python bench/worker_host_step.py [--steps 2000] [--batches 1,64,256] [--context 1024,32768] [--repeats 3]
 
-Prints median / p90 CPU milliseconds per step for each batch size (this thread's CPU time).
+Prints median / p90 CPU milliseconds per step for each batch size and context (this thread's CPU time). With
+several contexts, each (batch, context) runs `--repeats` times in one process, the contexts interleaved (so a
+noisy neighbour on a shared VM hits them alike); a run's figure is its median step, the row's the median of its
+runs, and the last line per batch is the ratio of the last context's median to the first's.
 """
 
 from __future__ import annotations
@@ -76,14 +79,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--batches", default="1,64,256")
-    ap.add_argument("--context", type=int, default=1024, help="tokens each sequence holds")
+    ap.add_argument("--context", default="1024", help="tokens each sequence holds (a comma-separated list)")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per (batch, context), interleaved")
     args = ap.parse_args()
+    contexts = [int(c) for c in args.context.split(",")]
     torch.set_num_threads(1)
-    print(f"worker host time per decode step (plan decode + launch host work + collect), context {args.context}, "
-          f"{args.steps} steps, this thread's CPU time")
+    print(f"worker host time per decode step (plan decode + launch host work + collect), contexts {contexts}, "
+          f"{args.steps} steps, {args.repeats} runs each, this thread's CPU time")
     for batch in (int(b) for b in args.batches.split(",")):
-        ms = sorted(t * 1e3 for t in run(batch, args.steps, args.context))
-        print(f"batch {batch:4d}: median {statistics.median(ms):.3f} ms  p90 {ms[int(0.9 * (len(ms) - 1))]:.3f} ms")
+        medians: dict[int, list[float]] = {c: [] for c in contexts}
+        p90s: dict[int, list[float]] = {c: [] for c in contexts}
+        for _ in range(args.repeats):
+            for context in contexts:
+                ms = sorted(t * 1e3 for t in run(batch, args.steps, context))
+                medians[context].append(statistics.median(ms))
+                p90s[context].append(ms[int(0.9 * (len(ms) - 1))])
+        for context in contexts:
+            runs = " ".join(f"{m:.3f}" for m in medians[context])
+            print(f"batch {batch:4d} context {context:6d}: median {statistics.median(medians[context]):.3f} ms  "
+                  f"p90 {statistics.median(p90s[context]):.3f} ms  (run medians {runs})")
+        if len(contexts) > 1:
+            ratio = statistics.median(medians[contexts[-1]]) / statistics.median(medians[contexts[0]])
+            print(f"batch {batch:4d}: context {contexts[-1]} / {contexts[0]} = {ratio:.2f}x")
 
 
 if __name__ == "__main__":
