@@ -20,6 +20,7 @@ from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 from infer_protocol.messages import PromptLogprobs, SamplingParams
+from infer_worker.application.block_table import ScheduledBatch
 from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
@@ -39,7 +40,7 @@ class HostStep(NamedTuple):
     slot_mapping: np.ndarray  # [T] int64
     query_start_loc: np.ndarray  # [B + 1] int32
     seq_lens: np.ndarray  # [B] int32
-    block_tables: np.ndarray  # [B, max_blocks_per_seq] int32, -1 padded
+    block_tables: np.ndarray  # [B, max_blocks_per_seq] int32, -1 padded (maybe a view of the persistent table)
     max_query_len: int
     max_seq_len: int
     is_decode: bool
@@ -51,7 +52,11 @@ class HostStep(NamedTuple):
 
 
 def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_seq: int) -> HostStep:
-    """Vectorised bookkeeping: loops run per sequence (to read Python lists), never per token."""
+    """Vectorised bookkeeping: loops run per sequence (to read Python attributes), never per token in Python.
+
+    Given a ScheduledBatch whose sequences all hold rows of its block table, the step's `block_tables` are
+    those rows (a view of the persistent table when the slots are contiguous: valid until the next plan is
+    applied); otherwise they are built from each sequence's `block_ids` list."""
     num_seqs = len(scheduled)
     starts = np.fromiter((s.seq.num_computed for s in scheduled), dtype=np.int64, count=num_seqs)
     num_new = np.fromiter((s.num_new for s in scheduled), dtype=np.int64, count=num_seqs)
@@ -65,7 +70,16 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
             f"with {known[i]} known tokens"
         )
 
-    num_blocks = np.fromiter((len(s.seq.block_ids) for s in scheduled), dtype=np.int64, count=num_seqs)
+    table = scheduled.table if isinstance(scheduled, ScheduledBatch) else None
+    slots = np.fromiter((s.seq.slot for s in scheduled), dtype=np.int64, count=num_seqs) if table is not None else None
+    if table is not None and slots is not None and (slots >= 0).all():
+        # The persistent table: O(1) Python per sequence and one slice (or fancy index) of rows, flat in context.
+        table.reserve(max_blocks_per_seq)
+        num_blocks = table.num_blocks[slots]
+        rows: np.ndarray | None = table.rows(slots)
+    else:
+        num_blocks = np.fromiter((len(s.seq.block_ids) for s in scheduled), dtype=np.int64, count=num_seqs)
+        rows = None
     short = (num_blocks < -(-ends // block_size)) | (num_blocks > max_blocks_per_seq)
     if short.any():
         i = int(np.argmax(short))
@@ -73,9 +87,13 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
             f"sequence {scheduled[i].seq.seq_id} holds {num_blocks[i]} blocks; it needs "
             f"{blocks_needed(int(ends[i]), block_size)} for {ends[i]} tokens and may have at most {max_blocks_per_seq}"
         )
-    block_tables = np.full((num_seqs, max_blocks_per_seq), -1, dtype=np.int32)
-    for i, s in enumerate(scheduled):
-        block_tables[i, : num_blocks[i]] = s.seq.block_ids
+    if rows is not None:
+        # Wider only if a sequence once held more blocks than allowed (and failed its step): drop those columns.
+        block_tables = rows if rows.shape[1] == max_blocks_per_seq else rows[:, :max_blocks_per_seq]
+    else:
+        block_tables = np.full((num_seqs, max_blocks_per_seq), -1, dtype=np.int32)
+        for i, s in enumerate(scheduled):
+            block_tables[i, : num_blocks[i]] = s.seq.block_ids
 
     query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(num_new, out=query_start_loc[1:])
@@ -96,10 +114,10 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
     pending_pos = np.flatnonzero(input_ids == PENDING)
     pending_rows, pending_launch = _EMPTY, -1
     if pending_pos.size:
-        owners = [scheduled[i].seq for i in seq_index[pending_pos].tolist()]
+        owner_index = seq_index[pending_pos]
+        owners = [scheduled[i].seq for i in owner_index.tolist()]
         launches = {seq.sampled_at for seq in owners}
-        if len(launches) != 1 or any(pos != ends[i] - 1 for pos, i in zip(
-                positions[pending_pos].tolist(), seq_index[pending_pos].tolist())):
+        if len(launches) != 1 or bool((positions[pending_pos] != ends[owner_index] - 1).any()):
             raise ValueError(f"pending input tokens of launches {sorted(launches)} (only the last known token of a "
                              "sequence, sampled by one launch, may be pending)")
         pending_launch = launches.pop()
