@@ -1,7 +1,9 @@
 """The worker's host time per decode step, without a GPU: decode the StepPlan bytes, apply the diff to the
 persistent batch, prepare the inputs (numpy bookkeeping, sampling rows) and pack them into the CUDA-graph
 runner's page-locked staging layout — everything `WorkerService.launch` does on the host before the replay —
-then write the sampled ids back (`collect`). The device copy, the replay and the sampling are left out.
+then write the sampled ids back (`collect`). The device copy, the replay and the sampling are left out: the
+runner's device buffers are on torch's "meta" device by default, so a device op costs its dispatch only (on the
+H200 an asynchronous launch); `--device cpu` runs them as host copies, as this bench did before it had the option.
 
     uv run python bench/worker_host_step.py [--steps 2000] [--batches 1,64,256] [--context 1024,32768] [--repeats 3]
 
@@ -33,8 +35,8 @@ BLOCK = 16
 class HostOnlyExecutor:
     """The graph runner's host half: prepare_step + sampling rows + one staging pack, then fake sampled ids."""
 
-    def __init__(self, max_batch: int, max_blocks: int) -> None:
-        self.buf = _StaticBuffers(max_batch, max_batch, max_blocks, "cpu", CpuBackend())
+    def __init__(self, max_batch: int, max_blocks: int, device: str) -> None:
+        self.buf = _StaticBuffers(max_batch, max_batch, max_blocks, device, CpuBackend())
         self.max_blocks = max_blocks
         self.launches = 0
 
@@ -48,9 +50,9 @@ class HostOnlyExecutor:
         return LaunchedStep(self.launches, step.sampling_seqs, done=SampledTokens(ids, [7] * len(ids), [0.0] * len(ids)))
 
 
-def run(batch: int, steps: int, context: int) -> list[float]:
+def run(batch: int, steps: int, context: int, device: str = "meta") -> list[float]:
     max_blocks = -(-(context + steps + 1) // BLOCK)
-    service = WorkerService(HostOnlyExecutor(batch, max_blocks))
+    service = WorkerService(HostOnlyExecutor(batch, max_blocks, device))
     enc, dec = codec.scheduler_to_worker(), codec.scheduler_to_worker()
     greedy = SamplingParams(temperature=0.0)
     next_block = 0
@@ -81,17 +83,18 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--context", default="1024", help="tokens each sequence holds (a comma-separated list)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per (batch, context), interleaved")
+    ap.add_argument("--device", default="meta", choices=["meta", "cpu"], help="where the runner's device buffers are")
     args = ap.parse_args()
     contexts = [int(c) for c in args.context.split(",")]
     torch.set_num_threads(1)
     print(f"worker host time per decode step (plan decode + launch host work + collect), contexts {contexts}, "
-          f"{args.steps} steps, {args.repeats} runs each, this thread's CPU time")
+          f"{args.steps} steps, {args.repeats} runs each, device buffers on {args.device}, this thread's CPU time")
     for batch in (int(b) for b in args.batches.split(",")):
         medians: dict[int, list[float]] = {c: [] for c in contexts}
         p90s: dict[int, list[float]] = {c: [] for c in contexts}
         for _ in range(args.repeats):
             for context in contexts:
-                ms = sorted(t * 1e3 for t in run(batch, args.steps, context))
+                ms = sorted(t * 1e3 for t in run(batch, args.steps, context, args.device))
                 medians[context].append(statistics.median(ms))
                 p90s[context].append(ms[int(0.9 * (len(ms) - 1))])
         for context in contexts:

@@ -7,9 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from infer_backend_cpu import CpuBackend
 from infer_protocol.messages import ContinueSeq, NewSeq, SamplingParams, StepPlan
 from infer_worker.application.block_table import BlockTable, ScheduledBatch
-from infer_worker.application.model_runner import LaunchedStep, prepare_step
+from infer_worker.application.graph_runner import _StaticBuffers
+from infer_worker.application.model_runner import LaunchedStep, prepare_step, sampling_arrays
 from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import SampledTokens, ScheduledSeq, Sequence
 
@@ -34,29 +36,44 @@ _OPS = st.lists(st.one_of(
 ), max_size=80)
 
 
+class _Live:
+    """The sequences the table holds, changed by the add / append / remove ops (block ids never reused)."""
+
+    def __init__(self, table: BlockTable, max_blocks: int = 10**6) -> None:
+        self.table, self.max_blocks = table, max_blocks
+        self.seqs: list[Sequence] = []
+        self.next_id = self.next_block = 0
+
+    def _blocks(self, k: int) -> list[int]:
+        self.next_block += k
+        return list(range(self.next_block - k, self.next_block))
+
+    def apply(self, op: tuple) -> None:
+        if op[0] == "add":
+            seq = Sequence(self.next_id, [1], 0, self._blocks(op[1]), GREEDY)
+            self.next_id += 1
+            self.table.add(seq)
+            self.seqs.append(seq)
+        elif op[0] == "append" and self.seqs:
+            seq = self.seqs[op[1] % len(self.seqs)]
+            new = self._blocks(min(op[2], self.max_blocks - len(seq.block_ids)))
+            seq.block_ids.extend(new)
+            self.table.append(seq, new)
+        elif op[0] == "remove" and self.seqs:
+            seq = self.seqs.pop(op[1] % len(self.seqs))
+            self.table.remove(seq)
+            assert seq.slot == -1 and not self.table.holds(seq)
+
+
 @settings(max_examples=200, deadline=None)
 @given(ops=_OPS, rows=st.integers(1, 4))
 def test_random_interleavings_match_a_table_rebuilt_from_lists(ops: list[tuple], rows: int) -> None:
     table = BlockTable(rows=rows)  # few rows and no columns: growth is exercised too
-    live: list[Sequence] = []
-    next_id, next_block = 0, 0
+    model = _Live(table)
+    live = model.seqs
     for op in ops:
-        if op[0] == "add":
-            seq = Sequence(next_id, [1], 0, list(range(next_block, next_block + op[1])), GREEDY)
-            next_id, next_block = next_id + 1, next_block + op[1]
-            table.add(seq)
-            live.append(seq)
-        elif op[0] == "append" and live:
-            seq = live[op[1] % len(live)]
-            new = list(range(next_block, next_block + op[2]))
-            next_block += op[2]
-            seq.block_ids.extend(new)
-            table.append(seq, new)
-        elif op[0] == "remove" and live:
-            seq = live.pop(op[1] % len(live))
-            table.remove(seq)
-            assert seq.slot == -1 and not table.holds(seq)
-        elif op[0] == "step" and live:
+        model.apply(op)
+        if op[0] == "step" and live:
             step = live.copy()
             op[1].shuffle(step)
             step = step[:op[1].randint(1, len(step))]
@@ -92,7 +109,11 @@ def _prepare_both(scheduled: list[ScheduledSeq], table: BlockTable) -> None:
     """prepare_step from the table's rows and from the lists agree field by field."""
     fast = prepare_step(ScheduledBatch(scheduled, table), BLOCK, MAX_BLOCKS)
     slow = prepare_step(scheduled, BLOCK, MAX_BLOCKS)
+    assert fast.table is table and slow.table is None and slow.slots is None
+    assert fast.slots is not None and fast.slots.tolist() == [s.seq.slot for s in scheduled]
     for name, a, b in zip(fast._fields, fast, slow):
+        if name in ("table", "slots"):
+            continue
         if isinstance(a, np.ndarray):
             assert np.array_equal(a, b) and a.dtype == b.dtype, name
         else:
@@ -153,3 +174,44 @@ def test_the_worker_service_keeps_the_table_in_step_with_its_plans(data: st.Data
         service.collect()
         assert service._table.num_live == service.num_sequences == len(live)
     assert executor.steps >= 1 or not live
+
+
+# ---------------------------------------------------------------- the graph runner's device copy
+
+
+_MIRROR_OPS = st.lists(st.one_of(
+    st.tuples(st.just("add"), st.integers(1, 3)),
+    st.tuples(st.just("append"), st.integers(0, 10**6), st.integers(0, 2)),
+    st.tuples(st.just("remove"), st.integers(0, 10**6)),
+    st.tuples(st.just("step"), st.randoms(use_true_random=False)),
+    st.tuples(st.just("new_table"),),
+), max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_MIRROR_OPS)
+def test_the_device_copy_gathers_the_rows_a_rebuilt_table_holds(ops: list[tuple]) -> None:
+    """_StaticBuffers.load with a persistent table: the device block table (its sequence rows, then padding
+    rows of 0) equals the list-built one after every step, through growth, slot reuse and a new table."""
+    max_seqs, width = 4, 8
+    buf = _StaticBuffers(max_seqs, max_seqs, width, "cpu", CpuBackend())
+    model = _Live(BlockTable(rows=1), width)
+    for op in ops:
+        if op[0] == "new_table":
+            model = _Live(BlockTable(rows=1), width)
+        model.apply(op)
+        table, live = model.table, model.seqs
+        if op[0] == "step" and live:
+            step_seqs = live.copy()
+            op[1].shuffle(step_seqs)
+            step_seqs = step_seqs[:op[1].randint(1, min(len(step_seqs), max_seqs))]
+            for seq in step_seqs:  # one decode token at the end of the blocks it holds
+                seq.token_ids = [1] * (len(seq.block_ids) * BLOCK)
+                seq.num_computed = len(seq.token_ids) - 1
+            step = prepare_step(ScheduledBatch([ScheduledSeq(s, 1) for s in step_seqs], table), BLOCK, width)
+            assert step.table is table
+            bucket = max_seqs if len(step_seqs) > 2 else 2
+            buf.load(step, sampling_arrays(step.sampling_seqs), bucket, bucket)
+            expected = np.zeros((bucket, width), dtype=np.int32)
+            expected[:len(step_seqs)] = _reference(step_seqs, width)
+            assert np.array_equal(buf.block_tables[:bucket].numpy(), expected)

@@ -27,6 +27,9 @@ class BlockTable:
         self.num_blocks = np.zeros(rows, dtype=np.int64)
         self._owner: list[Sequence | None] = [None] * rows
         self._free = list(range(rows))  # a heap: the lowest free slot first keeps live rows packed (contiguous)
+        # When each row last changed (add / append): a device copy of the table sends only rows newer than its own.
+        self.version = np.zeros(rows, dtype=np.int64)
+        self._clock = 0
 
     @property
     def num_live(self) -> int:
@@ -48,6 +51,7 @@ class BlockTable:
         self.num_blocks[slot] = n
         self._owner[slot] = seq
         seq.slot = slot
+        self._touch(slot)
 
     def append(self, seq: Sequence, block_ids: Seq[int]) -> None:
         """Write the blocks `seq` just got after those its row holds."""
@@ -61,6 +65,11 @@ class BlockTable:
         self.reserve(n + k)
         self.blocks[slot, n:n + k] = block_ids
         self.num_blocks[slot] = n + k
+        self._touch(slot)
+
+    def _touch(self, slot: int) -> None:
+        self._clock += 1
+        self.version[slot] = self._clock
 
     def remove(self, seq: Sequence) -> None:
         """Free the row of a finished, aborted, preempted or failed sequence (nothing if it holds none)."""
@@ -87,6 +96,7 @@ class BlockTable:
         more = max(rows, 1)
         self.blocks = np.concatenate([self.blocks, np.full((more, cols), -1, dtype=np.int32)])
         self.num_blocks = np.concatenate([self.num_blocks, np.zeros(more, dtype=np.int64)])
+        self.version = np.concatenate([self.version, np.zeros(more, dtype=np.int64)])
         self._owner += [None] * more
         for slot in range(rows, rows + more):
             heapq.heappush(self._free, slot)
@@ -94,11 +104,16 @@ class BlockTable:
     def rows(self, slots: np.ndarray) -> np.ndarray:
         """The rows of `slots` in that order: a view when they are contiguous and ascending, else a copy. A view
         changes with the next plan's diff, so a step's consumers copy it at launch (they do: into staging)."""
-        n = len(slots)
-        if n and slots[-1] - slots[0] == n - 1 and (n == 1 or bool((np.diff(slots) == 1).all())):
-            first = int(slots[0])
-            return self.blocks[first:first + n]
-        return self.blocks[slots]
+        first = contiguous_start(slots)
+        return self.blocks[slots] if first is None else self.blocks[first:first + len(slots)]
+
+
+def contiguous_start(slots: np.ndarray) -> int | None:
+    """slots[0] when `slots` are consecutive ascending integers (their rows are one slice), else None."""
+    n = len(slots)
+    if n and slots[-1] - slots[0] == n - 1 and (n == 1 or bool((np.diff(slots) == 1).all())):
+        return int(slots[0])
+    return None
 
 
 class ScheduledBatch(list[ScheduledSeq]):

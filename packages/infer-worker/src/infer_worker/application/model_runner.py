@@ -20,7 +20,7 @@ from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 from infer_protocol.messages import PromptLogprobs, SamplingParams
-from infer_worker.application.block_table import ScheduledBatch
+from infer_worker.application.block_table import BlockTable, ScheduledBatch
 from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
@@ -49,6 +49,10 @@ class HostStep(NamedTuple):
     pending_pos: np.ndarray  # [P] int64, the rows of input_ids that are PENDING (gathered on the device)
     pending_rows: np.ndarray  # [P] int64, for each, its row in the sampled tokens of launch `pending_launch`
     pending_launch: int  # the launch those rows come from (-1 when P == 0)
+    # The persistent table `block_tables` was taken from and each sequence's row of it (None: built from lists);
+    # the graph runner keeps a device copy of that table and gathers the rows there instead of sending them.
+    table: BlockTable | None = None
+    slots: np.ndarray | None = None  # [B] int64
 
 
 def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_seq: int) -> HostStep:
@@ -79,7 +83,7 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         rows: np.ndarray | None = table.rows(slots)
     else:
         num_blocks = np.fromiter((len(s.seq.block_ids) for s in scheduled), dtype=np.int64, count=num_seqs)
-        rows = None
+        table, slots, rows = None, None, None
     short = (num_blocks < -(-ends // block_size)) | (num_blocks > max_blocks_per_seq)
     if short.any():
         i = int(np.argmax(short))
@@ -137,6 +141,8 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         pending_pos=pending_pos,
         pending_rows=pending_rows,
         pending_launch=pending_launch,
+        table=table,
+        slots=slots,
     )
 
 
