@@ -5,7 +5,8 @@ then write the sampled ids back (`collect`). The device copy, the replay and the
 runner's device buffers are on torch's "meta" device by default, so a device op costs its dispatch only (on the
 H200 an asynchronous launch); `--device cpu` runs them as host copies, as this bench did before it had the option.
 
-    uv run python bench/worker_host_step.py [--steps 2000] [--batches 1,64,256] [--context 1024,32768] [--repeats 3]
+    uv run python bench/worker_host_step.py [--steps 2000] [--batches 1,64,256] [--context 1024,32768] [--repeats 3] \
+        [--device meta|cpu] [--shuffled]
 
 Prints median / p90 CPU milliseconds per step for each batch size and context (this thread's CPU time). With
 several contexts, each (batch, context) runs `--repeats` times in one process, the contexts interleaved (so a
@@ -16,6 +17,7 @@ runs, and the last line per batch is the ratio of the last context's median to t
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -50,7 +52,7 @@ class HostOnlyExecutor:
         return LaunchedStep(self.launches, step.sampling_seqs, done=SampledTokens(ids, [7] * len(ids), [0.0] * len(ids)))
 
 
-def run(batch: int, steps: int, context: int, device: str = "meta") -> list[float]:
+def run(batch: int, steps: int, context: int, device: str = "meta", shuffled: bool = False) -> list[float]:
     max_blocks = -(-(context + steps + 1) // BLOCK)
     service = WorkerService(HostOnlyExecutor(batch, max_blocks, device))
     enc, dec = codec.scheduler_to_worker(), codec.scheduler_to_worker()
@@ -64,7 +66,10 @@ def run(batch: int, steps: int, context: int, device: str = "meta") -> list[floa
                                num_computed=context - 1, num_tokens=1, block_ids=blocks, sampling=greedy))
     service.launch(StepPlan(step=1, new_seqs=new_seqs))
     service.collect()
-    plan_bytes = [enc.encode(StepPlan(step=k, continuing=[ContinueSeq(i + 1, 1) for i in range(batch)]))
+    order = list(range(batch))
+    if shuffled:  # the sequences' rows of the persistent table are then not one slice (a gather instead)
+        random.Random(0).shuffle(order)
+    plan_bytes = [enc.encode(StepPlan(step=k, continuing=[ContinueSeq(i + 1, 1) for i in order]))
                   for k in range(2, steps + 2)]
     clock = time.thread_time
     times = []
@@ -83,18 +88,20 @@ def main() -> None:
     ap.add_argument("--batches", default="1,64,256")
     ap.add_argument("--context", default="1024", help="tokens each sequence holds (a comma-separated list)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per (batch, context), interleaved")
+    ap.add_argument("--shuffled", action="store_true", help="continue the sequences in a fixed random order")
     ap.add_argument("--device", default="meta", choices=["meta", "cpu"], help="where the runner's device buffers are")
     args = ap.parse_args()
     contexts = [int(c) for c in args.context.split(",")]
     torch.set_num_threads(1)
     print(f"worker host time per decode step (plan decode + launch host work + collect), contexts {contexts}, "
-          f"{args.steps} steps, {args.repeats} runs each, device buffers on {args.device}, this thread's CPU time")
+          f"{args.steps} steps, {args.repeats} runs each, device buffers on {args.device}"
+          f"{', shuffled order' if args.shuffled else ''}, this thread's CPU time")
     for batch in (int(b) for b in args.batches.split(",")):
         medians: dict[int, list[float]] = {c: [] for c in contexts}
         p90s: dict[int, list[float]] = {c: [] for c in contexts}
         for _ in range(args.repeats):
             for context in contexts:
-                ms = sorted(t * 1e3 for t in run(batch, args.steps, context, args.device))
+                ms = sorted(t * 1e3 for t in run(batch, args.steps, context, args.device, args.shuffled))
                 medians[context].append(statistics.median(ms))
                 p90s[context].append(ms[int(0.9 * (len(ms) - 1))])
         for context in contexts:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from infer_backend_cpu import CpuBackend
 from infer_protocol.messages import ContinueSeq, NewSeq, SamplingParams, StepPlan
-from infer_worker.application.block_table import BlockTable, ScheduledBatch
+from infer_worker.application.block_table import BlockTable, ScheduledBatch, contiguous_start
 from infer_worker.application.graph_runner import _StaticBuffers
 from infer_worker.application.model_runner import LaunchedStep, prepare_step, sampling_arrays
 from infer_worker.application.worker_service import WorkerService
@@ -114,6 +114,9 @@ def _prepare_both(scheduled: list[ScheduledSeq], table: BlockTable) -> None:
     for name, a, b in zip(fast._fields, fast, slow):
         if name in ("table", "slots"):
             continue
+        if name == "block_tables":
+            a, b = fast.host_block_tables(), slow.block_tables
+            assert (fast.block_tables is None) == (contiguous_start(fast.slots) is None)
         if isinstance(a, np.ndarray):
             assert np.array_equal(a, b) and a.dtype == b.dtype, name
         else:

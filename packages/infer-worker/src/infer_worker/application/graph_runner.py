@@ -151,7 +151,7 @@ class _StaticBuffers:
         qsl[num_seqs + 1:seqs + 1] = num_tokens
         table = host["block_tables"]
         if step.table is None or step.slots is None:
-            table[:num_seqs] = step.block_tables
+            table[:num_seqs] = step.host_block_tables()
             table[num_seqs:seqs] = 0
             end = self.table_offset + seqs * self.table_row_bytes
             self.region[:end].copy_(self.staging[i][:end], non_blocking=True)
