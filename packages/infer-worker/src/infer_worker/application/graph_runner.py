@@ -93,7 +93,9 @@ class _StaticBuffers:
 
     The inputs are typed views of one device region with a fixed layout (fields one after the other, then the
     block table, row-major), so a step's inputs travel in one copy from a page-locked staging buffer of the same
-    layout: every field, then the block-table rows the captured sequence bucket reads."""
+    layout: every field, then the block-table rows the captured sequence bucket reads — or, for a step whose
+    sequences hold rows of the worker's persistent table, only the rows its device copy lacks (_DeviceBlockTable),
+    after which the step's rows are gathered into `block_tables` on the device."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: str,
                  backend: LlmBackend) -> None:
