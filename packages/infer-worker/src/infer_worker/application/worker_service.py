@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 
 from infer_protocol.messages import NewSeq, SamplingParams, StepFailed, StepPlan, StepResult
 
+from infer_worker.application.block_table import BlockTable, ScheduledBatch
 from infer_worker.application.sampled_tokens import SampledTokens
 from infer_worker.domain.sequence import PENDING, Sampling, ScheduledSeq, Sequence
 
@@ -72,12 +73,14 @@ class _InFlight(NamedTuple):
 
 
 class WorkerService:
-    """Keeps the persistent batch (seq_id -> Sequence) and turns each plan diff into one launched step."""
+    """Keeps the persistent batch (seq_id -> Sequence, and their rows of the block table) and turns each plan
+    diff into one launched step."""
 
     def __init__(self, executor: StepExecutor, is_fatal: Callable[[BaseException], bool] = _never_fatal) -> None:
         self._executor = executor
         self._is_fatal = is_fatal
         self._seqs: dict[int, Sequence] = {}
+        self._table = BlockTable()  # one row per live sequence; a diff writes only its new block ids
         self._inflight: deque[_InFlight] = deque()
         self._dropped: dict[int, int] = {}  # seq id -> the step that failed it (for the one step planned after it)
 
@@ -105,9 +108,9 @@ class WorkerService:
             horizon = min([plan.step] + [f.step for f in self._inflight])
             self._dropped = {sid: step for sid, step in self._dropped.items() if horizon < step + 2}
         for seq_id in plan.finished:
-            self._seqs.pop(seq_id, None)
+            self._forget(seq_id)
         for seq_id in plan.preempted:
-            self._seqs.pop(seq_id, None)
+            self._forget(seq_id)
         early: list[StepResult | StepFailed] = []
         try:
             dropped = self._dropped
@@ -117,7 +120,7 @@ class WorkerService:
             if self._inflight and any(s.seq.needs_processing for s in scheduled):
                 while self._inflight:
                     early.append(self.collect())
-            work = self._executor.launch(scheduled)
+            work = self._executor.launch(ScheduledBatch(scheduled, self._table))
         except Exception as exc:
             if self._is_fatal(exc):
                 raise
@@ -143,7 +146,7 @@ class WorkerService:
     def _fail(self, step: int, seq_ids: list[int], exc: BaseException) -> StepFailed:
         """Forget the step's sequences (whatever the failure left of them) and describe the failure in one line."""
         for sid in seq_ids:
-            self._seqs.pop(sid, None)
+            self._forget(sid)
             self._dropped[sid] = step
         first_line = (str(exc).strip().splitlines() or [""])[0]
         message = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
@@ -216,12 +219,21 @@ class WorkerService:
             prompt_len=len(new.token_ids) - new.num_generated,
             stop_token_ids=tuple(new.stop_token_ids),
         )
+        self._forget(new.seq_id)  # (a plan re-admits a preempted sequence only after naming it preempted)
         self._seqs[new.seq_id] = seq
+        self._table.add(seq)
         return ScheduledSeq(seq, new.num_tokens)
 
     def _continue(self, seq_id: int, num_tokens: int, new_block_ids: list[int]) -> ScheduledSeq:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise UnknownSequenceError(f"plan continues sequence {seq_id}, which the worker does not hold")
-        seq.block_ids.extend(new_block_ids)
+        if new_block_ids:
+            seq.block_ids.extend(new_block_ids)
+            self._table.append(seq, new_block_ids)
         return ScheduledSeq(seq, num_tokens)
+
+    def _forget(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None:
+            self._table.remove(seq)

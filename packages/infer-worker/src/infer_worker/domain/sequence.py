@@ -53,6 +53,9 @@ class Sequence:
     # launch's sampled-token tensor (the next step gathers its input id from there, on the device).
     sampled_at: int = -1
     sampled_row: int = -1
+    # This sequence's row in the worker's persistent block table (application/block_table.py); -1: none, and
+    # prepare_step then builds the step's table from block_ids (sequences made outside the worker service).
+    slot: int = -1
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
