@@ -13,9 +13,10 @@ from infer_worker.application.block_table import BlockTable, ScheduledBatch, con
 from infer_worker.application.graph_runner import _StaticBuffers
 from infer_worker.application.model_runner import LaunchedStep, prepare_step, sampling_arrays
 from infer_worker.application.worker_service import WorkerService
-from infer_worker.domain.sequence import SampledTokens, ScheduledSeq, Sequence
+from infer_worker.application.sampled_tokens import SampledTokens
+from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 
-GREEDY = SamplingParams(temperature=0.0)
+GREEDY_WIRE = SamplingParams(temperature=0.0)
 BLOCK = 4
 MAX_BLOCKS = 6
 
@@ -162,7 +163,7 @@ def test_the_worker_service_keeps_the_table_in_step_with_its_plans(data: st.Data
             n = data.draw(st.integers(1, MAX_BLOCKS * BLOCK - 4))
             live[sid], blocks[sid] = n, -(-n // BLOCK)
             new_seqs.append(NewSeq(seq_id=sid, token_ids=list(range(1, n + 1)), num_computed=0, num_tokens=n,
-                                   block_ids=[100 * sid + b for b in range(blocks[sid])], sampling=GREEDY))
+                                   block_ids=[100 * sid + b for b in range(blocks[sid])], sampling=GREEDY_WIRE))
         next_id += len(new_seqs) - len(readmit)
         continuing = []
         for sid in sorted(set(live) - {n.seq_id for n in new_seqs}):
