@@ -21,7 +21,7 @@ from infer_backend_cuda.sampler import CudaSampler, cut_thresholds
 from infer_core.ports.sampler import SamplingBatch
 
 H, I, HQ, HKV, D, V, BS = 2560, 9728, 32, 8, 128, 151936, 16
-BW = 4.27e12  # measured D2D copy bandwidth (read + write), shared/DEVICE.md
+BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
 dev = "cuda"
 bf = torch.bfloat16
 

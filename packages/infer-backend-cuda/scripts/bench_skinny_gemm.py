@@ -35,7 +35,7 @@ SHAPES = {  # Qwen3-4B: (N, K) of qkv, o, gate_up, down, lm_head
     "lm_head": (151936, 2560),
 }
 OP_SHAPES = {"linear": tuple(SHAPES), "add_rms_norm_linear": ("qkv", "gate_up"), "silu_mul_linear": ("down",)}
-BW = 4.27e12  # measured D2D copy bandwidth (read + write), shared/DEVICE.md
+BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
 
 
 def dot_candidates() -> list[S.SkinnyConfig]:

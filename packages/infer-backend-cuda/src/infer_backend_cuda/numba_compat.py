@@ -2,7 +2,7 @@
 
 numba-cuda 0.30.4 refers to `numpy.row_stack` while compiling a kernel; numpy 2.5 removed that alias
 (it was deprecated in 2.0 as a plain synonym of `numpy.vstack`), so the first compile fails with
-`AttributeError: module 'numpy' has no attribute 'row_stack'` on the H200 image (see shared/DEVICE.md).
+`AttributeError: module 'numpy' has no attribute 'row_stack'` on the H200 image (numba-cuda 0.30.4 with numpy 2.5).
 Restoring the alias as `numpy.vstack` fixes it; on numpy versions that still have `row_stack` nothing is
 changed.
 """
