@@ -24,6 +24,7 @@ from typing import NamedTuple, Protocol
 
 from infer_protocol.messages import NewSeq, StepFailed, StepPlan, StepResult
 
+from infer_worker.application.structured_output import GrammarBook, constrain
 from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
 
 
@@ -64,9 +65,11 @@ class _InFlight(NamedTuple):
 class WorkerService:
     """Keeps the persistent batch (seq_id -> Sequence) and turns each plan diff into one launched step."""
 
-    def __init__(self, executor: StepExecutor, is_fatal: Callable[[BaseException], bool] = _never_fatal) -> None:
+    def __init__(self, executor: StepExecutor, is_fatal: Callable[[BaseException], bool] = _never_fatal,
+                 grammars: GrammarBook | None = None) -> None:
         self._executor = executor
         self._is_fatal = is_fatal
+        self._grammars = grammars  # the executor's (it masks the rows): here sequences enter and leave it
         self._seqs: dict[int, Sequence] = {}
         self._inflight: deque[_InFlight] = deque()
         self._dropped: dict[int, int] = {}  # seq id -> the step that failed it (for the one step planned after it)
@@ -95,9 +98,9 @@ class WorkerService:
             horizon = min([plan.step] + [f.step for f in self._inflight])
             self._dropped = {sid: step for sid, step in self._dropped.items() if horizon < step + 2}
         for seq_id in plan.finished:
-            self._seqs.pop(seq_id, None)
+            self._forget(seq_id)
         for seq_id in plan.preempted:
-            self._seqs.pop(seq_id, None)
+            self._forget(seq_id)
         early: list[StepResult | StepFailed] = []
         try:
             dropped = self._dropped
@@ -126,6 +129,11 @@ class WorkerService:
                                         seq_ids=tuple(item.seq.seq_id for item in scheduled)))
         return early
 
+    def _forget(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+        if self._grammars is not None:
+            self._grammars.forget(seq_id)
+
     def _plan_seq_ids(self, plan: StepPlan) -> list[int]:
         ids = [new.seq_id for new in plan.new_seqs] + [cont.seq_id for cont in plan.continuing]
         return [sid for sid in ids if sid not in self._dropped]
@@ -133,7 +141,7 @@ class WorkerService:
     def _fail(self, step: int, seq_ids: list[int], exc: BaseException) -> StepFailed:
         """Forget the step's sequences (whatever the failure left of them) and describe the failure in one line."""
         for sid in seq_ids:
-            self._seqs.pop(sid, None)
+            self._forget(sid)
             self._dropped[sid] = step
         first_line = (str(exc).strip().splitlines() or [""])[0]
         message = f"{type(exc).__name__}: {first_line}" if first_line else type(exc).__name__
@@ -178,6 +186,7 @@ class WorkerService:
             top_logprobs=sampled.top_logprobs,
             launch_ms=flight.launch_ms,
             prompt_logprobs=sampled.prompt_logprobs,
+            seq_errors=list(getattr(flight.work, "seq_errors", None) or ()),
         )
         return self._without_dropped(result) if self._dropped else result
 
@@ -185,7 +194,8 @@ class WorkerService:
         """Leave out the rows of sequences an earlier step's failure dropped (launched before it was known)."""
         dropped = {sid for sid, step in self._dropped.items() if step < result.step}
         keep = [i for i, sid in enumerate(result.seq_ids) if sid not in dropped]
-        if len(keep) == len(result.seq_ids) and not any(c.seq_id in dropped for c in result.prompt_logprobs):
+        if len(keep) == len(result.seq_ids) and not any(
+                c.seq_id in dropped for c in [*result.prompt_logprobs, *result.seq_errors]):
             return result
 
         def pick(values: list | None) -> list | None:
@@ -194,7 +204,8 @@ class WorkerService:
         return StepResult(step=result.step, seq_ids=pick(result.seq_ids), token_ids=pick(result.token_ids),
                           logprobs=pick(result.logprobs), elapsed_ms=result.elapsed_ms,
                           top_logprobs=pick(result.top_logprobs), launch_ms=result.launch_ms,
-                          prompt_logprobs=[c for c in result.prompt_logprobs if c.seq_id not in dropped])
+                          prompt_logprobs=[c for c in result.prompt_logprobs if c.seq_id not in dropped],
+                          seq_errors=[e for e in result.seq_errors if e.seq_id not in dropped])
 
     def _admit(self, new: NewSeq) -> ScheduledSeq:
         seq = Sequence(
@@ -206,6 +217,11 @@ class WorkerService:
             prompt_len=len(new.token_ids) - new.num_generated,
             stop_token_ids=tuple(new.stop_token_ids),
         )
+        if new.sampling.structured is not None:
+            if self._grammars is not None:
+                self._grammars.admit(seq)
+            else:
+                constrain(seq)  # the runner, with no grammar engine either, fails the request on its own
         self._seqs[new.seq_id] = seq
         return ScheduledSeq(seq, new.num_tokens)
 

@@ -18,10 +18,12 @@ from infer_worker.application.fault_injection import FAULT_ENV, FAULT_KIND_ENV, 
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
+from infer_worker.application.structured_output import GrammarBook
 from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import ScheduledSeq, Sequence
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.embedded_model import ensure_embedded_model
+from infer_worker.infrastructure.grammar_tokenizer import tokenizer_info_factory
 from infer_worker.infrastructure.model_loader import load_model, read_spec
 from infer_worker.infrastructure.model_source import ModelSourceError, resolve_model_source
 from infer_worker.models.spec import ModelSpec
@@ -194,5 +196,6 @@ def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
         executor = with_fault_injection(runner, fault, os.environ.get(FAULT_KIND_ENV), backend.device)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    service = WorkerService(executor, is_fatal=backend.is_fatal_error)
+    runner.grammars = GrammarBook(tokenizer_info_factory(model_dir), spec.vocab_size)
+    service = WorkerService(executor, is_fatal=backend.is_fatal_error, grammars=runner.grammars)
     return ReadyWorker(service, num_blocks, config.block_size, info)

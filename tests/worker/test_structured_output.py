@@ -1,0 +1,116 @@
+"""Structured outputs in the worker, on the CPU with a tiny random llama and a hand-made vocabulary: a grammar row's
+output follows its schema (greedy and sampled) and ends on the stop token, the free rows of the same batch get
+exactly their unconstrained tokens, and a schema the grammar engine refuses fails its request alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infer_protocol.messages import ContinueSeq, NewSeq, SamplingParams, StepPlan, StructuredOutput
+from infer_worker.application.structured_output import GrammarBook
+from infer_worker.application.worker_service import WorkerService
+from tests.worker.tiny_checkpoints import Engine, llama_config, write_checkpoint
+
+xgr = pytest.importorskip("xgrammar")
+
+EOS = 0
+PIECES = ['{', '}', '[', ']', '"', ':', ',', ' ', '-', '.', *'0123456789', *'abcdefghijklmnopqrstuvwxyz',
+          'true', 'false', 'null', '"a"', '"n"', '"tags"']
+VOCAB = ['<eos>', *PIECES] + [f'<unused{i}>' for i in range(256 - 1 - len(PIECES))]
+SCHEMA = {"type": "object", "properties": {
+    "a": {"type": "integer", "minimum": 1, "maximum": 20},
+    "n": {"enum": ["x", "yy"]},
+    "tags": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2}},
+    "required": ["a", "n", "tags"]}
+
+
+def _tokenizer_info(vocab_size: int) -> object:
+    return xgr.TokenizerInfo(VOCAB, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=[EOS])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("llama")
+    write_checkpoint(llama_config(), path, seed=5)
+    return path
+
+
+def _structured(schema: dict | None) -> StructuredOutput:
+    if schema is None:
+        return StructuredOutput(kind="json_object")
+    return StructuredOutput(kind="json_schema", schema=json.dumps(schema, sort_keys=True))
+
+
+def _run(model_dir: Path, rows: list[SamplingParams], steps: int) -> tuple[dict[int, list[int]], list]:
+    """Drive a WorkerService like the scheduler does (stop on EOS); returns each row's tokens and the errors."""
+    engine = Engine.open(model_dir, num_blocks=160)
+    book = GrammarBook(_tokenizer_info, engine.spec.vocab_size)
+    engine.runner.grammars = book
+    service = WorkerService(engine.runner, grammars=book)
+    blocks = iter(engine.free_blocks)
+    prompt = [40 + i for i in range(5)]
+    new = [NewSeq(seq_id=i, token_ids=list(prompt), num_computed=0, num_tokens=len(prompt),
+                  block_ids=[next(blocks) for _ in range(2)], sampling=p,
+                  stop_token_ids=[EOS] if p.structured is not None else []) for i, p in enumerate(rows)]
+    out: dict[int, list[int]] = {i: [] for i in range(len(rows))}
+    errors = []
+    live = set(out)
+    result = service.step(StepPlan(step=1, new_seqs=new))
+    for step in range(2, steps + 2):
+        errors += result.seq_errors
+        failed = {e.seq_id for e in result.seq_errors}
+        finished = []
+        for sid, tok in zip(result.seq_ids, result.token_ids):
+            if sid in failed or sid not in live:
+                continue
+            out[sid].append(tok)
+            if tok == EOS and rows[sid].structured is not None:
+                live.discard(sid)
+                finished.append(sid)
+        for sid in failed & live:
+            live.discard(sid)
+            finished.append(sid)
+        if not live:
+            break
+        total = len(prompt) + len(out[0])  # every live row has as many tokens (one a step)
+        cont = [(sid, [next(blocks)] if (total % 4 == 0) else []) for sid in sorted(live)]
+        result = service.step(StepPlan(step=step, continuing=[ContinueSeq(sid, 1, b) for sid, b in cont],
+                                       finished=finished))
+    return out, errors
+
+
+def _text(tokens: list[int]) -> str:
+    assert tokens and tokens[-1] == EOS, tokens  # the grammar completed: only the stop token was left
+    return "".join(VOCAB[t] for t in tokens[:-1])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grammar_rows_follow_the_schema_and_free_rows_keep_their_tokens(model_dir: Path, temperature: float) -> None:
+    free = SamplingParams(temperature=temperature, seed=3)
+    free2 = SamplingParams(temperature=0.7, seed=9, top_k=20)
+    steps = 40
+    alone, _ = _run(model_dir, [free, free2], steps)
+    constrained = SamplingParams(temperature=temperature, seed=4, structured=_structured(SCHEMA))
+    obj = SamplingParams(temperature=temperature, seed=5, structured=_structured(None))
+    mixed, errors = _run(model_dir, [free, free2, constrained, obj], steps)
+    assert not errors
+    n = min(len(alone[0]), len(mixed[0]))
+    assert mixed[0][:n] == alone[0][:n] and mixed[1][:n] == alone[1][:n] and n >= 30
+    value = json.loads(_text(mixed[2]))
+    assert 1 <= value["a"] <= 20 and value["n"] in ("x", "yy") and set(value) == {"a", "n", "tags"}
+    assert 1 <= len(value["tags"]) <= 2 and all(isinstance(t, bool) for t in value["tags"])
+    # A random model rarely closes a free-form object within the steps: every token of it is one the grammar allows.
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(_tokenizer_info(256)).compile_json_schema('{"type": "object"}'))
+    assert VOCAB[mixed[3][0]] == "{" and all(matcher.accept_token(t) for t in mixed[3])
+
+
+def test_a_schema_the_engine_refuses_fails_that_request_alone(model_dir: Path) -> None:
+    free = SamplingParams(temperature=0.0)
+    bad = SamplingParams(temperature=0.0, structured=StructuredOutput(kind="json_schema", schema='{"type": "nope"}'))
+    alone, _ = _run(model_dir, [free], 6)
+    mixed, errors = _run(model_dir, [free, bad], 6)
+    assert [(e.seq_id, e.code, e.status) for e in errors] == [(1, "invalid_request", 400)]
+    assert mixed[0] == alone[0] and mixed[1] == []
