@@ -44,10 +44,11 @@ def _structured(schema: dict | None) -> StructuredOutput:
     return StructuredOutput(kind="json_schema", schema=json.dumps(schema, sort_keys=True))
 
 
-def _run(model_dir: Path, rows: list[SamplingParams], steps: int) -> tuple[dict[int, list[int]], list]:
+def _run(model_dir: Path, rows: list[SamplingParams], steps: int,
+         timeout_s: float = 30.0) -> tuple[dict[int, list[int]], list]:
     """Drive a WorkerService like the scheduler does (stop on EOS); returns each row's tokens and the errors."""
     engine = Engine.open(model_dir, num_blocks=160)
-    book = GrammarBook(_tokenizer_info, engine.spec.vocab_size)
+    book = GrammarBook(_tokenizer_info, engine.spec.vocab_size, timeout_s=timeout_s)
     engine.runner.grammars = book
     service = WorkerService(engine.runner, grammars=book)
     blocks = iter(engine.free_blocks)
@@ -114,3 +115,24 @@ def test_a_schema_the_engine_refuses_fails_that_request_alone(model_dir: Path) -
     mixed, errors = _run(model_dir, [free, bad], 6)
     assert [(e.seq_id, e.code, e.status) for e in errors] == [(1, "invalid_request", 400)]
     assert mixed[0] == alone[0] and mixed[1] == []
+
+
+def test_a_grammar_still_compiling_at_the_deadline_fails_that_request_alone(model_dir: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from infer_worker.application import structured_output
+
+    real = structured_output.GrammarBook._compile_now
+
+    def slow(self: GrammarBook, spec: StructuredOutput) -> object:
+        compiled = real(self, spec)
+        if spec.schema == '{"type": "integer"}':
+            time.sleep(2.0)  # (the thread finishes later; nothing waits for it)
+        return compiled
+
+    monkeypatch.setattr(structured_output.GrammarBook, "_compile_now", slow)
+    slow_row = SamplingParams(temperature=0.0, structured=StructuredOutput(kind="json_schema",
+                                                                           schema='{"type": "integer"}'))
+    _, errors = _run(model_dir, [SamplingParams(temperature=0.0), slow_row], 3, timeout_s=0.3)
+    assert [(e.seq_id, e.code) for e in errors] == [(1, "grammar_too_complex")]

@@ -36,9 +36,11 @@ from infer_worker.domain.sequence import PENDING, Sequence
 
 log = logging.getLogger("rustinfer.worker")
 
-# How long a request's first sample may wait for its grammar (from the sequence's arrival): the step waits with
-# it, so this bounds the stall a pathological schema can cause. The first compilation also loads the tokenizer.
+# How long a request's first sample may wait for its grammar (from the sequence's arrival, or from the moment the
+# compiler was ready if that came later): the step waits with it, so this bounds the stall a pathological schema
+# can cause. The compiler itself (transformers, the vocabulary scan) is made on the first grammar, bounded apart.
 COMPILE_TIMEOUT_S = 30.0
+COMPILER_TIMEOUT_S = 300.0
 MAX_CACHED_GRAMMARS = 256  # compiled grammars kept (least recently used dropped first)
 _JSON_OBJECT_SCHEMA = '{"type": "object"}'
 _BITS = torch.arange(32, dtype=torch.int32)
@@ -57,7 +59,7 @@ class _Row:
     """One constrained sequence: its grammar (compiling or compiled), its matcher once that is ready."""
 
     compiled: Future
-    deadline: float
+    admitted: float  # time.monotonic() when the sequence arrived
     stop_token_ids: list[int]
     matcher: Any = None
     consumed: int = 0  # generated tokens the matcher has accepted
@@ -75,7 +77,9 @@ class GrammarBook:
     _cache: OrderedDict[tuple[str, str], Future] = field(default_factory=OrderedDict)
     _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "grammar-compile"))
     _compiler: Any = None
+    _compiler_ready: float | None = None  # time.monotonic() when the compiler was made
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _ready: threading.Event = field(default_factory=threading.Event)  # set once the compiler exists (or failed)
 
     # ------------------------------------------------------------------ lifecycle (the worker service)
 
@@ -85,8 +89,7 @@ class GrammarBook:
         spec = seq.sampling.structured
         assert spec is not None
         constrain(seq)
-        self._rows[seq.seq_id] = _Row(self._compile(spec), time.monotonic() + self.timeout_s,
-                                      list(seq.stop_token_ids))
+        self._rows[seq.seq_id] = _Row(self._compile(spec), time.monotonic(), list(seq.stop_token_ids))
 
     def forget(self, seq_id: int) -> None:
         self._rows.pop(seq_id, None)
@@ -111,11 +114,15 @@ class GrammarBook:
 
         with self._lock:
             if self._compiler is None:
-                if self.tokenizer_info is None:
-                    raise RuntimeError("structured outputs need the model's tokenizer, which this worker lacks")
-                started = time.perf_counter()
-                self._compiler = xgr.GrammarCompiler(self.tokenizer_info(self.vocab_size), max_threads=1)
-                log.info("grammar compiler ready in %.1f s", time.perf_counter() - started)
+                try:
+                    if self.tokenizer_info is None:
+                        raise RuntimeError("structured outputs need the model's tokenizer, which this worker lacks")
+                    started = time.perf_counter()
+                    self._compiler = xgr.GrammarCompiler(self.tokenizer_info(self.vocab_size), max_threads=1)
+                    self._compiler_ready = time.monotonic()
+                    log.info("grammar compiler ready in %.1f s", time.perf_counter() - started)
+                finally:
+                    self._ready.set()
         schema = spec.schema if spec.kind == "json_schema" else _JSON_OBJECT_SCHEMA
         # Compact JSON (no free whitespace): a model cannot wander into endless blank runs, and every output is
         # still valid JSON. strict_mode: no properties beyond the schema's (outputs still validate against it).
@@ -160,8 +167,10 @@ class GrammarBook:
     def _sync(self, state: _Row, seq: Sequence) -> None:
         """The row's matcher, created once its grammar is compiled, fed the generated tokens it has not seen."""
         if state.matcher is None:
+            self._ready.wait(COMPILER_TIMEOUT_S)
+            deadline = max(state.admitted, self._compiler_ready or 0.0) + self.timeout_s
             try:
-                compiled = state.compiled.result(timeout=max(0.0, state.deadline - time.monotonic()))
+                compiled = state.compiled.result(timeout=max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
                 raise _RowFailed("grammar_too_complex", f"the response_format grammar did not compile within "
                                  f"{self.timeout_s:g} s", 400) from None
