@@ -136,3 +136,25 @@ def test_a_grammar_still_compiling_at_the_deadline_fails_that_request_alone(mode
                                                                            schema='{"type": "integer"}'))
     _, errors = _run(model_dir, [SamplingParams(temperature=0.0), slow_row], 3, timeout_s=0.3)
     assert [(e.seq_id, e.code) for e in errors] == [(1, "grammar_too_complex")]
+
+
+def test_the_scheduler_sends_stop_ids_and_fails_a_sequence_alone() -> None:
+    from infer_protocol.messages import SeqError, StepResult, Submit
+    from infer_scheduler.engine import Engine as SchedulerEngine
+
+    eng = SchedulerEngine(num_blocks=16, block_size=4, max_model_len=64)
+    spec = StructuredOutput(kind="json_object")
+    eng.submit(Submit(request_id="a", prompt_token_ids=[1, 2, 3], max_tokens=8, stop_token_ids=[9, 2],
+                      sampling=SamplingParams(structured=spec)))
+    eng.submit(Submit(request_id="b", prompt_token_ids=[4, 5], max_tokens=8, stop_token_ids=[9],
+                      sampling=SamplingParams()))
+    plan = eng.plan_step()
+    assert plan is not None
+    assert [ns.stop_token_ids for ns in plan.new_seqs] == [[2, 9], []]  # the matcher's stop tokens
+    sids = [ns.seq_id for ns in plan.new_seqs]
+    errors = eng.fail_sequences([SeqError(sids[0], "invalid_request", "bad schema")])
+    assert [(e.request_id, e.code, e.status) for e in errors] == [("a", "invalid_request", 400)]
+    outs = eng.apply_result(StepResult(step=1, seq_ids=sids, token_ids=[11, 12]))
+    assert [(o.request_id, o.token_ids) for o in outs] == [("b", [12])]  # a's token is void
+    plan = eng.plan_step()
+    assert plan is not None and plan.finished == [sids[0]] and [c.seq_id for c in plan.continuing] == [sids[1]]
