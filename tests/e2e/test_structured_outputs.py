@@ -130,4 +130,5 @@ def test_a_schema_the_grammar_engine_refuses_is_400(client: openai.OpenAI) -> No
 def test_tools_are_still_refused(client: openai.OpenAI) -> None:
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     with pytest.raises(openai.BadRequestError, match="tools"):
-        client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4, tools=[tool])  # type: ignore[list-item]
+        client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,
+                                       tools=[tool])  # type: ignore[list-item]

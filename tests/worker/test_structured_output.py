@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -158,3 +159,61 @@ def test_the_scheduler_sends_stop_ids_and_fails_a_sequence_alone() -> None:
     assert [(o.request_id, o.token_ids) for o in outs] == [("b", [12])]  # a's token is void
     plan = eng.plan_step()
     assert plan is not None and plan.finished == [sids[0]] and [c.seq_id for c in plan.continuing] == [sids[1]]
+
+
+def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_backend: Any,
+                                        compare_free: bool = True) -> None:
+    """The scheduler's engine and the worker service as their loops drive them (tests/worker/test_overlap_pipeline):
+    schema rows beside free ones, one-step-ahead pipeline or not, eager or graph replay, and a KV cache tight enough
+    to preempt (a recomputed constrained row's matcher replays its output)."""
+    from infer_protocol.messages import Submit
+    from tests.worker.test_overlap_pipeline import make_runner, serve
+
+    def submits(constrained: bool) -> list[Submit]:
+        out = []
+        for i in range(6):
+            structured = _structured(SCHEMA if i % 2 else None) if constrained and i in (1, 3, 4) else None
+            sampling = SamplingParams(temperature=0.0 if i < 3 else 0.9, seed=i, top_k=30, structured=structured)
+            out.append(Submit(request_id=f"r{i}", prompt_token_ids=[3, 9, 27] + [(11 * i + j) % 200 + 50
+                              for j in range(2 * i)], sampling=sampling, max_tokens=40 if structured else 12,
+                              stop_token_ids=[EOS]))
+        return out
+
+    preemptions: list[int] = []
+
+    def run(subs: list[Submit], overlap: bool, num_blocks: int) -> dict[str, tuple[list[int], str | None]]:
+        runner = make_runner(model_dir, graphs, num_blocks, make_backend())
+        runner.grammars = GrammarBook(_tokenizer_info, runner.model.spec.vocab_size)
+        out, engine = serve(runner, subs, overlap=overlap, num_blocks=num_blocks, max_model_len=64)
+        preemptions.append(engine.counters.preemptions)
+        return out
+
+    mixed = submits(True)
+    results = [run(mixed, overlap, blocks) for overlap, blocks in ((True, 256), (False, 256), (True, 16))]
+    # A grammar row waits for its token, so the pipelines agree; preempted and recomputed, a constrained row's
+    # matcher replays its output and goes on where it was.
+    assert results[0] == results[1] == results[2] and preemptions[2] > 0
+    for out in results:
+        for sub in mixed:
+            tokens, reason = out[sub.request_id]
+            if sub.sampling.structured is None:
+                continue
+            if reason == "stop":
+                value = json.loads(_text(tokens))
+                if sub.sampling.structured.kind == "json_schema":
+                    assert 1 <= value["a"] <= 20 and value["n"] in ("x", "yy") and 1 <= len(value["tags"]) <= 2
+            else:
+                assert reason == "length" and VOCAB[tokens[0]] == "{"
+    assert any(out[f"r{i}"][1] == "stop" for i in (1, 3) for out in results)
+    if compare_free:
+        free = run(submits(False), True, 256)
+        for sub in mixed:
+            if sub.sampling.structured is None:
+                assert results[0][sub.request_id] == free[sub.request_id]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-replay"])
+def test_structured_rows_through_the_scheduler_engine(model_dir: Path, graphs: bool) -> None:
+    from tests.worker.test_graph_runner import ReplayingCpuBackend
+
+    check_structured_through_the_engine(model_dir, graphs, ReplayingCpuBackend)

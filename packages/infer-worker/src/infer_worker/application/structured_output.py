@@ -154,6 +154,10 @@ class GrammarBook:
                 state.failed = True
                 errors.append(SeqError(seq.seq_id, exc.code, exc.message, exc.status))
                 continue
+            if state.matcher.is_terminated():
+                # It accepted its stop token, so the scheduler finished it; with the one-step-ahead pipeline it
+                # was already planned into this step: its token here is void, nothing to mask.
+                continue
             state.matcher.fill_next_token_bitmask(bitmask, len(masked))
             masked.append(row)
         if masked:
