@@ -40,9 +40,9 @@ def client(smol_cluster: ServedCluster) -> Iterator[openai.OpenAI]:
         yield c
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_json_schema_chat_validates(client: openai.OpenAI, temperature: float) -> None:
-    resp = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=temperature, seed=7,
+def test_json_schema_chat_validates(client: openai.OpenAI) -> None:
+    """Greedy here, sampled in the streamed test below (each of these costs a few seconds on a loaded CI core)."""
+    resp = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0, seed=7,
                                           max_tokens=80, response_format=FORMAT)  # type: ignore[arg-type]
     choice = resp.choices[0]
     jsonschema_rs.validate(SCHEMA, json.loads(choice.message.content or ""))
