@@ -20,10 +20,9 @@ from pathlib import Path
 import torch
 
 from infer_core.dtypes import DType
-from infer_protocol.messages import SamplingParams
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.model_runner import ModelRunner
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.model_loader import load_model
 
@@ -89,7 +88,7 @@ def main() -> None:
     results = []
     for b in batches:
         seqs = [Sequence(i, torch.randint(0, spec.vocab_size, (args.context,), generator=gen).tolist(), 0,
-                         list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), SamplingParams(temperature=0.0))
+                         list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), GREEDY)
                 for i in range(b)]
         for start in range(0, b, 16):  # prefill in groups: bounded activation memory
             group = seqs[start:start + 16]

@@ -131,6 +131,8 @@ PLANTED = [
     ("kernels-only-in-cuda-adapter", "infer_backend_cpu", "triton"),
     ("kernels-only-in-cuda-adapter", "rustinfer", "numba"),
     ("worker-never-imports-a-backend", "infer_worker", "infer_backend_cuda"),
+    ("worker-domain-knows-only-core", "infer_worker.domain", "infer_protocol"),  # the wire stays out of the domain
+    ("worker-domain-knows-only-core", "infer_worker.domain", "numpy"),
     ("worker-io-in-infrastructure", "infer_worker.domain", "safetensors"),
     ("worker-io-in-infrastructure", "infer_worker.application", "zmq"),
 ]

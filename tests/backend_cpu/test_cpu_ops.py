@@ -40,8 +40,10 @@ def test_backend_is_found_through_its_entry_point() -> None:
 
 def test_backend_surface() -> None:
     backend: LlmBackend = CpuBackend(device="")
-    assert (backend.name, backend.device, backend.supports_graphs) == ("cpu", "cpu", False)
+    assert (backend.name, backend.device, backend.supports_graphs, backend.host_memory) == ("cpu", "cpu", False, True)
     assert backend.default_dtype() is DType.FLOAT32
+    assert CpuBackend(dtype="auto").default_dtype() is DType.FLOAT32
+    assert CpuBackend(dtype=DType.BFLOAT16).default_dtype() is DType.BFLOAT16
     assert backend.torch_dtype(DType.BFLOAT16) is torch.bfloat16
     info = backend.memory_info()
     assert 0 < info.free_bytes <= info.total_bytes

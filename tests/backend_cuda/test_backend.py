@@ -30,6 +30,7 @@ def test_entry_point_resolves():
     assert ep.value == "infer_backend_cuda:CudaBackend"
     cls = ep.load()
     assert cls.name == "cuda" and cls.supports_graphs is True
+    assert cls.host_memory is False  # its KV cache is sized by a memory profile
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the no-GPU error")
@@ -59,6 +60,7 @@ def backend():
 def test_backend_basics(backend):
     assert backend.device == "cuda:0" and backend.name == "cuda"
     assert backend.default_dtype() is DType.BFLOAT16
+    assert type(backend)(device="cuda:0", dtype=DType.FLOAT16).default_dtype() is DType.FLOAT16  # as constructed
     assert backend.torch_dtype(DType.FLOAT16) is torch.float16
     info = backend.memory_info()
     assert 0 < info.free_bytes <= info.total_bytes

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from infer_core.dtypes import DType
-from infer_protocol.messages import SamplingParams
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import Sampling, ScheduledSeq, Sequence
+from tests.worker.tiny_checkpoints import forward_step
 
 pytestmark = pytest.mark.gpu
 BLOCK = 16
@@ -53,7 +53,7 @@ def _runner(model_dir: Path, backend_name: str, dtype: DType, graphs: bool = Fal
 
 
 def _greedy(runner, steps: int = 16) -> list[list[int]]:  # noqa: ANN001
-    seqs = [Sequence(i, list(p), 0, list(range(i * 8, i * 8 + 8)), SamplingParams(temperature=0.0))
+    seqs = [Sequence(i, list(p), 0, list(range(i * 8, i * 8 + 8)), Sampling(temperature=0.0))
             for i, p in enumerate(PROMPTS)]
     scheduled = [ScheduledSeq(s, s.num_tokens) for s in seqs]
     for _ in range(steps):
@@ -88,10 +88,10 @@ def test_cuda_bf16_logits_close_to_cpu_fp32(tmp_path: Path) -> None:
     ref, got = {}, {}
     for name, dtype, store in (("cpu", DType.FLOAT32, ref), ("cuda", DType.BFLOAT16, got)):
         runner = _runner(model_dir, name, dtype)
-        seq = Sequence(0, list(PROMPTS[1]), 0, list(range(8)), SamplingParams(temperature=0.0))
+        seq = Sequence(0, list(PROMPTS[1]), 0, list(range(8)), Sampling(temperature=0.0))
         step = __import__("infer_worker.application.model_runner", fromlist=["prepare_step"]).prepare_step(
             [ScheduledSeq(seq, seq.num_tokens)], BLOCK, 8)
-        hidden = runner.model.forward(runner._tensor(step.input_ids), runner.attention_batch(step), runner.kv_caches)
+        hidden = forward_step(runner, step)
         store["logits"] = runner.model.compute_logits(hidden).float().cpu()
     a, b = ref["logits"], got["logits"]
     cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)

@@ -39,6 +39,8 @@ def _complete(url: str, prompt: list[int]) -> httpx.Response:
 def test_a_device_side_assert_ends_the_worker_and_serve_recovers(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.e2e.cluster import ServedCluster
+    from tests.e2e.test_faults import wait_for
+    from tests.e2e.test_supervisor import _ready
 
     monkeypatch.setenv("INFER_WORKER_FAULT_ON_TOKEN", str(FAULT_TOKEN))
     monkeypatch.setenv("INFER_WORKER_FAULT_KIND", "device")
@@ -56,14 +58,8 @@ def test_a_device_side_assert_ends_the_worker_and_serve_recovers(tmp_path: Path,
         assert faulty.status_code >= 500 and faulty.json()["error"]["code"] in ("worker_lost", "step_failed"), (
             faulty.text)
         assert time.monotonic() - start < 30, "the faulty request hung"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:  # the launcher restarts the worker; /ready turns 200 again
-            try:
-                if httpx.get(f"{cluster.url}/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        # the launcher restarts the worker; /ready turns 200 again
+        wait_for("/ready 200 again", lambda: _ready(cluster.url) == 200, 300, 0.5)
         after = _complete(cluster.url, clean)
         assert after.status_code == 200, after.text
         assert after.json()["choices"][0]["text"] == before.json()["choices"][0]["text"]

@@ -20,6 +20,7 @@ import torch
 from infer_core.dtypes import DType
 from tests.gpu.test_cuda_matches_cpu import _greedy, _runner
 from tests.worker.quant_checkpoints import awq_config, fp8_config, write_quantized
+from tests.worker.tiny_checkpoints import forward_step
 
 pytestmark = pytest.mark.gpu
 FORMATS = {"awq": awq_config(64), "fp8": fp8_config((128, 128))}
@@ -58,18 +59,17 @@ def test_quantized_cuda_graph_replay_equals_eager(fmt: str, tmp_path: Path) -> N
 @pytest.mark.parametrize("cuda_dtype", [DType.BFLOAT16, DType.FLOAT32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 def test_quantized_cuda_logits_close_to_cpu_fp32(fmt: str, cuda_dtype: DType, tmp_path: Path) -> None:
-    from infer_protocol.messages import SamplingParams
     from infer_worker.application.model_runner import prepare_step
-    from infer_worker.domain.sequence import ScheduledSeq, Sequence
+    from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 
     model_dir = _write(fmt, tmp_path / fmt)
     logits = {}
     for name, backend, dtype in (("cpu", "cpu", DType.FLOAT32), ("cuda", "cuda", cuda_dtype),
                                  ("cpu_bf16", "cpu", DType.BFLOAT16)):
         runner = _runner(model_dir, backend, dtype)
-        seq = Sequence(0, list(range(100, 140)), 0, list(range(8)), SamplingParams(temperature=0.0))
+        seq = Sequence(0, list(range(100, 140)), 0, list(range(8)), GREEDY)
         step = prepare_step([ScheduledSeq(seq, seq.num_tokens)], 16, 8)
-        hidden = runner.model.forward(runner._tensor(step.input_ids), runner.attention_batch(step), runner.kv_caches)
+        hidden = forward_step(runner, step)
         logits[name] = runner.model.compute_logits(hidden).float().cpu()
     cos = torch.nn.functional.cosine_similarity(logits["cpu"], logits["cuda"], dim=-1)
     if fmt == "awq":

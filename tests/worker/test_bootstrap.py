@@ -1,4 +1,5 @@
-"""Start-up pieces of the worker: KV sizing by memory profile, the self-check, and a full bootstrap."""
+"""Start-up of the worker: the application's assembly (KV sizing by budget or memory profile, the self-check) and
+the infrastructure's bootstrap around it (model directory, backend, weights)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ from infer_backend_cpu import CpuBackend
 from infer_core.dtypes import DType
 from infer_protocol.config import Config
 from infer_worker.application.kv_sizing import KvGeometry
-from infer_worker.infrastructure.bootstrap import StartupError, bootstrap, profile_num_blocks, resolve_model_dir
+from infer_worker.application.assembly import StartupError, assemble, profile_num_blocks
+from infer_worker.infrastructure.backend_registry import create_backend
+from infer_worker.infrastructure.bootstrap import bootstrap, resolve_model_dir
 from infer_worker.infrastructure.model_loader import load_model
 from tests.worker.tiny_checkpoints import llama_config, write_checkpoint
 
 
 class ProfiledCpuBackend(CpuBackend):
     """Reports a fixed device size and a fixed peak, as a GPU backend would after the worst-case forward."""
+
+    host_memory = False  # so the assembly profiles it, as it would a GPU
 
     def memory_info(self):  # noqa: ANN201
         from infer_core.ports.backend import MemoryInfo
@@ -37,6 +42,38 @@ def test_profiled_kv_budget_is_fraction_minus_peak(tmp_path: Path) -> None:
     assert blocks == ((500 << 20) - (300 << 20)) // geometry.bytes_per_block
     capped = profile_num_blocks(config, backend, model, DType.FLOAT32, geometry, 128, useful=7)
     assert capped == 7
+
+
+def test_a_device_backend_is_profiled_and_a_host_one_gets_the_byte_budget(tmp_path: Path) -> None:
+    """The assembly asks the port (`host_memory`), never the device string, which of the two sizings applies."""
+    write_checkpoint(llama_config(), tmp_path)
+    config = Config(max_batch_tokens=64, max_batch_seqs=4, mem_fraction_static=0.5, block_size=4, max_model_len=128)
+    geometry = KvGeometry(2, 2, 16, 4, 4)
+    lines: list[str] = []
+    profiled = ProfiledCpuBackend()
+    model, _ = load_model(tmp_path, profiled, DType.FLOAT32, "auto", 0)
+    ready = assemble(config, profiled, model, tmp_path, 128, lines.append)
+    assert ready.num_blocks == 4 * 32  # useful: max_batch_seqs x the blocks of one 128-token sequence
+    assert "profiling memory with a worst-case forward" in lines
+    lines.clear()
+    host = CpuBackend()
+    model, _ = load_model(tmp_path, host, DType.FLOAT32, "auto", 0)
+    budget = Config(block_size=4, max_model_len=128, cpu_kv_cache_bytes=50 * geometry.bytes_per_block)
+    assert assemble(budget, host, model, tmp_path, 128, lines.append).num_blocks == 50
+    assert "profiling memory with a worst-case forward" not in lines
+
+
+def test_create_backend_constructs_the_configured_dtype() -> None:
+    assert create_backend("cpu", "cpu").default_dtype() is DType.FLOAT32  # auto: the backend's choice
+    assert create_backend("cpu", "cpu", "bf16").default_dtype() is DType.BFLOAT16
+    assert create_backend("cpu", "cpu", DType.FLOAT16).default_dtype() is DType.FLOAT16
+
+
+def test_bootstrap_loads_the_configured_dtype(tmp_path: Path) -> None:
+    write_checkpoint(llama_config(), tmp_path)
+    ready = bootstrap(Config(model=str(tmp_path), backend="cpu", num_blocks=40, block_size=4, dtype="bfloat16"),
+                      lambda _s: None)
+    assert ready.model.dtype == "bfloat16"
 
 
 def test_bootstrap_reports_geometry_and_serves_a_step(tmp_path: Path) -> None:

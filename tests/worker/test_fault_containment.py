@@ -16,7 +16,7 @@ from infer_protocol.messages import RequestError, SamplingParams, StepFailed, Su
 from infer_scheduler.engine import Engine
 from infer_worker.application.fault_injection import FaultInjectingExecutor, InjectedFault, with_fault_injection
 from infer_worker.application.worker_service import WorkerService
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import Sampling, ScheduledSeq, Sequence
 from tests.worker.test_overlap_pipeline import BLOCK_SIZE, MAX_BLOCKS_PER_SEQ, make_runner
 from tests.worker.tiny_checkpoints import qwen3_config, write_checkpoint
 
@@ -178,7 +178,7 @@ def test_a_device_fault_on_the_cpu_is_a_python_error_of_the_step() -> None:
     """The device kind gathers out of bounds on the backend's device: a device-side assert on a GPU
     (tests/gpu/test_device_fault_cuda.py), an IndexError on the CPU, which fails the step like any Python error."""
     injected = FaultInjectingExecutor(object(), 5, "device", "cpu")  # type: ignore[arg-type]
-    seq = Sequence(0, [1, 5, 2], 0, [0], SamplingParams(temperature=0.0))
+    seq = Sequence(0, [1, 5, 2], 0, [0], Sampling(temperature=0.0))
     with pytest.raises(IndexError):
         injected.launch([ScheduledSeq(seq, 3)])
 

@@ -9,10 +9,9 @@ from typing import Callable
 
 from infer_backend_cpu import CpuBackend
 from infer_core.dtypes import DType
-from infer_protocol.messages import SamplingParams
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.model_runner import ModelRunner
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import Sampling, ScheduledSeq, Sequence
 from infer_worker.infrastructure.model_loader import load_model
 from tests.worker.tiny_checkpoints import qwen3_config, write_checkpoint
 
@@ -34,7 +33,7 @@ class ReplayingCpuBackend(CpuBackend):
         return _Replay(fn)
 
 
-def _decode(runner: ModelRunner, prompts: list[list[int]], sampling: SamplingParams, steps: int) -> list[list[int]]:
+def _decode(runner: ModelRunner, prompts: list[list[int]], sampling: Sampling, steps: int) -> list[list[int]]:
     seqs = [Sequence(i, list(p), 0, list(range(i * 8, i * 8 + 8)), sampling) for i, p in enumerate(prompts)]
     work = [ScheduledSeq(s, s.num_tokens) for s in seqs]
     for _ in range(steps):
@@ -50,7 +49,7 @@ def _decode(runner: ModelRunner, prompts: list[list[int]], sampling: SamplingPar
 def test_graph_decode_equals_eager_with_padding(tmp_path: Path) -> None:
     write_checkpoint(qwen3_config(tied=True), tmp_path)
     prompts = [[3, 5, 7, 9, 11], [20, 21], [40, 41, 42, 43, 44, 45, 46]]  # 3 sequences -> padded to 4
-    for sampling in (SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, top_k=20, seed=7)):
+    for sampling in (Sampling(temperature=0.0), Sampling(temperature=0.9, top_k=20, seed=7)):
         results = []
         for graphs in (False, True):
             backend = ReplayingCpuBackend()

@@ -88,12 +88,11 @@ def test_a_staging_slot_is_rewritten_only_after_its_last_copy_ran() -> None:
 def test_the_graph_buffers_staging_waits_for_its_slots_last_copy_too() -> None:
     from infer_worker.application.graph_runner import _StaticBuffers
     from infer_worker.application.model_runner import prepare_step, sampling_arrays
-    from infer_worker.domain.sequence import ScheduledSeq, Sequence
-    from infer_protocol.messages import SamplingParams
+    from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 
     backend = _LaggingBackend()
     buffers = _StaticBuffers(max_tokens=8, max_seqs=2, max_blocks_per_seq=4, device="cpu", backend=backend)
-    seq = Sequence(0, [1, 2, 3], 0, [0], SamplingParams(temperature=0.0))
+    seq = Sequence(0, [1, 2, 3], 0, [0], GREEDY)
     step = prepare_step([ScheduledSeq(seq, 3)], 16, 4)
     for _ in range(SLOTS):
         buffers.load(step, sampling_arrays(step.sampling_seqs), tokens=8, seqs=2)

@@ -24,7 +24,7 @@ from infer_worker.application.logits_processing import (
 )
 from infer_worker.application.model_runner import ModelRunner
 from infer_worker.application.worker_service import WorkerService
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import Sampling, ScheduledSeq, Sequence
 from infer_worker.infrastructure.model_loader import load_model
 from tests.worker.test_graph_runner import ReplayingCpuBackend
 from tests.worker.tiny_checkpoints import Engine, llama_config, qwen3_config, write_checkpoint
@@ -33,11 +33,11 @@ V = 40
 to_device = torch.from_numpy
 
 
-def _seq(tokens: list[int], prompt_len: int, sampling: SamplingParams, stop: tuple[int, ...] = ()) -> Sequence:
+def _seq(tokens: list[int], prompt_len: int, sampling: Sampling, stop: tuple[int, ...] = ()) -> Sequence:
     return Sequence(0, list(tokens), len(tokens) - 1, [0], sampling, prompt_len=prompt_len, stop_token_ids=stop)
 
 
-def reference_penalties(logits: list[float], prompt: list[int], output: list[int], p: SamplingParams) -> list[float]:
+def reference_penalties(logits: list[float], prompt: list[int], output: list[int], p: Sampling) -> list[float]:
     """vLLM's / HF's formulas, one token at a time."""
     out = list(logits)
     for v in range(len(out)):
@@ -51,11 +51,11 @@ def reference_penalties(logits: list[float], prompt: list[int], output: list[int
 def test_penalties_match_the_reference_formula() -> None:
     rng = np.random.default_rng(3)
     cases = [
-        SamplingParams(presence_penalty=0.7),
-        SamplingParams(frequency_penalty=-0.4),
-        SamplingParams(repetition_penalty=1.3),
-        SamplingParams(repetition_penalty=0.8, presence_penalty=-1.5, frequency_penalty=2.0),
-        SamplingParams(),  # a row without penalties in the same batch stays untouched
+        Sampling(presence_penalty=0.7),
+        Sampling(frequency_penalty=-0.4),
+        Sampling(repetition_penalty=1.3),
+        Sampling(repetition_penalty=0.8, presence_penalty=-1.5, frequency_penalty=2.0),
+        Sampling(),  # a row without penalties in the same batch stays untouched
     ]
     seqs = []
     for i, p in enumerate(cases):
@@ -75,7 +75,7 @@ def test_penalties_match_the_reference_formula() -> None:
 
 
 def test_min_tokens_masks_stop_ids_until_enough_tokens_are_out() -> None:
-    p = SamplingParams(min_tokens=3)
+    p = Sampling(min_tokens=3)
     short = _seq([1, 2, 3, 9, 9], 3, p, stop=(5, 7))  # 2 generated < 3: masked
     done = _seq([1, 2, 3, 9, 9, 9], 3, p, stop=(5, 7))  # 3 generated: free
     assert short.needs_processing and not done.needs_processing
@@ -92,11 +92,11 @@ def test_min_tokens_masks_stop_ids_until_enough_tokens_are_out() -> None:
 
 def test_logit_bias_is_added_before_the_penalties_and_leaves_masks_alone() -> None:
     rng = np.random.default_rng(11)
-    biased = SamplingParams(logit_bias=((2, 5.0), (7, -100.0), (39, 0.5)))
-    both = SamplingParams(logit_bias=((4, 3.0), (5, 1.0)), repetition_penalty=2.0, min_tokens=4)
+    biased = Sampling(logit_bias=((2, 5.0), (7, -100.0), (39, 0.5)))
+    both = Sampling(logit_bias=((4, 3.0), (5, 1.0)), repetition_penalty=2.0, min_tokens=4)
     seqs = [
         _seq([1, 2, 3, 9], 3, biased),
-        _seq([1, 4, 8, 8], 3, SamplingParams()),  # an unbiased row in the same batch stays untouched
+        _seq([1, 4, 8, 8], 3, Sampling()),  # an unbiased row in the same batch stays untouched
         _seq([4, 6, 8, 8], 3, both, stop=(5,)),  # 1 generated < min_tokens: token 5 masked, bias or not
     ]
     assert all(s.needs_processing for s in (seqs[0], seqs[2])) and not seqs[1].needs_processing
@@ -121,9 +121,9 @@ def test_logit_bias_is_added_before_the_penalties_and_leaves_masks_alone() -> No
 
 def test_allowed_token_ids_mask_every_other_token_after_the_bias() -> None:
     rng = np.random.default_rng(12)
-    only = SamplingParams(allowed_token_ids=(3, 17, 38))
-    biased = SamplingParams(allowed_token_ids=(0, 5), logit_bias=((5, 2.0), (6, 50.0)))
-    seqs = [_seq([1, 2, 9], 2, only), _seq([1, 2, 9], 2, SamplingParams()), _seq([4, 4], 1, biased)]
+    only = Sampling(allowed_token_ids=(3, 17, 38))
+    biased = Sampling(allowed_token_ids=(0, 5), logit_bias=((5, 2.0), (6, 50.0)))
+    seqs = [_seq([1, 2, 9], 2, only), _seq([1, 2, 9], 2, Sampling()), _seq([4, 4], 1, biased)]
     assert seqs[0].needs_processing and not seqs[1].needs_processing
     logits = torch.from_numpy(rng.normal(0, 2, size=(3, V)).astype(np.float32))
     plan = plan_processing(seqs)
@@ -152,7 +152,7 @@ def test_greedy_logit_bias_equals_hf_generate_with_sequence_bias(llama_dir: tupl
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, min_new_tokens=10, do_sample=False,  # type: ignore[attr-defined]
                           sequence_bias={(t,): b for t, b in bias.items()})
     expected = out[0, len(prompt):].tolist()
-    biased = engine.new_seq(2, prompt, SamplingParams(temperature=0.0, logit_bias=tuple(sorted(bias.items()))))
+    biased = engine.new_seq(2, prompt, Sampling(temperature=0.0, logit_bias=tuple(sorted(bias.items()))))
     engine.step([(biased, len(prompt))])
     for _ in range(9):
         engine.step([(biased, 1)])
@@ -164,9 +164,9 @@ def test_top_logprobs_and_sampled_logprobs_are_of_the_raw_distribution() -> None
     rng = np.random.default_rng(5)
     raw = torch.from_numpy(rng.normal(0, 3, size=(3, V)).astype(np.float32))
     seqs = [
-        _seq([1, 2, 3], 2, SamplingParams(logprobs=True, top_logprobs=4, repetition_penalty=2.0)),
-        _seq([1, 2, 3], 2, SamplingParams(logprobs=True)),  # the sampled token's logprob only
-        _seq([4, 5], 1, SamplingParams(logprobs=True, top_logprobs=20)),
+        _seq([1, 2, 3], 2, Sampling(logprobs=True, top_logprobs=4, repetition_penalty=2.0)),
+        _seq([1, 2, 3], 2, Sampling(logprobs=True)),  # the sampled token's logprob only
+        _seq([4, 5], 1, Sampling(logprobs=True, top_logprobs=20)),
     ]
     plan = plan_processing(seqs)
     assert plan is not None
@@ -187,7 +187,7 @@ def test_top_logprobs_and_sampled_logprobs_are_of_the_raw_distribution() -> None
 
 
 def test_nothing_requested_means_no_plan() -> None:
-    seqs = [_seq([1, 2, 3], 2, SamplingParams(logprobs=True, top_logprobs=0)), _seq([4], 1, SamplingParams())]
+    seqs = [_seq([1, 2, 3], 2, Sampling(logprobs=True, top_logprobs=0)), _seq([4], 1, Sampling())]
     assert plan_processing(seqs) is None
     assert not any(s.needs_processing for s in seqs)
 
@@ -211,7 +211,7 @@ def test_greedy_repetition_penalty_equals_hf_generate(llama_dir: tuple[Path, obj
     expected = out[0, len(prompt):].tolist()
     engine = Engine.open(path)
     plain = engine.new_seq(1, prompt)
-    penalised = engine.new_seq(2, prompt, SamplingParams(temperature=0.0, repetition_penalty=1.3, logprobs=True,
+    penalised = engine.new_seq(2, prompt, Sampling(temperature=0.0, repetition_penalty=1.3, logprobs=True,
                                                          top_logprobs=3))
     engine.step([(plain, len(prompt)), (penalised, len(prompt))])
     for _ in range(11):
@@ -231,7 +231,7 @@ def _runner(path: Path, graphs: bool) -> ModelRunner:
     return runner
 
 
-def _decode(runner: ModelRunner, prompts: list[list[int]], samplings: list[SamplingParams], steps: int,
+def _decode(runner: ModelRunner, prompts: list[list[int]], samplings: list[Sampling], steps: int,
             stop: tuple[int, ...] = ()) -> tuple[list[list[int]], list]:
     seqs = [Sequence(i, list(p), 0, list(range(i * 8, i * 8 + 8)), s, stop_token_ids=stop)
             for i, (p, s) in enumerate(zip(prompts, samplings))]
@@ -256,12 +256,12 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_graph_runner_keeps_the_fast_path_unless_a_row_needs_processing(qwen_dir: Path) -> None:
     prompts = [[3, 5, 7, 9, 11], [20, 21], [40, 41, 42, 43]]
-    plain = SamplingParams(temperature=0.9, top_k=20, seed=7, logprobs=True)  # chosen logprob: inside the graph
+    plain = Sampling(temperature=0.9, top_k=20, seed=7, logprobs=True)  # chosen logprob: inside the graph
     runner = _runner(qwen_dir, graphs=True)
     _, tops = _decode(runner, prompts, [plain] * 3, steps=4)
     assert runner.graph_steps == 3 and all(t is None for t in tops)
 
-    penalised = SamplingParams(temperature=0.9, top_k=20, seed=7, presence_penalty=1.0, frequency_penalty=0.5)
+    penalised = Sampling(temperature=0.9, top_k=20, seed=7, presence_penalty=1.0, frequency_penalty=0.5)
     samplings = [plain, penalised, plain]
     runner = _runner(qwen_dir, graphs=True)
     graph_tokens, _ = _decode(runner, prompts, samplings, steps=4)
@@ -271,7 +271,7 @@ def test_graph_runner_keeps_the_fast_path_unless_a_row_needs_processing(qwen_dir
 
     # min_tokens needs the eager path only until enough tokens are out; then the graphs replay again
     runner = _runner(qwen_dir, graphs=True)
-    greedy_min = SamplingParams(temperature=0.0, min_tokens=3)
+    greedy_min = Sampling(temperature=0.0, min_tokens=3)
     _decode(runner, prompts, [greedy_min] * 3, steps=6, stop=(1,))
     assert runner.graph_steps == 3  # steps 4, 5, 6 sample tokens 4..6 (>= min_tokens generated)
 
@@ -279,17 +279,17 @@ def test_graph_runner_keeps_the_fast_path_unless_a_row_needs_processing(qwen_dir
 def test_min_tokens_changes_a_greedy_stop(qwen_dir: Path) -> None:
     prompts = [[3, 5, 7, 9, 11]]
     runner = _runner(qwen_dir, graphs=False)
-    free, _ = _decode(runner, prompts, [SamplingParams(temperature=0.0)], steps=5)
+    free, _ = _decode(runner, prompts, [Sampling(temperature=0.0)], steps=5)
     stop = (free[0][1],)  # pretend the second greedy token is EOS
-    masked, _ = _decode(runner, prompts, [SamplingParams(temperature=0.0, min_tokens=4)], steps=5, stop=stop)
+    masked, _ = _decode(runner, prompts, [Sampling(temperature=0.0, min_tokens=4)], steps=5, stop=stop)
     assert stop[0] not in masked[0][:4]
     if free[0][0] != stop[0]:
         assert masked[0][0] == free[0][0]  # nothing else changes
 
 
 def test_seeded_sampling_with_penalties_is_independent_of_the_batch(qwen_dir: Path) -> None:
-    p = SamplingParams(temperature=0.8, seed=7, repetition_penalty=1.2, frequency_penalty=0.3)
-    other = SamplingParams(temperature=1.0, seed=99, presence_penalty=-0.5)
+    p = Sampling(temperature=0.8, seed=7, repetition_penalty=1.2, frequency_penalty=0.3)
+    other = Sampling(temperature=1.0, seed=99, presence_penalty=-0.5)
     alone, _ = _decode(_runner(qwen_dir, graphs=False), [[3, 5, 7]], [p], steps=6)
     batched, _ = _decode(_runner(qwen_dir, graphs=False), [[30, 31], [3, 5, 7], [8]], [other, p, other], steps=6)
     assert alone[0] == batched[1]

@@ -146,12 +146,12 @@ def test_prompt_positions_beyond_the_cos_sin_table_are_refused_not_read(checkpoi
     """The cos/sin table has max_position_embeddings rows; the runner's block-table width caps a sequence at
     max_model_len <= that, so no position past the table can reach a kernel (the CUDA one would read beyond it
     unchecked)."""
-    from infer_worker.domain.sequence import ScheduledSeq, Sequence
+    from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 
     model_dir, _ = checkpoint
     runner = make_runner(model_dir, graphs=False)
     too_long = MAX_MODEL_LEN + 1
-    seq = Sequence(1, prompt_of(too_long), 0, list(range(MAX_BLOCKS + 1)), SamplingParams(temperature=0.0))
+    seq = Sequence(1, prompt_of(too_long), 0, list(range(MAX_BLOCKS + 1)), GREEDY)
     with pytest.raises(ValueError, match=f"may have at most {MAX_BLOCKS}"):
         runner.execute([ScheduledSeq(seq, too_long)])
     assert torch.is_tensor(runner.model.layers[0].attention.cos_sin_cache)

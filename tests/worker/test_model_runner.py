@@ -7,15 +7,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infer_protocol.messages import SamplingParams
 from infer_worker.application.model_runner import prepare_step, sampling_arrays
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import Sampling, ScheduledSeq, Sequence
 from tests.worker.tiny_checkpoints import Engine, llama_config, write_checkpoint
 
-GREEDY = SamplingParams(temperature=0.0)
+GREEDY = Sampling(temperature=0.0)
 
 
-def _seq(seq_id: int, num_tokens: int, num_computed: int, block_ids: list[int], sampling: SamplingParams = GREEDY) -> Sequence:
+def _seq(seq_id: int, num_tokens: int, num_computed: int, block_ids: list[int],
+         sampling: Sampling = GREEDY) -> Sequence:
     return Sequence(seq_id, [10 * seq_id + i for i in range(num_tokens)], num_computed, block_ids, sampling)
 
 
@@ -47,7 +47,7 @@ def test_prepare_step_for_a_mixed_ragged_batch() -> None:
 
 
 def test_prepare_step_decode_flag_and_sampling_positions() -> None:
-    a = _seq(1, 5, 4, [0, 1], SamplingParams(temperature=0.8, top_p=0.9, top_k=40, min_p=0.1, seed=2**63 + 5))
+    a = _seq(1, 5, 4, [0, 1], Sampling(temperature=0.8, top_p=0.9, top_k=40, min_p=0.1, seed=2**63 + 5))
     b = _seq(2, 3, 2, [3])
     step = prepare_step([ScheduledSeq(a, 1), ScheduledSeq(b, 1)], 4, 2)
     assert step.is_decode and step.sample_rows.tolist() == [0, 1]
@@ -91,13 +91,13 @@ def test_execute_samples_in_step_order_and_mutates_nothing(model_dir: Path) -> N
 
 
 def test_seeded_sampling_does_not_depend_on_batch_neighbours(model_dir: Path) -> None:
-    sampling = SamplingParams(temperature=1.0, top_p=0.95, seed=1234)
+    sampling = Sampling(temperature=1.0, top_p=0.95, seed=1234)
     prompt = [9, 8, 7, 6, 5, 4, 3]
 
     def generate(with_neighbours: bool) -> list[int]:
         engine = Engine.open(model_dir)
         seq = engine.new_seq(0, prompt, sampling)
-        neighbours = [engine.new_seq(i, [i] * (3 + i), SamplingParams(temperature=0.7, seed=i)) for i in (1, 2)]
+        neighbours = [engine.new_seq(i, [i] * (3 + i), Sampling(temperature=0.7, seed=i)) for i in (1, 2)]
         engine.step([(seq, len(prompt))] + ([(n, n.num_tokens) for n in neighbours] if with_neighbours else []))
         engine.decode([*neighbours, seq] if with_neighbours else [seq], 11)
         return seq.token_ids[len(prompt):]

@@ -13,7 +13,8 @@ from infer_protocol.messages import PromptLogprobs, SamplingParams, StepResult, 
 from infer_scheduler.engine import Engine as SchedulerEngine
 from infer_worker.application import prompt_logprobs
 from infer_worker.application.model_runner import ModelRunner
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.application.worker_service import to_sampling
+from infer_worker.domain.sequence import GREEDY, Sampling, ScheduledSeq, Sequence
 from tests.worker.test_logits_processing import _runner
 from tests.worker.tiny_checkpoints import qwen3_config, write_checkpoint
 
@@ -33,8 +34,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.Te
 
 def _run_chunked(runner: ModelRunner) -> list[PromptLogprobs]:
     """PROMPT in two chunks (5 + 6 tokens), each step beside a sequence that asks for nothing."""
-    asking = Sequence(0, list(PROMPT), 0, list(range(0, 8)), ASKING)
-    other = Sequence(1, list(OTHER), 0, list(range(8, 16)), SamplingParams(temperature=0.0))
+    asking = Sequence(0, list(PROMPT), 0, list(range(0, 8)), to_sampling(ASKING))
+    other = Sequence(1, list(OTHER), 0, list(range(8, 16)), GREEDY)
     out = []
     first = runner.execute([ScheduledSeq(other, len(OTHER)), ScheduledSeq(asking, 5)])
     out += first.prompt_logprobs
@@ -78,7 +79,7 @@ def test_slices_of_rows_give_the_same_logprobs(checkpoint: tuple[Path, torch.Ten
 def test_a_sequence_that_does_not_ask_costs_nothing(checkpoint: tuple[Path, torch.Tensor]) -> None:
     path, _ = checkpoint
     runner = _runner(path, graphs=False)
-    seq = Sequence(0, list(PROMPT), 0, list(range(0, 8)), SamplingParams(temperature=0.0, logprobs=True))
+    seq = Sequence(0, list(PROMPT), 0, list(range(0, 8)), Sampling(temperature=0.0, logprobs=True))
     assert runner.execute([ScheduledSeq(seq, len(PROMPT))]).prompt_logprobs == []
 
 

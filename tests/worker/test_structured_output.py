@@ -217,3 +217,12 @@ def test_structured_rows_through_the_scheduler_engine(model_dir: Path, graphs: b
     from tests.worker.test_graph_runner import ReplayingCpuBackend
 
     check_structured_through_the_engine(model_dir, graphs, ReplayingCpuBackend)
+
+
+def test_admission_gives_the_domain_its_own_grammar_value() -> None:
+    from infer_worker.application.worker_service import to_sampling
+    from infer_worker.domain.sequence import Grammar
+
+    wire = SamplingParams(temperature=0.5, structured=StructuredOutput(kind="json_schema", schema='{"type":"object"}'))
+    assert to_sampling(wire).structured == Grammar("json_schema", '{"type":"object"}')
+    assert to_sampling(wire).temperature == 0.5 and to_sampling(SamplingParams()).structured is None

@@ -16,12 +16,25 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Co
 
 from infer_backend_cpu import CpuBackend
 from infer_core.dtypes import DType
-from infer_protocol.messages import SamplingParams
-from infer_worker.application.model_runner import ModelRunner, prepare_step
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_core.ports.fused_ops import AttentionBatch
+from infer_worker.application.model_runner import HostStep, ModelRunner, prepare_step
+from infer_worker.domain.sequence import GREEDY, Sampling, ScheduledSeq, Sequence
 from infer_worker.infrastructure.model_loader import load_model
 from infer_worker.models.causal_lm import CausalLM
 from infer_worker.models.spec import ModelSpec
+
+def forward_step(runner: ModelRunner, step: HostStep) -> torch.Tensor:
+    """The hidden states of every position of a prepared step, by one direct `model.forward` on the runner's model
+    and cache (the runner itself keeps only the sampling rows' logits); its inputs copied one by one."""
+    def dev(array: Any) -> torch.Tensor:
+        return torch.from_numpy(array).to(runner.device)
+
+    batch = AttentionBatch(positions=dev(step.positions), slot_mapping=dev(step.slot_mapping),
+                           query_start_loc=dev(step.query_start_loc), seq_lens=dev(step.seq_lens),
+                           block_tables=dev(step.block_tables), max_query_len=step.max_query_len,
+                           max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=runner.block_size)
+    return runner.model.forward(dev(step.input_ids), batch, runner.kv_caches)
+
 
 _COMMON: dict[str, Any] = dict(
     hidden_size=64,
@@ -110,8 +123,8 @@ class Engine:
         free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(1)).tolist()
         return cls(model, spec, runner, block_size, free)
 
-    def new_seq(self, seq_id: int, prompt: list[int], sampling: SamplingParams | None = None) -> Sequence:
-        return Sequence(seq_id, list(prompt), 0, [], sampling or SamplingParams(temperature=0.0))
+    def new_seq(self, seq_id: int, prompt: list[int], sampling: Sampling | None = None) -> Sequence:
+        return Sequence(seq_id, list(prompt), 0, [], sampling or GREEDY)
 
     def step(self, work: list[tuple[Sequence, int]]) -> dict[int, int]:
         """Compute `num_new` tokens of each sequence; returns seq_id -> sampled token (applied to the seq)."""
@@ -132,10 +145,7 @@ class Engine:
         seq = self.new_seq(-1, prompt)
         seq.block_ids = [self.free_blocks.pop() for _ in range(-(-len(prompt) // self.block_size))]
         step = prepare_step([ScheduledSeq(seq, len(prompt))], self.block_size, self.runner.max_blocks_per_seq)
-        hidden = self.model.forward(
-            torch.from_numpy(step.input_ids), self.runner.attention_batch(step), self.runner.kv_caches
-        )
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(forward_step(self.runner, step))
 
     def decode(self, seqs: list[Sequence], steps: int) -> None:
         for _ in range(steps):

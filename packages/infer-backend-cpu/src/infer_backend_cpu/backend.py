@@ -42,6 +42,7 @@ class HostTensors:
 class CpuBackend:
     name: str = "cpu"
     supports_graphs: bool = False
+    host_memory: bool = True
 
     def __init__(self, device: str = "cpu", dtype: DType | str | None = None) -> None:
         device = device or "cpu"
@@ -49,6 +50,8 @@ class CpuBackend:
             raise ValueError(f"the cpu backend runs on device 'cpu', not {device!r}")
         self.device: str = device
         # fp32 by default: CPU matmuls in bf16 are slow and the reference backend should be exact.
+        if dtype == "auto":  # the config's word for "the backend's choice", as on CUDA
+            dtype = None
         self._default_dtype = DType.parse(dtype) if isinstance(dtype, str) else (dtype or DType.FLOAT32)
         fused = CpuFusedOps()
         self.ops = OpPorts(

@@ -72,6 +72,7 @@ class CudaBackend:
 
     name = "cuda"
     supports_graphs = True
+    host_memory = False
 
     @staticmethod
     def available() -> bool:
@@ -114,7 +115,7 @@ class CudaBackend:
         return _TORCH_DTYPES[DType(dtype)]
 
     def default_dtype(self) -> DType:
-        return DType.BFLOAT16
+        return self._dtype or DType.BFLOAT16
 
     # -- memory -------------------------------------------------------------------------------------------
     def memory_info(self) -> MemoryInfo:

@@ -51,6 +51,7 @@ class Request:
         # ignore_eos, so Submit.ignore_eos needs no handling here — and must not switch off the client's own ids.
         self.stop_token_ids: frozenset[int] = frozenset(msg.stop_token_ids)
         self.min_tokens = msg.min_tokens
+        # What the stop rules read (they live in Engine._write_tokens, the scheduler's hot loop):
         self.max_len = min(p + msg.max_tokens, max_model_len)  # "length" once len(token_ids) reaches this
         self.min_len = p + msg.min_tokens  # stop tokens count once len(token_ids) is beyond this
         self.want_logprobs = msg.sampling.logprobs
@@ -149,19 +150,6 @@ class Request:
         if self.num_pending:
             del self.token_ids[-self.num_pending:]
             self.num_pending = 0
-
-    # ------------------------------------------------------------------ stop conditions
-
-    def append_token(self, token_id: int) -> FinishReason | None:
-        """Record a sampled token; the finish reason when it ends the request (the engine inlines this rule)."""
-        toks = self.token_ids
-        toks.append(token_id)
-        n = len(toks)
-        if token_id in self.stop_token_ids and n > self.min_len:
-            return FinishReason.STOP
-        if n >= self.max_len:
-            return FinishReason.LENGTH
-        return None
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, seq={self.seq_id}, {self.status.value}, "

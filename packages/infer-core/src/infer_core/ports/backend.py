@@ -37,13 +37,18 @@ class LlmBackend(Protocol):
     device: str  # torch device string, e.g. "cpu" or "cuda:0"
     ops: OpPorts
     supports_graphs: bool
+    # The device's memory is the host's RAM, shared with everything else on the machine and with no allocator
+    # peak to read: the KV cache gets a configured byte budget (`cpu_kv_cache_bytes`) instead of what a memory
+    # profile of the worst-case step leaves (`memory_info`, `peak_memory_bytes`).
+    host_memory: bool
 
     def torch_dtype(self, dtype: DType) -> object:
         """The framework dtype for a core DType."""
         ...
 
     def default_dtype(self) -> DType:
-        """The activation/weight dtype this backend prefers when the config says `auto`."""
+        """The activation/weight dtype: the one the backend was constructed with, else (`dtype=None`, the config's
+        `auto`) the one it prefers."""
         ...
 
     def memory_info(self) -> MemoryInfo: ...

@@ -29,6 +29,7 @@ from infer_core.ports.backend import LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 
+from infer_worker.application.block_table import BlockTable, contiguous_start
 from infer_worker.application.input_upload import SLOTS, CopyFences, aligned, device_views, host_views
 from infer_worker.application.model_runner import HostStep, LaunchedStep, ModelRunner, prepare_step, sampling_arrays
 from infer_worker.application.prompt_logprobs import needs_prompt_logprobs
@@ -45,10 +46,46 @@ _SEQ_FIELDS: tuple[tuple[str, type, float], ...] = (("seq_lens", np.int32, 0),)
 _SAMPLE_FIELDS: tuple[tuple[str, type, float], ...] = (
     ("temperature", np.float32, 0), ("top_p", np.float32, 1), ("top_k", np.int32, 0), ("min_p", np.float32, 0),
     ("seeds", np.int64, 0), ("sample_positions", np.int64, 0), ("sample_rows", np.int64, 0))
-# Also uploaded: the PENDING inputs' token rows and source rows (a prefix of them is used), and query_start_loc
-# (S + 1 entries; padding sequences are empty).
+# Also uploaded: the PENDING inputs' token rows and source rows (a prefix of them is used), query_start_loc
+# (S + 1 entries; padding sequences are empty), and with a persistent block table the step's rows of it
+# (`table_slots`) and the rows the device copy lacks (`stale_slots`, their contents where the block table goes).
 _OTHER_FIELDS: tuple[tuple[str, type], ...] = (
-    ("pending_pos", np.int64), ("pending_rows", np.int64), ("query_start_loc", np.int32))
+    ("pending_pos", np.int64), ("pending_rows", np.int64), ("query_start_loc", np.int32),
+    ("table_slots", np.int64), ("stale_slots", np.int64))
+
+
+class _DeviceBlockTable:
+    """A device copy of the worker's persistent block table (BlockTable), one row per slot plus a last row of
+    zeros for padding sequences. A step sends only its rows that changed since the copy last saw them (at
+    batch 256 decode, ~1/16 of the rows: those that got a block) and gathers its rows on the device, instead of
+    packing and sending [B, max_blocks_per_seq] every step (2.2 MB at 32k tokens of context)."""
+
+    def __init__(self, width: int, device: str) -> None:
+        self.width = width
+        self.device = device
+        self._source: BlockTable | None = None
+        self._synced = np.zeros(0, dtype=np.int64)  # per row, the BlockTable.version the device row holds
+        self.rows = torch.zeros((1, width), dtype=torch.int32, device=device)
+
+    @property
+    def pad_row(self) -> int:
+        return len(self._synced)
+
+    def stale(self, table: BlockTable, slots: np.ndarray) -> np.ndarray:
+        """The slots among `slots` whose device row is behind the host's (after following the table's growth)."""
+        num_rows = len(table.version)
+        if table is not self._source or num_rows != len(self._synced):
+            keep = len(self._synced) if table is self._source else 0
+            # Untouched rows are -1 on the host at version 0: a fresh row of -1 is in step with them.
+            rows = torch.full((num_rows + 1, self.width), -1, dtype=torch.int32, device=self.device)
+            rows[:keep] = self.rows[:keep]  # (stream-ordered after the steps that read the old copy)
+            rows[num_rows] = 0
+            self.rows, self._source = rows, table
+            self._synced = np.concatenate([self._synced[:keep], np.zeros(num_rows - keep, dtype=np.int64)])
+        return slots[table.version[slots] != self._synced[slots]]
+
+    def synced(self, table: BlockTable, slots: np.ndarray) -> None:
+        self._synced[slots] = table.version[slots]
 
 
 class _StaticBuffers:
@@ -56,7 +93,9 @@ class _StaticBuffers:
 
     The inputs are typed views of one device region with a fixed layout (fields one after the other, then the
     block table, row-major), so a step's inputs travel in one copy from a page-locked staging buffer of the same
-    layout: every field, then the block-table rows the captured sequence bucket reads."""
+    layout: every field, then the block-table rows the captured sequence bucket reads — or, for a step whose
+    sequences hold rows of the worker's persistent table, only the rows its device copy lacks (_DeviceBlockTable),
+    after which the step's rows are gathered into `block_tables` on the device."""
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device: str,
                  backend: LlmBackend) -> None:
@@ -82,6 +121,8 @@ class _StaticBuffers:
         self.host = [dict(zip(names, host_views(buf, layout))) for buf in self.staging]
         self._fences = CopyFences(backend)
         self._next = 0
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.device_table = _DeviceBlockTable(max_blocks_per_seq, device)
         self.out_tokens = torch.zeros(max_seqs, dtype=torch.int64, device=device)
         self.out_logprobs = torch.zeros(max_seqs, dtype=torch.float32, device=device)
         self.logits: torch.Tensor | None = None  # [max_seqs, vocab]: the mixed graphs' output
@@ -111,11 +152,37 @@ class _StaticBuffers:
         qsl[:num_seqs + 1] = step.query_start_loc
         qsl[num_seqs + 1:seqs + 1] = num_tokens
         table = host["block_tables"]
-        table[:num_seqs] = step.block_tables
-        table[num_seqs:seqs] = 0
-        end = self.table_offset + seqs * self.table_row_bytes
+        if step.table is None or step.slots is None:
+            table[:num_seqs] = step.host_block_tables()
+            table[num_seqs:seqs] = 0
+            end = self.table_offset + seqs * self.table_row_bytes
+            self.region[:end].copy_(self.staging[i][:end], non_blocking=True)
+            self._fences.copied(i)
+            return
+        # The persistent table: send the stale rows where the block table goes, fold them into the device copy,
+        # then gather the step's rows over them (the copy reads that space before the gather writes it).
+        mirror = self.device_table
+        stale = mirror.stale(step.table, step.slots)
+        d = len(stale)
+        if d:
+            table[:d] = step.table.blocks[stale, :self.max_blocks_per_seq]
+        host["stale_slots"][:d] = stale
+        slots = host["table_slots"]
+        slots[:num_seqs] = step.slots
+        slots[num_seqs:seqs] = mirror.pad_row
+        end = self.table_offset + d * self.table_row_bytes
         self.region[:end].copy_(self.staging[i][:end], non_blocking=True)
         self._fences.copied(i)
+        if d:
+            mirror.rows[self.stale_slots[:d]] = self.block_tables[:d]
+        first = contiguous_start(step.slots)
+        if first is None:
+            torch.index_select(mirror.rows, 0, self.table_slots[:seqs], out=self.block_tables[:seqs])
+        else:  # the common case: one device-to-device copy, then zeros for the padding rows
+            self.block_tables[:num_seqs].copy_(mirror.rows[first:first + num_seqs])
+            if num_seqs < seqs:
+                self.block_tables[num_seqs:seqs].zero_()
+        mirror.synced(step.table, stale)
 
     def attention_batch(self, tokens: int, seqs: int, block_size: int, max_seq_len: int,
                         decode: bool) -> AttentionBatch:

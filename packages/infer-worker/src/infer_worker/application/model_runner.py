@@ -19,12 +19,14 @@ from infer_core.plan import blocks_needed
 from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
-from infer_protocol.messages import PromptLogprobs, SamplingParams, SeqError
+from infer_protocol.messages import PromptLogprobs, SeqError
+from infer_worker.application.block_table import BlockTable, ScheduledBatch, contiguous_start
 from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
+from infer_worker.application.sampled_tokens import SampledTokens
 from infer_worker.application.structured_output import GrammarBook
-from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
+from infer_worker.domain.sequence import GREEDY, PENDING, Sampling, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM, KvCaches
 
 # The sampler's counter hash only reads the low 32 bits of a seed; masking here also keeps any Python int
@@ -40,7 +42,10 @@ class HostStep(NamedTuple):
     slot_mapping: np.ndarray  # [T] int64
     query_start_loc: np.ndarray  # [B + 1] int32
     seq_lens: np.ndarray  # [B] int32
-    block_tables: np.ndarray  # [B, max_blocks_per_seq] int32, -1 padded
+    # [B, max_blocks_per_seq] int32, -1 padded; a view of the persistent table when the step's slots are
+    # contiguous, None when they are not (a gather of its rows is a copy that the graph runner, which gathers
+    # them on the device, does not need): `host_block_tables()` gives it in every case.
+    block_tables: np.ndarray | None
     max_query_len: int
     max_seq_len: int
     is_decode: bool
@@ -49,10 +54,25 @@ class HostStep(NamedTuple):
     pending_pos: np.ndarray  # [P] int64, the rows of input_ids that are PENDING (gathered on the device)
     pending_rows: np.ndarray  # [P] int64, for each, its row in the sampled tokens of launch `pending_launch`
     pending_launch: int  # the launch those rows come from (-1 when P == 0)
+    # The persistent table `block_tables` was taken from and each sequence's row of it (None: built from lists);
+    # the graph runner keeps a device copy of that table and gathers the rows there instead of sending them.
+    table: BlockTable | None = None
+    slots: np.ndarray | None = None  # [B] int64
+    max_blocks_per_seq: int = 0  # the block tables' width (the persistent table is wider only after an error)
+
+    def host_block_tables(self) -> np.ndarray:
+        if self.block_tables is not None:
+            return self.block_tables
+        assert self.table is not None and self.slots is not None
+        return self.table.rows(self.slots)[:, :self.max_blocks_per_seq]
 
 
 def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_seq: int) -> HostStep:
-    """Vectorised bookkeeping: loops run per sequence (to read Python lists), never per token."""
+    """Vectorised bookkeeping: loops run per sequence (to read Python attributes), never per token in Python.
+
+    Given a ScheduledBatch whose sequences all hold rows of its block table, the step's block-table rows come
+    from it (`block_tables` is a view of it when the slots are contiguous, valid until the next plan is applied;
+    None otherwise); else they are built from each sequence's `block_ids` list."""
     num_seqs = len(scheduled)
     starts = np.fromiter((s.seq.num_computed for s in scheduled), dtype=np.int64, count=num_seqs)
     num_new = np.fromiter((s.num_new for s in scheduled), dtype=np.int64, count=num_seqs)
@@ -66,7 +86,16 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
             f"with {known[i]} known tokens"
         )
 
-    num_blocks = np.fromiter((len(s.seq.block_ids) for s in scheduled), dtype=np.int64, count=num_seqs)
+    table = scheduled.table if isinstance(scheduled, ScheduledBatch) else None
+    slots = np.fromiter((s.seq.slot for s in scheduled), dtype=np.int64, count=num_seqs) if table is not None else None
+    if table is not None and slots is not None and (slots >= 0).all():
+        # The persistent table: O(1) Python per sequence, and the step's rows are a view when its slots are
+        # contiguous, else left in the table (pages below are read from it directly): flat in context.
+        table.reserve(max_blocks_per_seq)
+        num_blocks = table.num_blocks[slots]
+    else:
+        num_blocks = np.fromiter((len(s.seq.block_ids) for s in scheduled), dtype=np.int64, count=num_seqs)
+        table, slots = None, None
     short = (num_blocks < -(-ends // block_size)) | (num_blocks > max_blocks_per_seq)
     if short.any():
         i = int(np.argmax(short))
@@ -74,9 +103,14 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
             f"sequence {scheduled[i].seq.seq_id} holds {num_blocks[i]} blocks; it needs "
             f"{blocks_needed(int(ends[i]), block_size)} for {ends[i]} tokens and may have at most {max_blocks_per_seq}"
         )
-    block_tables = np.full((num_seqs, max_blocks_per_seq), -1, dtype=np.int32)
-    for i, s in enumerate(scheduled):
-        block_tables[i, : num_blocks[i]] = s.seq.block_ids
+    block_tables: np.ndarray | None = None
+    if table is None:
+        block_tables = np.full((num_seqs, max_blocks_per_seq), -1, dtype=np.int32)
+        for i, s in enumerate(scheduled):
+            block_tables[i, : num_blocks[i]] = s.seq.block_ids
+    elif (first := contiguous_start(slots)) is not None:
+        # (the table is wider only if a sequence once held more blocks than allowed: those columns are dropped)
+        block_tables = table.blocks[first:first + num_seqs, :max_blocks_per_seq]
 
     query_start_loc = np.zeros(num_seqs + 1, dtype=np.int64)
     np.cumsum(num_new, out=query_start_loc[1:])
@@ -89,7 +123,10 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
     seq_index = np.repeat(np.arange(num_seqs), num_new)
     # Each token's offset within its sequence's new tokens, shifted by where that sequence resumes.
     positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(starts - query_start_loc[:-1], num_new)
-    pages = block_tables[seq_index, positions // block_size].astype(np.int64)
+    if block_tables is not None:
+        pages = block_tables[seq_index, positions // block_size].astype(np.int64)
+    else:
+        pages = table.blocks[slots[seq_index], positions // block_size].astype(np.int64)
     slot_mapping = pages * block_size + positions % block_size
 
     samples = ends == known
@@ -97,10 +134,10 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
     pending_pos = np.flatnonzero(input_ids == PENDING)
     pending_rows, pending_launch = _EMPTY, -1
     if pending_pos.size:
-        owners = [scheduled[i].seq for i in seq_index[pending_pos].tolist()]
+        owner_index = seq_index[pending_pos]
+        owners = [scheduled[i].seq for i in owner_index.tolist()]
         launches = {seq.sampled_at for seq in owners}
-        if len(launches) != 1 or any(pos != ends[i] - 1 for pos, i in zip(
-                positions[pending_pos].tolist(), seq_index[pending_pos].tolist())):
+        if len(launches) != 1 or bool((positions[pending_pos] != ends[owner_index] - 1).any()):
             raise ValueError(f"pending input tokens of launches {sorted(launches)} (only the last known token of a "
                              "sequence, sampled by one launch, may be pending)")
         pending_launch = launches.pop()
@@ -120,6 +157,9 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         pending_pos=pending_pos,
         pending_rows=pending_rows,
         pending_launch=pending_launch,
+        table=table,
+        slots=slots,
+        max_blocks_per_seq=max_blocks_per_seq,
     )
 
 
@@ -128,7 +168,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 def sampling_arrays(seqs: Seq[Sequence]) -> dict[str, np.ndarray]:
     """Per-row sampling parameters; the counter position is the index of the token being sampled."""
-    params: list[SamplingParams] = [s.sampling for s in seqs]
+    params: list[Sampling] = [s.sampling for s in seqs]
     n = len(seqs)
     return {
         "temperature": np.fromiter((p.temperature for p in params), dtype=np.float32, count=n),
@@ -217,7 +257,7 @@ class ModelRunner:
                                                                               SamplingBatch | None]:
         """Every input of the step in one copy: [input_ids, sample_rows, pending_pos, pending_rows], the attention
         batch and (when a row samples) the sampling batch."""
-        attention = [step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens, step.block_tables]
+        attention = [step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens, step.host_block_tables()]
         dev = self._uploader.upload([step.input_ids, step.sample_rows, step.pending_pos, step.pending_rows,
                                      *attention, *sampling.values()])
         positions, slot_mapping, query_start_loc, seq_lens, block_tables = dev[4:9]
@@ -229,14 +269,6 @@ class ModelRunner:
             sampling_batch = SamplingBatch(**dict(zip(sampling, dev[9:])),
                                            all_greedy=bool((sampling["temperature"] == 0).all()))
         return dev[:4], batch, sampling_batch
-
-    def attention_batch(self, step: HostStep) -> AttentionBatch:
-        """The step's attention inputs, copied one by one (for callers outside the hot path)."""
-        return AttentionBatch(
-            positions=self._tensor(step.positions), slot_mapping=self._tensor(step.slot_mapping),
-            query_start_loc=self._tensor(step.query_start_loc), seq_lens=self._tensor(step.seq_lens),
-            block_tables=self._tensor(step.block_tables), max_query_len=step.max_query_len,
-            max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=self.block_size)
 
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
         """Launch a step and wait for its tokens."""
@@ -307,7 +339,7 @@ class ModelRunner:
             if next_block + blocks > cache_blocks:
                 raise ValueError(f"dummy run of {num_tokens} tokens needs more than the {cache_blocks} cache blocks")
             token_ids = [(7 * (i + j) + 1) % vocab for j in range(length)]
-            seq = Sequence(-1 - i, token_ids, 0, list(range(next_block, next_block + blocks)), SamplingParams(temperature=0.0))
+            seq = Sequence(-1 - i, token_ids, 0, list(range(next_block, next_block + blocks)), GREEDY)
             scheduled.append(ScheduledSeq(seq, length))
             next_block += blocks
         return self.execute(scheduled)

@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from infer_protocol.messages import SeqError, StructuredOutput
-from infer_worker.domain.sequence import PENDING, Sequence
+from infer_protocol.messages import SeqError
+from infer_worker.domain.sequence import PENDING, Grammar, Sequence
 
 log = logging.getLogger("rustinfer.worker")
 
@@ -97,7 +97,7 @@ class GrammarBook:
     def __len__(self) -> int:
         return len(self._rows)
 
-    def _compile(self, spec: StructuredOutput) -> Future:
+    def _compile(self, spec: Grammar) -> Future:
         key = (spec.kind, spec.schema)
         fut = self._cache.get(key)
         if fut is not None:
@@ -109,7 +109,7 @@ class GrammarBook:
             self._cache.popitem(last=False)
         return fut
 
-    def _compile_now(self, spec: StructuredOutput) -> Any:
+    def _compile_now(self, spec: Grammar) -> Any:
         import xgrammar as xgr  # here, not at import: a worker that never sees a grammar never loads it
 
         with self._lock:

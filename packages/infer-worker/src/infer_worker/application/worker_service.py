@@ -22,10 +22,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from infer_protocol.messages import NewSeq, StepFailed, StepPlan, StepResult
+from infer_protocol.messages import NewSeq, SamplingParams, StepFailed, StepPlan, StepResult
 
+from infer_worker.application.block_table import BlockTable, ScheduledBatch
+from infer_worker.application.sampled_tokens import SampledTokens
 from infer_worker.application.structured_output import GrammarBook, constrain
-from infer_worker.domain.sequence import PENDING, SampledTokens, ScheduledSeq, Sequence
+from infer_worker.domain.sequence import PENDING, Grammar, Sampling, ScheduledSeq, Sequence
 
 
 class LaunchedWork(Protocol):
@@ -48,6 +50,18 @@ def _never_fatal(exc: BaseException) -> bool:
     return False
 
 
+_SAMPLING_FIELDS = Sampling.__dataclass_fields__.keys()
+
+
+def to_sampling(params: SamplingParams) -> Sampling:
+    """The domain's copy of a wire `SamplingParams`: made once per admitted sequence, never per step. It takes
+    the fields the domain declares, so a wire field the worker does not know yet is not an error here."""
+    fields = {name: getattr(params, name) for name in _SAMPLING_FIELDS}
+    if params.structured is not None:  # a wire struct of its own: the domain's value type in its place
+        fields["structured"] = Grammar(params.structured.kind, params.structured.schema)
+    return Sampling(**fields)
+
+
 class UnknownSequenceError(RuntimeError):
     """The plan referred to a sequence this worker does not hold (a protocol bug, never user input)."""
 
@@ -63,7 +77,8 @@ class _InFlight(NamedTuple):
 
 
 class WorkerService:
-    """Keeps the persistent batch (seq_id -> Sequence) and turns each plan diff into one launched step."""
+    """Keeps the persistent batch (seq_id -> Sequence, and their rows of the block table) and turns each plan
+    diff into one launched step."""
 
     def __init__(self, executor: StepExecutor, is_fatal: Callable[[BaseException], bool] = _never_fatal,
                  grammars: GrammarBook | None = None) -> None:
@@ -71,6 +86,7 @@ class WorkerService:
         self._is_fatal = is_fatal
         self._grammars = grammars  # the executor's (it masks the rows): here sequences enter and leave it
         self._seqs: dict[int, Sequence] = {}
+        self._table = BlockTable()  # one row per live sequence; a diff writes only its new block ids
         self._inflight: deque[_InFlight] = deque()
         self._dropped: dict[int, int] = {}  # seq id -> the step that failed it (for the one step planned after it)
 
@@ -110,7 +126,7 @@ class WorkerService:
             if self._inflight and any(s.seq.needs_processing for s in scheduled):
                 while self._inflight:
                     early.append(self.collect())
-            work = self._executor.launch(scheduled)
+            work = self._executor.launch(ScheduledBatch(scheduled, self._table))
         except Exception as exc:
             if self._is_fatal(exc):
                 raise
@@ -128,11 +144,6 @@ class WorkerService:
         self._inflight.append(_InFlight(plan.step, started, launch_ms, work, pending,
                                         seq_ids=tuple(item.seq.seq_id for item in scheduled)))
         return early
-
-    def _forget(self, seq_id: int) -> None:
-        self._seqs.pop(seq_id, None)
-        if self._grammars is not None:
-            self._grammars.forget(seq_id)
 
     def _plan_seq_ids(self, plan: StepPlan) -> list[int]:
         ids = [new.seq_id for new in plan.new_seqs] + [cont.seq_id for cont in plan.continuing]
@@ -213,21 +224,32 @@ class WorkerService:
             token_ids=list(new.token_ids),
             num_computed=new.num_computed,
             block_ids=list(new.block_ids),
-            sampling=new.sampling,
+            sampling=to_sampling(new.sampling),
             prompt_len=len(new.token_ids) - new.num_generated,
             stop_token_ids=tuple(new.stop_token_ids),
         )
+        self._forget(new.seq_id)  # (a plan re-admits a preempted sequence only after naming it preempted)
         if new.sampling.structured is not None:
             if self._grammars is not None:
                 self._grammars.admit(seq)
             else:
                 constrain(seq)  # the runner, with no grammar engine either, fails the request on its own
         self._seqs[new.seq_id] = seq
+        self._table.add(seq)
         return ScheduledSeq(seq, new.num_tokens)
 
     def _continue(self, seq_id: int, num_tokens: int, new_block_ids: list[int]) -> ScheduledSeq:
         seq = self._seqs.get(seq_id)
         if seq is None:
             raise UnknownSequenceError(f"plan continues sequence {seq_id}, which the worker does not hold")
-        seq.block_ids.extend(new_block_ids)
+        if new_block_ids:
+            seq.block_ids.extend(new_block_ids)
+            self._table.append(seq, new_block_ids)
         return ScheduledSeq(seq, num_tokens)
+
+    def _forget(self, seq_id: int) -> None:
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None:
+            self._table.remove(seq)
+        if self._grammars is not None:
+            self._grammars.forget(seq_id)

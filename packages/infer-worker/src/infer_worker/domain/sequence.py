@@ -1,4 +1,8 @@
-"""The worker's view of one sequence in its persistent batch."""
+"""The worker's view of one sequence in its persistent batch.
+
+The domain knows no wire format (a contract in .importlinter): the sampling options are its own value type,
+converted from the protocol's `SamplingParams` once, when the application admits a sequence.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,40 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from infer_core.plan import PENDING as PENDING  # re-exported to the application (it fills the ids in on collection)
-from infer_protocol.messages import PromptLogprobs, SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    """A grammar the output follows (the protocol's `StructuredOutput`): compiled and matched in the application
+    (`application/structured_output.py`); the domain only carries it."""
+
+    kind: str  # "json_object" or "json_schema"
+    schema: str = ""  # the JSON Schema as JSON text (json_schema)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How a sequence samples: what the runner and the logits processing read (field for field the protocol's
+    `SamplingParams`, so one conversion at admission covers it; see `infer_worker.application.worker_service`)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int = 0
+    logprobs: bool = False
+    top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
+    allowed_token_ids: tuple[int, ...] = ()  # ascending
+    prompt_logprobs: bool = False
+    structured: Grammar | None = None  # response_format (its rows always take the logits-processing path)
+
+
+GREEDY = Sampling(temperature=0.0)  # the start-up checks' and warm-ups' sequences
 
 
 @dataclass(slots=True)
@@ -15,7 +52,7 @@ class Sequence:
     token_ids: list[int]  # prompt + every token sampled so far (the last one PENDING while its step is in flight)
     num_computed: int  # leading tokens whose KV is in the cache
     block_ids: list[int]  # the pages holding this sequence's KV, in order
-    sampling: SamplingParams
+    sampling: Sampling
     prompt_len: int = -1  # leading tokens of token_ids that are the prompt (-1: all given at construction)
     stop_token_ids: tuple[int, ...] = ()  # what sampling.min_tokens masks until that many tokens are out
     # Sequences with len(token_ids) below this need the logits-processing step (penalties, logit bias,
@@ -26,6 +63,9 @@ class Sequence:
     # launch's sampled-token tensor (the next step gathers its input id from there, on the device).
     sampled_at: int = -1
     sampled_row: int = -1
+    # This sequence's row in the worker's persistent block table (application/block_table.py); -1: none, and
+    # prepare_step then builds the step's table from block_ids (sequences made outside the worker service).
+    slot: int = -1
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
@@ -66,15 +106,3 @@ class ScheduledSeq(NamedTuple):
     def samples(self) -> bool:
         """A sequence samples a token when this step reaches the end of its known tokens."""
         return self.seq.num_computed + self.num_new == self.seq.num_tokens
-
-
-class SampledTokens(NamedTuple):
-    """The step's sampled tokens, in the order of the sampling sequences of the step."""
-
-    seq_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    # per row, the (token id, logprob) alternatives it asked for ([] if none); None when no row asked
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    # the prompt tokens the step computed for sequences that asked for their logprobs (any sequence of the step)
-    prompt_logprobs: list[PromptLogprobs] = []

@@ -5,6 +5,9 @@ from __future__ import annotations
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
+from infer_core.dtypes import DType
+from infer_core.ports.backend import LlmBackend
+
 GROUP = "rustinfer.backends"
 AUTO_PREFERENCE = ("cuda", "cpu")
 
@@ -47,6 +50,9 @@ def resolve_backend_class(name: str) -> tuple[str, Any]:
     return name, found[name].load()
 
 
-def create_backend(name: str, device: str) -> Any:
-    resolved, cls = resolve_backend_class(name)
-    return cls(device=device)
+def create_backend(name: str, device: str, dtype: DType | str = "auto") -> LlmBackend:
+    """The backend `name` (or the first usable one for `auto`) on `device`, constructed as the port says:
+    `Backend(device=..., dtype=...)`, where `dtype=None` (the config's `auto`) lets the backend choose; its
+    `default_dtype()` then names the dtype it runs in."""
+    _, cls = resolve_backend_class(name)
+    return cls(device=device, dtype=None if dtype == "auto" else DType.parse(dtype))
