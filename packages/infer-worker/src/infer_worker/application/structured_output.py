@@ -14,7 +14,8 @@
 - The matcher's stop tokens are the request's (EOS + stop_token_ids, as the scheduler stops on them): once the
   grammar is complete only they are allowed, so the request ends with finish_reason "stop".
 
-Grammar state lives here (the application layer), keyed by sequence id; the domain's Sequence knows nothing of it.
+Grammar state (compiled grammars, matchers) lives here, in the application layer, keyed by sequence id; the
+domain only carries the request's `Grammar` value (kind + schema text) in its `Sampling`.
 """
 
 from __future__ import annotations
