@@ -40,7 +40,8 @@ CORE = {
     "seed", "stop", "stop_token_ids", "n", "stream", "stream_options", "ignore_eos", "min_tokens",
     "skip_special_tokens", "return_token_ids", "user", "add_generation_prompt", "tokens", "add_special_tokens",
 }
-# refused with a 400 whatever their value (or any value but a neutral one): `shaped` drops them
+# refused with a 400 whatever their value (or any value but a neutral one), or (response_format) a grammar compiled
+# per case, too dear to fuzz (tests/server/test_response_format.py covers its 400s): `shaped` drops them
 REFUSED = {"tools", "tool_choice", "functions", "function_call", "response_format", "suffix", "best_of"}
 
 

@@ -82,7 +82,7 @@ def serve(runner: ModelRunner, subs: list[Submit], *, overlap: bool, num_blocks:
     defaults = dict(block_size=BLOCK_SIZE, max_model_len=BLOCK_SIZE * MAX_BLOCKS_PER_SEQ, max_batch_tokens=24,
                     chunked_prefill_size=8, max_inflight_steps=2 if overlap else 1, vocab_size=256)
     engine = Engine(num_blocks=num_blocks, **(defaults | limits))
-    service = WorkerService(runner)
+    service = WorkerService(runner, grammars=runner.grammars)  # (a runner given a GrammarBook serves grammars)
     out: dict[str, tuple[list[int], str | None]] = {s.request_id: ([], None) for s in subs}
     late = deque(subs[initial:])
     for s in subs[:initial]:

@@ -18,11 +18,20 @@ import msgspec
 # 5: prompt logprobs (SamplingParams.prompt_logprobs, PromptLogprobs, TokenOutput / StepResult.prompt_logprobs)
 # 6: StepFailed (a step that failed on the worker without harming it: its requests fail, the engine goes on)
 # 7: SchedulerStats.worker_restarts (workers adopted after the first)
-PROTOCOL_VERSION = 7
+# 8: structured outputs (SamplingParams.structured, StructuredOutput; StepResult.seq_errors, SeqError)
+PROTOCOL_VERSION = 8
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
     pass
+
+
+class StructuredOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A grammar the output must follow (OpenAI's response_format): the worker compiles it and masks each step's
+    logits with it; the request ends when the grammar is complete (its next token can only be a stop token)."""
+
+    kind: str  # "json_object" (any JSON object) or "json_schema" (`schema` holds the JSON Schema)
+    schema: str = ""  # the schema as JSON text (canonical: sorted keys, so equal schemas share one compilation)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -40,6 +49,7 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     logit_bias: tuple[tuple[int, float], ...] = ()  # OpenAI: (token id, bias) added to the logits, ids ascending
     allowed_token_ids: tuple[int, ...] = ()  # vLLM: when given, every other token is masked (-inf); ascending
     prompt_logprobs: bool = False  # the logprob (and top_logprobs alternatives) of every prompt token after the first
+    structured: StructuredOutput | None = None  # response_format: the output follows this grammar
 
 
 # ---------------------------------------------------------------- server <-> scheduler
@@ -154,7 +164,8 @@ class NewSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     block_ids: list[int]  # blocks covering the sequence so far
     sampling: SamplingParams
     num_generated: int = 0  # tokens at the end of token_ids that were sampled (for the sampling counter)
-    # the ids sampling.min_tokens masks until that many tokens are generated (sent only when min_tokens > 0)
+    # the ids sampling.min_tokens masks until that many tokens are generated (sent only when min_tokens > 0), and
+    # the stop tokens that end a sampling.structured grammar (always sent with one)
     stop_token_ids: list[int] = []
 
 
@@ -190,6 +201,17 @@ class StepResult(_Msg, tag="step_result"):
     launch_ms: float = 0.0  # the worker's host time to apply the plan, prepare the inputs and queue the step
     # prompt tokens computed this step by sequences with sampling.prompt_logprobs (any sequence of the step)
     prompt_logprobs: list[PromptLogprobs] = []
+    seq_errors: list[SeqError] = []  # sequences of the step that failed on their own (see SeqError)
+
+
+class SeqError(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """One sequence of a step failed on its own (its grammar did not compile): its request fails, the rest of the
+    step stands. Its token in that step, and in any step planned before the scheduler finished it, is void."""
+
+    seq_id: int
+    code: str  # e.g. "invalid_request" (a schema the grammar engine refuses), "grammar_timeout"
+    message: str
+    status: int = 400
 
 
 class StepFailed(_Msg, tag="step_failed"):

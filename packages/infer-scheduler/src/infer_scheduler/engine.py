@@ -29,6 +29,7 @@ from infer_protocol.messages import (
     Ready,
     RequestError,
     SchedulerStats,
+    SeqError,
     StepPlan,
     StepResult,
     Submit,
@@ -315,15 +316,28 @@ class Engine:
         errors: list[RequestError] = []
         for sid in seq_ids:
             req = self._by_seq.get(sid)
-            if req is None:
-                continue
-            if req.status is RequestStatus.WAITING:
-                self.waiting.remove(req)
-            else:
-                self.running.remove(req)
-            self._finish(req, FinishReason.ERROR)
-            errors.append(RequestError(request_id=req.request_id, code=code, message=message, status=status))
+            if req is not None:
+                errors.append(self._fail_request(req, code, message, status))
         return errors
+
+    def _fail_request(self, req: Request, code: str, message: str, status: int) -> RequestError:
+        if req.status is RequestStatus.WAITING:
+            self.waiting.remove(req)
+        else:
+            self.running.remove(req)
+        self._finish(req, FinishReason.ERROR)
+        return RequestError(request_id=req.request_id, code=code, message=message, status=status)
+
+    def fail_sequences(self, errors: list[SeqError]) -> list[RequestError]:
+        """The worker reports sequences that failed on their own (StepResult.seq_errors): end their requests. Their
+        tokens in this step and in steps planned before now are void (the result loop skips finished requests);
+        the worker forgets them when the next plan names them as finished."""
+        out: list[RequestError] = []
+        for err in errors:
+            req = self._by_seq.get(err.seq_id)
+            if req is not None and req.status is not RequestStatus.FINISHED:
+                out.append(self._fail_request(req, err.code, err.message, err.status))
+        return out
 
     def fail_all(self, code: str, message: str, status: int = 503) -> list[RequestError]:
         """End every request with an error (the worker is gone); the engine is empty afterwards."""

@@ -182,7 +182,9 @@ class Planner:
             num_generated = req.num_output_tokens
             # min_tokens masking needs the ids it masks (only while it is still due: a preempted request may
             # be past it)
-            masked = sorted(req.stop_token_ids) if req.sampling.min_tokens > num_generated else []
+            # (and a grammar ends the output by allowing only them: the worker's matcher needs them too)
+            masked = sorted(req.stop_token_ids) if (req.sampling.min_tokens > num_generated
+                                                    or req.sampling.structured is not None) else []
             out.new_seqs.append(NewSeq(
                 seq_id=req.seq_id, token_ids=list(req.token_ids), num_computed=num_cached, num_tokens=n,
                 block_ids=list(req.block_ids), sampling=req.sampling, num_generated=num_generated,

@@ -403,6 +403,8 @@ class Service:
             if self.engine is None or not self.engine.in_flight:
                 return  # a step of a worker we gave up on
             started = time.perf_counter()
+            if msg.seq_errors:
+                self._send_errors(self.engine.fail_sequences(msg.seq_errors))
             try:
                 self._emit(self.engine.apply_result(msg))
             except ResultMismatch as exc:
@@ -434,8 +436,11 @@ class Service:
         """End the requests of a step that will give no (usable) result, with an error to their servers."""
         if self.engine is None:
             return
+        self._send_errors(self.engine.fail_step(step, message, code=code))
+
+    def _send_errors(self, errors: list[RequestError]) -> None:
         self._flush()  # the tokens these requests had before the failure reach their servers first
-        for err in self.engine.fail_step(step, message, code=code):
+        for err in errors:
             self._forget_timing(err.request_id)
             ident = self._owner.pop(err.request_id, None)
             if ident is not None:

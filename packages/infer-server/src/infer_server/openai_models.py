@@ -43,6 +43,22 @@ class ChatMessage(_Strict):
     tool_call_id: str | None = None
 
 
+class JsonSchemaFormat(_Strict):
+    """OpenAI's `response_format.json_schema`; `strict` is accepted either way (outputs always follow the schema)."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format`: free text, any JSON object, or JSON following a schema (see params.py)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class GenerationFields(_Strict):
     """Fields shared by both generation endpoints."""
 
@@ -70,6 +86,7 @@ class GenerationFields(_Strict):
     # OpenAI: token id (a decimal string) -> bias in [-100, 100] added to its logit (checked in params.py)
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's extension: sample only among these tokens
+    response_format: ResponseFormat | None = None  # OpenAI (chat); vLLM also takes it on completions
 
 
 class ChatCompletionRequest(GenerationFields):
@@ -82,7 +99,6 @@ class ChatCompletionRequest(GenerationFields):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
     function_call: str | dict[str, Any] | None = None
 

@@ -5,6 +5,7 @@ Everything a request asks for is either honoured or refused here with a 400 nami
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Sequence
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infer_protocol.config import Config
-from infer_protocol.messages import SamplingParams, Submit
+from infer_protocol.messages import SamplingParams, StructuredOutput, Submit
 
 from infer_server.errors import ApiError, invalid_request, model_not_found, unsupported
 from infer_server.model_assets import ModelAssets
@@ -21,6 +22,7 @@ from infer_server.openai_models import (
     ChatMessage,
     CompletionRequest,
     GenerationFields,
+    ResponseFormat,
     StreamOptions,
 )
 from infer_server.openai_responses import UsageReporting
@@ -93,8 +95,6 @@ def check_chat_request(req: ChatCompletionRequest) -> None:
         raise unsupported("functions")
     if req.function_call not in (None, "none"):
         raise unsupported("function_call")
-    if req.response_format is not None and req.response_format.get("type", "text") != "text":
-        raise unsupported("response_format", "only {'type': 'text'} is served")
 
 
 def check_completion_request(req: CompletionRequest) -> None:
@@ -197,6 +197,94 @@ def check_token_ids(ids: Sequence[int], assets: ModelAssets, param: str) -> None
     for t in ids:
         if t < 0 or (vocab > 0 and t >= vocab):
             raise invalid_request(f"'{param}' holds token id {t}, outside the vocabulary [0, {vocab})", param=param)
+
+
+# ------------------------------------------------------------------ response_format
+
+# The worker compiles every distinct schema (and keeps it cached): a bound on what one request can make it do.
+MAX_SCHEMA_CHARS = 64 * 1024
+_JSON_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+# Keywords whose value is a schema, a list of schemas, or an object of schemas (checked recursively).
+_SUBSCHEMA = ("items", "additionalProperties", "not", "contains", "propertyNames", "unevaluatedProperties",
+              "unevaluatedItems", "if", "then", "else")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    """The structural rules of JSON Schema that a grammar needs (the worker's grammar engine refuses what it cannot
+    compile with a 400 of its own): a 400 naming the first broken keyword by its path."""
+    if isinstance(schema, bool):
+        return
+    if not isinstance(schema, dict):
+        raise invalid_request(f"{where} must be a JSON Schema (an object or a boolean)", param="response_format")
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    if not isinstance(kind, (str, list, type(None))) or any(k not in _JSON_TYPES for k in kinds):
+        raise invalid_request(f"{where}.type must be one of {sorted(_JSON_TYPES)} (or a list of them)",
+                              param="response_format")
+    for key in _SUBSCHEMA:
+        if key in schema:
+            _check_schema(schema[key], f"{where}.{key}")
+    for key in _SUBSCHEMA_LISTS:
+        if key in schema:
+            if not isinstance(schema[key], list) or not schema[key]:
+                raise invalid_request(f"{where}.{key} must be a non-empty array of schemas", param="response_format")
+            for i, sub in enumerate(schema[key]):
+                _check_schema(sub, f"{where}.{key}[{i}]")
+    for key in _SUBSCHEMA_MAPS:
+        if key in schema:
+            if not isinstance(schema[key], dict):
+                raise invalid_request(f"{where}.{key} must be an object of schemas", param="response_format")
+            for name, sub in schema[key].items():
+                _check_schema(sub, f"{where}.{key}.{name}")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise invalid_request(f"{where}.required must be an array of strings", param="response_format")
+    if "enum" in schema and (not isinstance(schema["enum"], list) or not schema["enum"]):
+        raise invalid_request(f"{where}.enum must be a non-empty array", param="response_format")
+    for key in _COUNTS:
+        value = schema.get(key)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            raise invalid_request(f"{where}.{key} must be a non-negative integer", param="response_format")
+    for low, high in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minimum", "maximum"),
+                      ("minProperties", "maxProperties")):
+        lo, hi = schema.get(low), schema.get(high)
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
+            raise invalid_request(f"{where}: {low} ({lo}) exceeds {high} ({hi}), so nothing matches",
+                                  param="response_format")
+    if "$ref" in schema and not isinstance(schema["$ref"], str):
+        raise invalid_request(f"{where}.$ref must be a string", param="response_format")
+
+
+def structured_output(fmt: ResponseFormat | None, req: GenerationFields) -> StructuredOutput | None:
+    """The grammar `response_format` asks for (None for text), or a 400 naming what is wrong with it."""
+    if fmt is None or fmt.type == "text":
+        if fmt is not None and fmt.json_schema is not None:
+            raise invalid_request("'response_format.json_schema' needs type 'json_schema'", param="response_format")
+        return None
+    # The grammar ends the output by allowing only the stop tokens (EOS): it needs them, unmasked.
+    if req.ignore_eos:
+        raise unsupported("ignore_eos", "not with 'response_format' (the output ends on EOS once it is complete)")
+    if req.min_tokens:
+        raise unsupported("min_tokens", "not with 'response_format'")
+    if fmt.type == "json_object":
+        if fmt.json_schema is not None:
+            raise invalid_request("'response_format.json_schema' needs type 'json_schema'", param="response_format")
+        return StructuredOutput(kind="json_object")
+    if fmt.json_schema is None:
+        raise invalid_request("Missing required parameter: 'response_format.json_schema'", param="response_format",
+                              code="missing_required_parameter")
+    schema = fmt.json_schema.schema_
+    if schema is None:  # OpenAI's schema is optional: without one, any JSON object
+        return StructuredOutput(kind="json_object")
+    _check_schema(schema, "response_format.json_schema.schema")
+    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise invalid_request(f"'response_format.json_schema.schema' is {len(text)} characters of JSON; at most "
+                              f"{MAX_SCHEMA_CHARS} are accepted", param="response_format")
+    return StructuredOutput(kind="json_schema", schema=text)
 
 
 # ------------------------------------------------------------------ limits and sampling
@@ -323,6 +411,7 @@ def build_params(
     top_p = _requested_or_default(req, assets, "top_p", 1.0)
     min_p = _requested_or_default(req, assets, "min_p", 0.0)
     repetition_penalty = _requested_or_default(req, assets, "repetition_penalty", 1.0)
+    structured = structured_output(req.response_format, req)
     top_k = int(_requested_or_default(req, assets, "top_k", 0))
     top_k = top_k if top_k > 0 else 0  # -1 and 0 are off
     if top_k >= (assets.vocab_size or 2**31):
@@ -345,6 +434,7 @@ def build_params(
             logit_bias=logit_bias,
             allowed_token_ids=allowed,
             prompt_logprobs=prompt_logprobs,
+            structured=structured,
         )
         out.append(
             GenerationParams(

@@ -24,6 +24,7 @@ from infer_worker.application.fault_injection import FAULT_ENV, with_fault_injec
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
+from infer_worker.application.structured_output import GrammarBook, TokenizerInfoFactory
 from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM
@@ -154,10 +155,12 @@ def build_runner(config: Config, backend: LlmBackend, model: CausalLM, caches: l
 
 
 def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Path, max_model_len: int,
-             progress: Progress, fault: str | None = None, fault_kind: str | None = None) -> ReadyWorker:
+             progress: Progress, fault: str | None = None, fault_kind: str | None = None,
+             tokenizer_info: TokenizerInfoFactory | None = None) -> ReadyWorker:
     """The ready worker for `model` (loaded on `backend` in `backend.default_dtype()`); `max_model_len` is
     `context_limit`'s, and may be lowered to what the KV cache holds. `fault`, `fault_kind`: the test-only
-    fault injection's environment values (`application/fault_injection.py`)."""
+    fault injection's environment values (`application/fault_injection.py`); `tokenizer_info`: xgrammar's view of
+    the model's tokenizer, made on the first structured-output request (without it such requests fail alone)."""
     spec, dtype = model.spec, backend.default_dtype()
     geometry = KvGeometry(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype.itemsize)
     num_blocks = choose_num_blocks(config, backend, model, dtype, geometry, max_model_len, progress)
@@ -185,5 +188,6 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
         executor = with_fault_injection(runner, fault, fault_kind, backend.device)
     except ValueError as exc:
         raise StartupError(str(exc)) from None
-    service = WorkerService(executor, is_fatal=backend.is_fatal_error)
+    runner.grammars = GrammarBook(tokenizer_info, spec.vocab_size)
+    service = WorkerService(executor, is_fatal=backend.is_fatal_error, grammars=runner.grammars)
     return ReadyWorker(service, num_blocks, config.block_size, info)

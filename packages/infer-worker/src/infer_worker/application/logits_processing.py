@@ -10,6 +10,8 @@ Backend-agnostic: plain torch ops on the device the logits live on. Per sampling
    logit divided by the penalty when positive, multiplied by it otherwise.
 4. frequency_penalty and presence_penalty (OpenAI, [-2, 2], 0 = off), over the generated tokens only:
    `logit -= frequency * count + presence * (count > 0)`.
+5. a grammar (response_format, `grammar_rows`): every token its matcher refuses gets -inf (structured_output.py;
+   the model runner applies it after the steps above, on the same float32 copy).
 The sampler then applies temperature / top-k / top-p / min-p to the processed logits. Its draw stays a pure
 function of (seed, position): penalties change the distribution, never the random numbers.
 
@@ -62,14 +64,16 @@ class ProcessingPlan(NamedTuple):
     allowed_ids: np.ndarray  # [T] int64  }
     top_rows: np.ndarray  # [K] int64, the rows that asked for top logprobs
     top_counts: list[int]  # [K] how many each asked for
+    grammar_rows: list[int]  # the rows whose sampling.structured grammar masks their logits
 
     @property
     def modifies(self) -> bool:
-        return self.penalties is not None or any(len(r) for r in (self.mask_rows, self.bias_rows, self.allow_rows))
+        return self.penalties is not None or bool(self.grammar_rows) or any(
+            len(r) for r in (self.mask_rows, self.bias_rows, self.allow_rows))
 
     @property
     def modified_rows(self) -> np.ndarray:
-        rows = [self.mask_rows, self.bias_rows, self.allow_rows]
+        rows = [self.mask_rows, self.bias_rows, self.allow_rows, np.asarray(self.grammar_rows, dtype=np.int64)]
         if self.penalties is not None:
             rows.append(self.penalties.rows)
         return np.unique(np.concatenate(rows))
@@ -94,6 +98,7 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
     restricted: list[int] = []
     top_rows: list[int] = []
     top_counts: list[int] = []
+    grammar_rows: list[int] = []
     for i, s in enumerate(seqs):
         p = s.sampling
         if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0:
@@ -108,6 +113,8 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
         if p.logprobs and p.top_logprobs > 0:
             top_rows.append(i)
             top_counts.append(p.top_logprobs)
+        if p.structured is not None:
+            grammar_rows.append(i)
     penalties = None
     if pen:
         params = [seqs[i].sampling for i in pen]
@@ -139,6 +146,7 @@ def plan_processing(seqs: Seq[Sequence]) -> ProcessingPlan | None:
         allowed_ids=_ids(allowed),
         top_rows=np.asarray(top_rows, dtype=np.int64),
         top_counts=top_counts,
+        grammar_rows=grammar_rows,
     )
 
 
@@ -176,7 +184,7 @@ def process_logits(logits: torch.Tensor, plan: ProcessingPlan, to_device: ToDevi
     """The logits the sampler should see: `logits` itself when nothing changes it, else a float32 copy."""
     if not plan.modifies:
         return logits
-    out = logits.to(torch.float32, copy=True)
+    out = logits.to(torch.float32, copy=True)  # (the grammar mask, applied after this, relies on the copy)
     if len(plan.mask_rows):
         rows, ids = _in_vocab(plan.mask_rows, plan.mask_ids, out.shape[-1])
         out[to_device(rows), to_device(ids)] = float("-inf")

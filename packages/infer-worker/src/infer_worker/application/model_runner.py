@@ -1,10 +1,10 @@
 """Runs one scheduled step: host bookkeeping in numpy -> one ragged forward -> logits of the sampling rows
--> logits processing (penalties, min_tokens, top logprobs; only when a row needs it, see logits_processing.py)
--> sampler. `launch` only queues the work: the sampled ids come back through an asynchronous device-to-host
-copy (`LaunchedStep.result()` waits for it), so the host can prepare the next step while this one runs. A
-decode input that is still PENDING (sampled by the previous launch, not collected yet) is gathered on the
-device from that launch's sampled-token tensor. The runner never mutates sequences; the caller appends the
-sampled tokens and advances `num_computed`.
+-> logits processing (penalties, min_tokens, top logprobs, grammars; only when a row needs it, see
+logits_processing.py and structured_output.py) -> sampler. `launch` only queues the work: the sampled ids come
+back through an asynchronous device-to-host copy (`LaunchedStep.result()` waits for it), so the host can prepare
+the next step while this one runs. A decode input that is still PENDING (sampled by the previous launch, not
+collected yet) is gathered on the device from that launch's sampled-token tensor. The runner never mutates
+sequences; the caller appends the sampled tokens and advances `num_computed`.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from infer_core.plan import blocks_needed
 from infer_core.ports.backend import HostTransfer, LlmBackend
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
-from infer_protocol.messages import PromptLogprobs
+from infer_protocol.messages import PromptLogprobs, SeqError
 from infer_worker.application.block_table import BlockTable, ScheduledBatch, contiguous_start
 from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
 from infer_worker.application.sampled_tokens import SampledTokens
+from infer_worker.application.structured_output import GrammarBook
 from infer_worker.domain.sequence import GREEDY, PENDING, Sampling, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM, KvCaches
 
@@ -189,6 +190,7 @@ class LaunchedStep:
         self._transfer = transfer
         self._done = done
         self.prompt_logprobs: list[PromptLogprobs] = []  # computed synchronously at launch (rare: see launch)
+        self.seq_errors: list[SeqError] = []  # rows that failed on their own (a grammar that did not compile)
 
     def ready(self) -> bool:
         return self._done is not None or self._transfer is None or self._transfer.ready()
@@ -225,6 +227,9 @@ class ModelRunner:
         self.num_launches = 0
         self._last_sampled: torch.Tensor | None = None  # the sampled ids of launch `num_launches` (device)
         self._uploader = InputUploader(backend, device)
+        # Grammars of structured outputs (shared with the worker service, which admits and forgets sequences);
+        # without one a constrained row fails on its own.
+        self.grammars: GrammarBook | None = None
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         """One array to the device (the logits-processing path, which runs synchronously anyway)."""
@@ -300,14 +305,24 @@ class ModelRunner:
             out = self._sampler.sample(logits, sampling)
             return self._launched(seqs, out.token_ids, out.logprobs)
         # Logits processing reads the rows' history and returns top logprobs as lists: done synchronously.
-        out = self._sampler.sample(process_logits(logits, plan, self._tensor), sampling)
+        processed = process_logits(logits, plan, self._tensor)
+        errors: list[SeqError] = []
+        if plan.grammar_rows:
+            if self.grammars is None:
+                errors = [SeqError(seqs[i].seq_id, "structured_output_unavailable",
+                                   "this worker has no grammar engine", 500) for i in plan.grammar_rows]
+            else:
+                errors = self.grammars.mask(processed, seqs, plan.grammar_rows, self._tensor)
+        out = self._sampler.sample(processed, sampling)
         done = SampledTokens(
             seq_ids=[s.seq_id for s in seqs],
             token_ids=out.token_ids.tolist(),
             logprobs=raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor).tolist(),
             top_logprobs=top_logprobs(logits, plan, len(seqs), self._tensor),
         )
-        return self._launched(seqs, out.token_ids, out.logprobs, done)
+        launched = self._launched(seqs, out.token_ids, out.logprobs, done)
+        launched.seq_errors = errors
+        return launched
 
     def dummy_run(self, num_tokens: int, num_seqs: int = 1) -> SampledTokens:
         """A greedy prefill of `num_tokens` tokens split over `num_seqs` sequences through the real path (for

@@ -26,7 +26,8 @@ from infer_protocol.messages import NewSeq, SamplingParams, StepFailed, StepPlan
 
 from infer_worker.application.block_table import BlockTable, ScheduledBatch
 from infer_worker.application.sampled_tokens import SampledTokens
-from infer_worker.domain.sequence import PENDING, Sampling, ScheduledSeq, Sequence
+from infer_worker.application.structured_output import GrammarBook, constrain
+from infer_worker.domain.sequence import PENDING, Grammar, Sampling, ScheduledSeq, Sequence
 
 
 class LaunchedWork(Protocol):
@@ -55,7 +56,10 @@ _SAMPLING_FIELDS = Sampling.__dataclass_fields__.keys()
 def to_sampling(params: SamplingParams) -> Sampling:
     """The domain's copy of a wire `SamplingParams`: made once per admitted sequence, never per step. It takes
     the fields the domain declares, so a wire field the worker does not know yet is not an error here."""
-    return Sampling(**{name: getattr(params, name) for name in _SAMPLING_FIELDS})
+    fields = {name: getattr(params, name) for name in _SAMPLING_FIELDS}
+    if params.structured is not None:  # a wire struct of its own: the domain's value type in its place
+        fields["structured"] = Grammar(params.structured.kind, params.structured.schema)
+    return Sampling(**fields)
 
 
 class UnknownSequenceError(RuntimeError):
@@ -76,9 +80,11 @@ class WorkerService:
     """Keeps the persistent batch (seq_id -> Sequence, and their rows of the block table) and turns each plan
     diff into one launched step."""
 
-    def __init__(self, executor: StepExecutor, is_fatal: Callable[[BaseException], bool] = _never_fatal) -> None:
+    def __init__(self, executor: StepExecutor, is_fatal: Callable[[BaseException], bool] = _never_fatal,
+                 grammars: GrammarBook | None = None) -> None:
         self._executor = executor
         self._is_fatal = is_fatal
+        self._grammars = grammars  # the executor's (it masks the rows): here sequences enter and leave it
         self._seqs: dict[int, Sequence] = {}
         self._table = BlockTable()  # one row per live sequence; a diff writes only its new block ids
         self._inflight: deque[_InFlight] = deque()
@@ -191,6 +197,7 @@ class WorkerService:
             top_logprobs=sampled.top_logprobs,
             launch_ms=flight.launch_ms,
             prompt_logprobs=sampled.prompt_logprobs,
+            seq_errors=list(getattr(flight.work, "seq_errors", None) or ()),
         )
         return self._without_dropped(result) if self._dropped else result
 
@@ -198,7 +205,8 @@ class WorkerService:
         """Leave out the rows of sequences an earlier step's failure dropped (launched before it was known)."""
         dropped = {sid for sid, step in self._dropped.items() if step < result.step}
         keep = [i for i, sid in enumerate(result.seq_ids) if sid not in dropped]
-        if len(keep) == len(result.seq_ids) and not any(c.seq_id in dropped for c in result.prompt_logprobs):
+        if len(keep) == len(result.seq_ids) and not any(
+                c.seq_id in dropped for c in [*result.prompt_logprobs, *result.seq_errors]):
             return result
 
         def pick(values: list | None) -> list | None:
@@ -207,7 +215,8 @@ class WorkerService:
         return StepResult(step=result.step, seq_ids=pick(result.seq_ids), token_ids=pick(result.token_ids),
                           logprobs=pick(result.logprobs), elapsed_ms=result.elapsed_ms,
                           top_logprobs=pick(result.top_logprobs), launch_ms=result.launch_ms,
-                          prompt_logprobs=[c for c in result.prompt_logprobs if c.seq_id not in dropped])
+                          prompt_logprobs=[c for c in result.prompt_logprobs if c.seq_id not in dropped],
+                          seq_errors=[e for e in result.seq_errors if e.seq_id not in dropped])
 
     def _admit(self, new: NewSeq) -> ScheduledSeq:
         seq = Sequence(
@@ -220,6 +229,11 @@ class WorkerService:
             stop_token_ids=tuple(new.stop_token_ids),
         )
         self._forget(new.seq_id)  # (a plan re-admits a preempted sequence only after naming it preempted)
+        if new.sampling.structured is not None:
+            if self._grammars is not None:
+                self._grammars.admit(seq)
+            else:
+                constrain(seq)  # the runner, with no grammar engine either, fails the request on its own
         self._seqs[new.seq_id] = seq
         self._table.add(seq)
         return ScheduledSeq(seq, new.num_tokens)
@@ -237,3 +251,5 @@ class WorkerService:
         seq = self._seqs.pop(seq_id, None)
         if seq is not None:
             self._table.remove(seq)
+        if self._grammars is not None:
+            self._grammars.forget(seq_id)

@@ -13,6 +13,15 @@ from infer_core.plan import PENDING as PENDING  # re-exported to the application
 
 
 @dataclass(frozen=True, slots=True)
+class Grammar:
+    """A grammar the output follows (the protocol's `StructuredOutput`): compiled and matched in the application
+    (`application/structured_output.py`); the domain only carries it."""
+
+    kind: str  # "json_object" or "json_schema"
+    schema: str = ""  # the JSON Schema as JSON text (json_schema)
+
+
+@dataclass(frozen=True, slots=True)
 class Sampling:
     """How a sequence samples: what the runner and the logits processing read (field for field the protocol's
     `SamplingParams`, so one conversion at admission covers it; see `infer_worker.application.worker_service`)."""
@@ -31,6 +40,7 @@ class Sampling:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), ids ascending
     allowed_token_ids: tuple[int, ...] = ()  # ascending
     prompt_logprobs: bool = False
+    structured: Grammar | None = None  # response_format (its rows always take the logits-processing path)
 
 
 GREEDY = Sampling(temperature=0.0)  # the start-up checks' and warm-ups' sequences

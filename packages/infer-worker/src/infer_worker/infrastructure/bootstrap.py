@@ -19,6 +19,7 @@ from infer_worker.application.assembly import (
 from infer_worker.application.fault_injection import FAULT_ENV, FAULT_KIND_ENV
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.embedded_model import ensure_embedded_model
+from infer_worker.infrastructure.grammar_tokenizer import tokenizer_info_factory
 from infer_worker.infrastructure.model_loader import load_model, read_spec
 from infer_worker.infrastructure.model_source import ModelSourceError, resolve_model_source
 
@@ -46,4 +47,5 @@ def bootstrap(config: Config, progress: Progress) -> ReadyWorker:
     progress(f"loading weights from {model_dir} on {backend.name}:{backend.device} ({dtype.value})")
     model, _ = load_model(model_dir, backend, dtype, config.load_format, config.seed)
     return assemble(config, backend, model, model_dir, max_model_len, progress,
-                    fault=os.environ.get(FAULT_ENV), fault_kind=os.environ.get(FAULT_KIND_ENV))
+                    fault=os.environ.get(FAULT_ENV), fault_kind=os.environ.get(FAULT_KIND_ENV),
+                    tokenizer_info=tokenizer_info_factory(model_dir))

@@ -1,0 +1,204 @@
+"""Structured outputs (response_format): grammars compiled with xgrammar, one matcher per constrained sequence.
+
+- Compilation runs off the hot path, on one background thread, as soon as a sequence is admitted (it overlaps
+  the prompt's prefill), and is cached by (kind, schema text): the server sends the schema canonically
+  (sorted keys), so equal schemas share one compilation. A failed compilation is cached too.
+- The first time a row samples, its step waits for the compilation, at most `COMPILE_TIMEOUT_S` after the
+  sequence arrived. A schema xgrammar refuses, or one still compiling at the deadline, fails that request
+  alone: the row samples unconstrained, its token is void, and the step's result names it in `seq_errors`
+  (the scheduler ends the request with that error). The rest of the batch is untouched.
+- Rows with a grammar count as needing logits processing (`process_until`), so the worker collects every step
+  in flight before launching theirs: each row's history is complete, and its matcher catches up with the
+  tokens it has not seen (at most one a step; a whole output after a preemption's recompute) before it fills
+  the row's bitmask. No rollback, no speculation.
+- The matcher's stop tokens are the request's (EOS + stop_token_ids, as the scheduler stops on them): once the
+  grammar is complete only they are allowed, so the request ends with finish_reason "stop".
+
+Grammar state (compiled grammars, matchers) lives here, in the application layer, keyed by sequence id; the
+domain only carries the request's `Grammar` value (kind + schema text) in its `Sampling`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence as Seq
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from infer_protocol.messages import SeqError
+from infer_worker.domain.sequence import PENDING, Grammar, Sequence
+
+log = logging.getLogger("rustinfer.worker")
+
+# How long a request's first sample may wait for its grammar (from the sequence's arrival, or from the moment the
+# compiler was ready if that came later): the step waits with it, so this bounds the stall a pathological schema
+# can cause. The compiler itself (transformers, the vocabulary scan) is made on the first grammar, bounded apart.
+COMPILE_TIMEOUT_S = 30.0
+COMPILER_TIMEOUT_S = 300.0
+MAX_CACHED_GRAMMARS = 256  # compiled grammars kept (least recently used dropped first)
+_JSON_OBJECT_SCHEMA = '{"type": "object"}'
+_BITS = torch.arange(32, dtype=torch.int32)
+
+TokenizerInfoFactory = Callable[[int], Any]  # vocab size -> xgrammar.TokenizerInfo (loads the tokenizer)
+_FOREVER = 2**62
+
+
+def constrain(seq: Sequence) -> None:
+    """Route every sample of the sequence through logits processing (where the grammar masks it)."""
+    seq.process_until = _FOREVER
+
+
+@dataclass(slots=True)
+class _Row:
+    """One constrained sequence: its grammar (compiling or compiled), its matcher once that is ready."""
+
+    compiled: Future
+    admitted: float  # time.monotonic() when the sequence arrived
+    stop_token_ids: list[int]
+    matcher: Any = None
+    consumed: int = 0  # generated tokens the matcher has accepted
+    failed: bool = False  # reported once; from then on the row is sampled unconstrained (its tokens are void)
+
+
+@dataclass
+class GrammarBook:
+    """The compiled grammars and the per-sequence matchers of one worker."""
+
+    tokenizer_info: TokenizerInfoFactory | None
+    vocab_size: int
+    timeout_s: float = COMPILE_TIMEOUT_S
+    _rows: dict[int, _Row] = field(default_factory=dict)
+    _cache: OrderedDict[tuple[str, str], Future] = field(default_factory=OrderedDict)
+    _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "grammar-compile"))
+    _compiler: Any = None
+    _compiler_ready: float | None = None  # time.monotonic() when the compiler was made
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _ready: threading.Event = field(default_factory=threading.Event)  # set once the compiler exists (or failed)
+
+    # ------------------------------------------------------------------ lifecycle (the worker service)
+
+    def admit(self, seq: Sequence) -> None:
+        """A sequence with a grammar arrived (new, or recomputed after a preemption): start compiling its grammar
+        and route its rows through logits processing."""
+        spec = seq.sampling.structured
+        assert spec is not None
+        constrain(seq)
+        self._rows[seq.seq_id] = _Row(self._compile(spec), time.monotonic(), list(seq.stop_token_ids))
+
+    def forget(self, seq_id: int) -> None:
+        self._rows.pop(seq_id, None)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def _compile(self, spec: Grammar) -> Future:
+        key = (spec.kind, spec.schema)
+        fut = self._cache.get(key)
+        if fut is not None:
+            self._cache.move_to_end(key)
+            return fut
+        fut = self._pool.submit(self._compile_now, spec)
+        self._cache[key] = fut
+        while len(self._cache) > MAX_CACHED_GRAMMARS:
+            self._cache.popitem(last=False)
+        return fut
+
+    def _compile_now(self, spec: Grammar) -> Any:
+        import xgrammar as xgr  # here, not at import: a worker that never sees a grammar never loads it
+
+        with self._lock:
+            if self._compiler is None:
+                try:
+                    if self.tokenizer_info is None:
+                        raise RuntimeError("structured outputs need the model's tokenizer, which this worker lacks")
+                    started = time.perf_counter()
+                    self._compiler = xgr.GrammarCompiler(self.tokenizer_info(self.vocab_size), max_threads=1)
+                    self._compiler_ready = time.monotonic()
+                    log.info("grammar compiler ready in %.1f s", time.perf_counter() - started)
+                finally:
+                    self._ready.set()
+        schema = spec.schema if spec.kind == "json_schema" else _JSON_OBJECT_SCHEMA
+        # Compact JSON (no free whitespace): a model cannot wander into endless blank runs, and every output is
+        # still valid JSON. strict_mode: no properties beyond the schema's (outputs still validate against it).
+        return self._compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
+
+    # ------------------------------------------------------------------ the step (the model runner)
+
+    def mask(self, logits: torch.Tensor, seqs: Seq[Sequence], rows: Seq[int],
+             to_device: Callable[[Any], torch.Tensor]) -> list[SeqError]:
+        """Mask (in place: `logits` is the processed float32 copy) every token each grammar row's matcher refuses.
+        Returns the rows that failed on their own (left unmasked)."""
+        import xgrammar as xgr
+
+        errors: list[SeqError] = []
+        masked: list[int] = []
+        bitmask = xgr.allocate_token_bitmask(len(rows), logits.shape[-1])
+        for row in rows:
+            seq = seqs[row]
+            state = self._rows.get(seq.seq_id)
+            if state is None:  # admitted before this book existed: never the case in a worker, but not silent
+                errors.append(SeqError(seq.seq_id, "structured_output_unavailable",
+                                       "this worker has no grammar engine", 500))
+                continue
+            if state.failed:
+                continue
+            try:
+                self._sync(state, seq)
+            except _RowFailed as exc:
+                state.failed = True
+                errors.append(SeqError(seq.seq_id, exc.code, exc.message, exc.status))
+                continue
+            if state.matcher.is_terminated():
+                # It accepted its stop token, so the scheduler finished it; with the one-step-ahead pipeline it
+                # was already planned into this step: its token here is void, nothing to mask.
+                continue
+            state.matcher.fill_next_token_bitmask(bitmask, len(masked))
+            masked.append(row)
+        if masked:
+            bits = bitmask[: len(masked)]
+            allowed = ((bits[:, :, None] >> _BITS) & 1).to(torch.bool).reshape(len(masked), -1)
+            allowed = to_device(allowed[:, : logits.shape[-1]].numpy())
+            index = to_device(np.asarray(masked, dtype=np.int64))
+            logits.index_copy_(0, index, logits.index_select(0, index).masked_fill(~allowed, float("-inf")))
+        return errors
+
+    def _sync(self, state: _Row, seq: Sequence) -> None:
+        """The row's matcher, created once its grammar is compiled, fed the generated tokens it has not seen."""
+        if state.matcher is None:
+            self._ready.wait(COMPILER_TIMEOUT_S)
+            deadline = max(state.admitted, self._compiler_ready or 0.0) + self.timeout_s
+            try:
+                compiled = state.compiled.result(timeout=max(0.0, deadline - time.monotonic()))
+            except FutureTimeout:
+                raise _RowFailed("grammar_too_complex", f"the response_format grammar did not compile within "
+                                 f"{self.timeout_s:g} s", 400) from None
+            except Exception as exc:  # xgrammar refuses the schema (or no tokenizer)
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise _RowFailed("invalid_request", f"response_format: the grammar engine refused it: {first}",
+                                 400) from None
+            if not state.stop_token_ids:
+                raise _RowFailed("invalid_request", "response_format needs a stop token to end the output (the "
+                                 "model names no EOS)", 400)
+            import xgrammar as xgr
+
+            state.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=state.stop_token_ids)
+        generated = seq.token_ids[seq.prompt_len + state.consumed:]
+        for token in generated:
+            if token == PENDING:  # the worker collects a constrained row's steps before its next: never here
+                raise _RowFailed("internal_error", "a constrained row's token is still pending", 500)
+            if not state.matcher.accept_token(token):
+                raise _RowFailed("internal_error", f"the grammar refused token {token} it allowed", 500)
+            state.consumed += 1
+
+
+class _RowFailed(Exception):
+    def __init__(self, code: str, message: str, status: int) -> None:
+        super().__init__(message)
+        self.code, self.message, self.status = code, message, status

@@ -1,0 +1,134 @@
+"""response_format through the three real processes (the embedded SmolLM2 on the CPU), with the official openai
+SDK: json_schema outputs parse and validate (greedy and sampled, streamed and not), the SDK's `parse` with a pydantic
+model, json_object, refusals, and free requests next to constrained ones keep their tokens. Small schemas and short
+max_tokens: every constrained step runs synchronously (see docs/architecture.md)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+import jsonschema_rs
+import openai
+import pydantic
+import pytest
+
+from tests.e2e.cluster import ServedCluster
+
+MODEL = "SmolLM2-135M-Instruct"
+PERSON = [{"role": "user", "content": "Describe a fictional person as JSON: age, mood, tags and address."}]
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "age": {"type": "integer", "minimum": 18, "maximum": 99},
+        "mood": {"enum": ["happy", "sad", "calm"]},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 3},
+        "address": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
+                                                      "zip": {"type": "integer", "minimum": 0, "maximum": 999}},
+                    "required": ["city", "zip"]},
+    },
+    "required": ["age", "mood", "tags", "address"],
+}
+FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA, "strict": True}}
+
+
+@pytest.fixture(scope="module")
+def client(smol_cluster: ServedCluster) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{smol_cluster.url}/v1", api_key="x", max_retries=0, timeout=180) as c:
+        yield c
+
+
+def test_json_schema_chat_validates(client: openai.OpenAI) -> None:
+    """Greedy here, sampled in the streamed test below (each of these costs a few seconds on a loaded CI core)."""
+    resp = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0, seed=7,
+                                          max_tokens=80, response_format=FORMAT)  # type: ignore[arg-type]
+    choice = resp.choices[0]
+    jsonschema_rs.validate(SCHEMA, json.loads(choice.message.content or ""))
+    assert choice.finish_reason == "stop"
+
+
+def test_json_schema_streamed_matches_and_validates(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0.8, seed=3, max_tokens=80,
+                                            response_format=FORMAT, stream=True)  # type: ignore[arg-type]
+    chunks = [c for c in stream if c.choices]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    jsonschema_rs.validate(SCHEMA, json.loads(text))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
+
+
+def test_json_schema_completions(client: openai.OpenAI) -> None:
+    resp = client.completions.create(model=MODEL, prompt="A person as JSON:", temperature=0, max_tokens=80,
+                                     extra_body={"response_format": FORMAT})
+    jsonschema_rs.validate(SCHEMA, json.loads(resp.choices[0].text))
+    assert resp.choices[0].finish_reason == "stop"
+
+
+class Address(pydantic.BaseModel):
+    city: Literal["Paris", "Rome"]
+    zip: int = pydantic.Field(ge=0, le=999)
+
+
+class Person(pydantic.BaseModel):
+    age: int = pydantic.Field(ge=18, le=99)
+    mood: Literal["happy", "sad"]
+    address: Address
+
+
+def test_sdk_parse_with_a_pydantic_model(client: openai.OpenAI) -> None:
+    completions = client.chat.completions
+    parse = getattr(completions, "parse", None) or client.beta.chat.completions.parse  # newer SDKs: out of beta
+    resp = parse(model=MODEL, messages=PERSON, temperature=0, max_tokens=80, response_format=Person)
+    person = resp.choices[0].message.parsed
+    assert isinstance(person, Person) and 18 <= person.age <= 99
+
+
+def test_json_object(client: openai.OpenAI) -> None:
+    resp = client.chat.completions.create(
+        model=MODEL, temperature=0, max_tokens=60, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": 'Reply with a JSON object like {"answer": "Paris"}: capital of France?'}])
+    choice = resp.choices[0]
+    if choice.finish_reason == "stop":
+        assert isinstance(json.loads(choice.message.content or ""), dict)
+    else:  # a free-form object may run past max_tokens: then it is cut, and only then
+        assert choice.finish_reason == "length" and (choice.message.content or "").startswith("{")
+
+
+def test_free_requests_next_to_constrained_ones_keep_their_tokens(client: openai.OpenAI) -> None:
+    free = {"model": MODEL, "messages": PERSON, "temperature": 0, "max_tokens": 24}
+    alone = client.chat.completions.create(**free).choices[0].message.content  # type: ignore[call-overload]
+    with ThreadPoolExecutor(4) as pool:
+        constrained = [pool.submit(client.chat.completions.create, **{**free, "temperature": 1.0},
+                                   response_format=FORMAT, seed=i) for i in range(2)]  # type: ignore[call-overload]
+        mixed = [pool.submit(client.chat.completions.create, **free) for _ in range(2)]  # type: ignore[call-overload]
+        for f in constrained:
+            f.result()  # (24 tokens may cut the object: only the free rows are compared)
+        assert [f.result().choices[0].message.content for f in mixed] == [alone, alone]
+
+
+@pytest.mark.parametrize("response_format,field", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strng"}}}, "type must be one of"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "minItems": 3, "maxItems": 1}}},
+     "exceeds maxItems"),
+    ({"type": "json_schema"}, "json_schema"),
+    ({"type": "xml"}, "type"),
+])
+def test_invalid_formats_are_400(client: openai.OpenAI, response_format: dict, field: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=field):
+        client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,
+                                       response_format=response_format)  # type: ignore[arg-type]
+
+
+def test_a_schema_the_grammar_engine_refuses_is_400(client: openai.OpenAI) -> None:
+    bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(("}}}
+    with pytest.raises(openai.BadRequestError, match="grammar engine"):
+        client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,
+                                       response_format=bad)  # type: ignore[arg-type]
+
+
+def test_tools_are_still_refused(client: openai.OpenAI) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,
+                                       tools=[tool])  # type: ignore[list-item]

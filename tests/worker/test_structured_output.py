@@ -1,0 +1,228 @@
+"""Structured outputs in the worker, on the CPU with a tiny random llama and a hand-made vocabulary: a grammar row's
+output follows its schema (greedy and sampled) and ends on the stop token, the free rows of the same batch get
+exactly their unconstrained tokens, and a schema the grammar engine refuses fails its request alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infer_protocol.messages import ContinueSeq, NewSeq, SamplingParams, StepPlan, StructuredOutput
+from infer_worker.application.structured_output import GrammarBook
+from infer_worker.application.worker_service import WorkerService
+from tests.worker.tiny_checkpoints import Engine, llama_config, write_checkpoint
+
+xgr = pytest.importorskip("xgrammar")
+
+EOS = 0
+PIECES = ['{', '}', '[', ']', '"', ':', ',', ' ', '-', '.', *'0123456789', *'abcdefghijklmnopqrstuvwxyz',
+          'true', 'false', 'null', '"a"', '"n"', '"tags"']
+VOCAB = ['<eos>', *PIECES] + [f'<unused{i}>' for i in range(256 - 1 - len(PIECES))]
+SCHEMA = {"type": "object", "properties": {
+    "a": {"type": "integer", "minimum": 1, "maximum": 20},
+    "n": {"enum": ["x", "yy"]},
+    "tags": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 2}},
+    "required": ["a", "n", "tags"]}
+
+
+def _tokenizer_info(vocab_size: int) -> object:
+    return xgr.TokenizerInfo(VOCAB, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=[EOS])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("llama")
+    write_checkpoint(llama_config(), path, seed=5)
+    return path
+
+
+def _structured(schema: dict | None) -> StructuredOutput:
+    if schema is None:
+        return StructuredOutput(kind="json_object")
+    return StructuredOutput(kind="json_schema", schema=json.dumps(schema, sort_keys=True))
+
+
+def _run(model_dir: Path, rows: list[SamplingParams], steps: int,
+         timeout_s: float = 30.0) -> tuple[dict[int, list[int]], list]:
+    """Drive a WorkerService like the scheduler does (stop on EOS); returns each row's tokens and the errors."""
+    engine = Engine.open(model_dir, num_blocks=160)
+    book = GrammarBook(_tokenizer_info, engine.spec.vocab_size, timeout_s=timeout_s)
+    engine.runner.grammars = book
+    service = WorkerService(engine.runner, grammars=book)
+    blocks = iter(engine.free_blocks)
+    prompt = [40 + i for i in range(5)]
+    new = [NewSeq(seq_id=i, token_ids=list(prompt), num_computed=0, num_tokens=len(prompt),
+                  block_ids=[next(blocks) for _ in range(2)], sampling=p,
+                  stop_token_ids=[EOS] if p.structured is not None else []) for i, p in enumerate(rows)]
+    out: dict[int, list[int]] = {i: [] for i in range(len(rows))}
+    errors = []
+    live = set(out)
+    result = service.step(StepPlan(step=1, new_seqs=new))
+    for step in range(2, steps + 2):
+        errors += result.seq_errors
+        failed = {e.seq_id for e in result.seq_errors}
+        finished = []
+        for sid, tok in zip(result.seq_ids, result.token_ids):
+            if sid in failed or sid not in live:
+                continue
+            out[sid].append(tok)
+            if tok == EOS and rows[sid].structured is not None:
+                live.discard(sid)
+                finished.append(sid)
+        for sid in failed & live:
+            live.discard(sid)
+            finished.append(sid)
+        if not live:
+            break
+        total = len(prompt) + len(out[0])  # every live row has as many tokens (one a step)
+        cont = [(sid, [next(blocks)] if (total % 4 == 0) else []) for sid in sorted(live)]
+        result = service.step(StepPlan(step=step, continuing=[ContinueSeq(sid, 1, b) for sid, b in cont],
+                                       finished=finished))
+    return out, errors
+
+
+def _text(tokens: list[int]) -> str:
+    assert tokens and tokens[-1] == EOS, tokens  # the grammar completed: only the stop token was left
+    return "".join(VOCAB[t] for t in tokens[:-1])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grammar_rows_follow_the_schema_and_free_rows_keep_their_tokens(model_dir: Path, temperature: float) -> None:
+    free = SamplingParams(temperature=temperature, seed=3)
+    free2 = SamplingParams(temperature=0.7, seed=9, top_k=20)
+    steps = 40
+    alone, _ = _run(model_dir, [free, free2], steps)
+    constrained = SamplingParams(temperature=temperature, seed=4, structured=_structured(SCHEMA))
+    obj = SamplingParams(temperature=temperature, seed=5, structured=_structured(None))
+    mixed, errors = _run(model_dir, [free, free2, constrained, obj], steps)
+    assert not errors
+    n = min(len(alone[0]), len(mixed[0]))
+    assert mixed[0][:n] == alone[0][:n] and mixed[1][:n] == alone[1][:n] and n >= 30
+    value = json.loads(_text(mixed[2]))
+    assert 1 <= value["a"] <= 20 and value["n"] in ("x", "yy") and set(value) == {"a", "n", "tags"}
+    assert 1 <= len(value["tags"]) <= 2 and all(isinstance(t, bool) for t in value["tags"])
+    # A random model rarely closes a free-form object within the steps: every token of it is one the grammar allows.
+    matcher = xgr.GrammarMatcher(xgr.GrammarCompiler(_tokenizer_info(256)).compile_json_schema('{"type": "object"}'))
+    assert VOCAB[mixed[3][0]] == "{" and all(matcher.accept_token(t) for t in mixed[3])
+
+
+def test_a_schema_the_engine_refuses_fails_that_request_alone(model_dir: Path) -> None:
+    free = SamplingParams(temperature=0.0)
+    bad = SamplingParams(temperature=0.0, structured=StructuredOutput(kind="json_schema", schema='{"type": "nope"}'))
+    alone, _ = _run(model_dir, [free], 6)
+    mixed, errors = _run(model_dir, [free, bad], 6)
+    assert [(e.seq_id, e.code, e.status) for e in errors] == [(1, "invalid_request", 400)]
+    assert mixed[0] == alone[0] and mixed[1] == []
+
+
+def test_a_grammar_still_compiling_at_the_deadline_fails_that_request_alone(model_dir: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from infer_worker.application import structured_output
+
+    real = structured_output.GrammarBook._compile_now
+
+    def slow(self: GrammarBook, spec: StructuredOutput) -> object:
+        compiled = real(self, spec)
+        if spec.schema == '{"type": "integer"}':
+            time.sleep(2.0)  # (the thread finishes later; nothing waits for it)
+        return compiled
+
+    monkeypatch.setattr(structured_output.GrammarBook, "_compile_now", slow)
+    slow_row = SamplingParams(temperature=0.0, structured=StructuredOutput(kind="json_schema",
+                                                                           schema='{"type": "integer"}'))
+    _, errors = _run(model_dir, [SamplingParams(temperature=0.0), slow_row], 3, timeout_s=0.3)
+    assert [(e.seq_id, e.code) for e in errors] == [(1, "grammar_too_complex")]
+
+
+def test_the_scheduler_sends_stop_ids_and_fails_a_sequence_alone() -> None:
+    from infer_protocol.messages import SeqError, StepResult, Submit
+    from infer_scheduler.engine import Engine as SchedulerEngine
+
+    eng = SchedulerEngine(num_blocks=16, block_size=4, max_model_len=64)
+    spec = StructuredOutput(kind="json_object")
+    eng.submit(Submit(request_id="a", prompt_token_ids=[1, 2, 3], max_tokens=8, stop_token_ids=[9, 2],
+                      sampling=SamplingParams(structured=spec)))
+    eng.submit(Submit(request_id="b", prompt_token_ids=[4, 5], max_tokens=8, stop_token_ids=[9],
+                      sampling=SamplingParams()))
+    plan = eng.plan_step()
+    assert plan is not None
+    assert [ns.stop_token_ids for ns in plan.new_seqs] == [[2, 9], []]  # the matcher's stop tokens
+    sids = [ns.seq_id for ns in plan.new_seqs]
+    errors = eng.fail_sequences([SeqError(sids[0], "invalid_request", "bad schema")])
+    assert [(e.request_id, e.code, e.status) for e in errors] == [("a", "invalid_request", 400)]
+    outs = eng.apply_result(StepResult(step=1, seq_ids=sids, token_ids=[11, 12]))
+    assert [(o.request_id, o.token_ids) for o in outs] == [("b", [12])]  # a's token is void
+    plan = eng.plan_step()
+    assert plan is not None and plan.finished == [sids[0]] and [c.seq_id for c in plan.continuing] == [sids[1]]
+
+
+def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_backend: Any,
+                                        compare_free: bool = True) -> None:
+    """The scheduler's engine and the worker service as their loops drive them (tests/worker/test_overlap_pipeline):
+    schema rows beside free ones, one-step-ahead pipeline or not, eager or graph replay, and a KV cache tight enough
+    to preempt (a recomputed constrained row's matcher replays its output)."""
+    from infer_protocol.messages import Submit
+    from tests.worker.test_overlap_pipeline import make_runner, serve
+
+    def submits(constrained: bool) -> list[Submit]:
+        out = []
+        for i in range(6):
+            structured = _structured(SCHEMA if i % 2 else None) if constrained and i in (1, 3, 4) else None
+            sampling = SamplingParams(temperature=0.0 if i < 3 else 0.9, seed=i, top_k=30, structured=structured)
+            out.append(Submit(request_id=f"r{i}", prompt_token_ids=[3, 9, 27] + [(11 * i + j) % 200 + 50
+                              for j in range(2 * i)], sampling=sampling, max_tokens=40 if structured else 12,
+                              stop_token_ids=[EOS]))
+        return out
+
+    preemptions: list[int] = []
+
+    def run(subs: list[Submit], overlap: bool, num_blocks: int) -> dict[str, tuple[list[int], str | None]]:
+        runner = make_runner(model_dir, graphs, num_blocks, make_backend())
+        runner.grammars = GrammarBook(_tokenizer_info, runner.model.spec.vocab_size)
+        out, engine = serve(runner, subs, overlap=overlap, num_blocks=num_blocks, max_model_len=64)
+        preemptions.append(engine.counters.preemptions)
+        return out
+
+    mixed = submits(True)
+    results = [run(mixed, overlap, blocks) for overlap, blocks in ((True, 256), (False, 256), (True, 16))]
+    # A grammar row waits for its token, so the pipelines agree; preempted and recomputed, a constrained row's
+    # matcher replays its output and goes on where it was.
+    assert results[0] == results[1] == results[2] and preemptions[2] > 0
+    for out in results:
+        for sub in mixed:
+            tokens, reason = out[sub.request_id]
+            if sub.sampling.structured is None:
+                continue
+            if reason == "stop":
+                value = json.loads(_text(tokens))
+                if sub.sampling.structured.kind == "json_schema":
+                    assert 1 <= value["a"] <= 20 and value["n"] in ("x", "yy") and 1 <= len(value["tags"]) <= 2
+            else:
+                assert reason == "length" and VOCAB[tokens[0]] == "{"
+    assert any(out[f"r{i}"][1] == "stop" for i in (1, 3) for out in results)
+    if compare_free:
+        free = run(submits(False), True, 256)
+        for sub in mixed:
+            if sub.sampling.structured is None:
+                assert results[0][sub.request_id] == free[sub.request_id]
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-replay"])
+def test_structured_rows_through_the_scheduler_engine(model_dir: Path, graphs: bool) -> None:
+    from tests.worker.test_graph_runner import ReplayingCpuBackend
+
+    check_structured_through_the_engine(model_dir, graphs, ReplayingCpuBackend)
+
+
+def test_admission_gives_the_domain_its_own_grammar_value() -> None:
+    from infer_worker.application.worker_service import to_sampling
+    from infer_worker.domain.sequence import Grammar
+
+    wire = SamplingParams(temperature=0.5, structured=StructuredOutput(kind="json_schema", schema='{"type":"object"}'))
+    assert to_sampling(wire).structured == Grammar("json_schema", '{"type":"object"}')
+    assert to_sampling(wire).temperature == 0.5 and to_sampling(SamplingParams()).structured is None
