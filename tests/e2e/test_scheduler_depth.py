@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.cluster import HEARTBEAT_SECS, ServedCluster
+from tests.e2e.cluster import HEARTBEAT_SECS, Frozen, ServedCluster
 
 MODEL = "tiny"
 VOCAB = 49152
@@ -382,29 +382,59 @@ def test_shared_prefix_of_a_finished_request_is_served_from_the_cache(
 
 def test_kv_usage_counts_the_cached_pages_a_running_request_holds(clusters: dict[str, ServedCluster]) -> None:
     """While a request decodes on `both`, its prompt pages are in the radix cache *and* in its block table:
-    they are in use (not evictable), so rustinfer_kv_cache_usage_ratio must count them."""
+    they are in use (not evictable), so rustinfer_kv_cache_usage_ratio must count them.
+
+    The request streams, and its own stream thread stops the worker (SIGSTOP) at the third token: the request is
+    then decoding and stays so while the scheduler's figures (one Pong a heartbeat) catch up, however fast the
+    machine decodes the other 157 tokens."""
     cluster, bs = clusters["both"], BOTH_BLOCK_SIZE
-    prompt, max_tokens = _ids(random.Random(11), 60), 160  # decoding lasts long enough to be seen
+    prompt, max_tokens = _ids(random.Random(11), 60), 160
     before = settled(cluster)
     prefill_steps = -(-len(prompt) // CHUNK)
-    with cf.ThreadPoolExecutor(1) as pool:
-        fut = pool.submit(complete, cluster, prompt, max_tokens)
-        seen = None
-        deadline = time.monotonic() + 60
-        while not fut.done() and time.monotonic() < deadline:
-            m = metrics(cluster)
-            if m["rustinfer_num_requests_running"] == 1 and \
-                    delta(m, before, "rustinfer_scheduler_steps_total") > prefill_steps:
-                seen = m  # decoding: the whole prompt is computed and cached
-                break
+    frozen: list[Frozen] = []
+    texts: list[str] = []
+    third_token = threading.Event()
+
+    def stream() -> None:
+        body = {"model": MODEL, "prompt": prompt, "temperature": 0, "max_tokens": max_tokens, "ignore_eos": True,
+                "stream": True}
+        try:
+            with httpx.stream("POST", f"{cluster.url}/v1/completions", json=body, timeout=300) as resp:
+                for line in resp.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    choices = json.loads(line[6:])["choices"]
+                    texts.extend(c["text"] for c in choices)
+                    if len(texts) == 3 and not frozen:
+                        frozen.append(cluster.freeze())
+                        third_token.set()
+        finally:
+            third_token.set()
+
+    streamer = threading.Thread(target=stream, daemon=True)
+    streamer.start()
+    try:
+        assert third_token.wait(120) and frozen, "the stream never reached its third token"
+        deadline = time.monotonic() + 20  # well inside worker_timeout_secs
+        while True:
+            seen = metrics(cluster)
+            if seen["rustinfer_num_requests_running"] == 1 and \
+                    delta(seen, before, "rustinfer_scheduler_steps_total") > prefill_steps:
+                break  # decoding: the whole prompt is computed and cached
+            assert time.monotonic() < deadline, f"the scheduler never reported the request decoding: {seen}"
             time.sleep(0.02)
-        out = tokens_of(fut.result(), max_tokens)
-    assert seen is not None, "never saw the request decoding"
+    finally:
+        for f in frozen:
+            f.resume()
+        streamer.join(timeout=300)
+    assert not streamer.is_alive()
     total = seen["rustinfer_kv_cache_total_blocks"]
     used = total - seen["rustinfer_kv_cache_free_blocks"] - seen["rustinfer_kv_cache_cached_blocks"]
     assert len(prompt) // bs <= used <= -(-(len(prompt) + max_tokens) // bs), seen
     assert seen["rustinfer_kv_cache_usage_ratio"] == pytest.approx(used / total), seen
-    assert out == tokens_of(complete(clusters["ref"], prompt, max_tokens), max_tokens)
+    ref = complete(clusters["ref"], prompt, max_tokens)
+    tokens_of(ref, max_tokens)
+    assert "".join(texts) == ref.json()["choices"][0]["text"]
     check_no_leak(settled(cluster, before))
 
 
