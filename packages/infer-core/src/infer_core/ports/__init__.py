@@ -7,6 +7,7 @@ backend's op bundles at construction time; there are no per-op registry look-ups
 from infer_core.ports.backend import GraphRunner, LlmBackend, MemoryInfo
 from infer_core.ports.collective import Collective
 from infer_core.ports.fused_ops import AttentionBatch, FusedOps
+from infer_core.ports.linear_attention import GatedDeltaOps, StateBatch
 from infer_core.ports.linear_ops import LinearOps, LinearOpsFactory
 from infer_core.ports.math_ops import MathOps
 from infer_core.ports.op_ports import OpPorts
@@ -17,6 +18,7 @@ __all__ = [
     "AttentionBatch",
     "Collective",
     "FusedOps",
+    "GatedDeltaOps",
     "GraphRunner",
     "LlmBackend",
     "LinearOps",
@@ -26,6 +28,7 @@ __all__ = [
     "OpPorts",
     "SampleOutput",
     "Sampler",
+    "StateBatch",
     "SamplingBatch",
     "Tensor",
 ]
