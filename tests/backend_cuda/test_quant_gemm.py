@@ -71,8 +71,8 @@ def test_awq_decode_config_splits_k_to_fill_the_gpu():
     """Qwen3-4B's o_proj (N = K = 2560) at batch 1: 20 column tiles, so K is cut until the launch has hundreds of
     programs; a wide GEMM (gate_up, N = 19456) needs little splitting."""
     narrow, wide = A.default_config(1, 2560, 2560, 128), A.default_config(1, 19456, 2560, 128)
-    assert narrow.split_k * -(-2560 // narrow.block_n) >= 256
-    assert wide.split_k < narrow.split_k
+    assert narrow.k_splits * -(-2560 // narrow.block_n) >= 256
+    assert wide.k_splits < narrow.k_splits
 
 
 def test_awq_refuses_groups_the_kernels_cannot_step(device):
@@ -90,6 +90,20 @@ def test_fp8_activation_quant_equals_the_reference_bit_for_bit(k, dtype, device)
     ref_codes, ref_scales = quantize_activation_fp8(x.cpu(), 64)
     assert torch.equal(scales.cpu(), ref_scales)
     assert torch.equal(codes.cpu().view(torch.uint8), ref_codes.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("m,splits", [(1, 2), (3, 4), (2, 9)])
+def test_fp8_split_k_sums_every_group_once(m, splits, device):
+    """K = 200 in groups of 64 (the last partial): 2 ranges of 2 groups, 4 of one, and a request beyond the group
+    count cut to one group a range; the bias is added once."""
+    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
+    bias = _x(64, 1, torch.float32, device, 7).reshape(64)
+    x = _x(m, 200, torch.float32, device)
+    out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, out=out,
+                            config=F8.Fp8Config(4, 16, 4, 1, splits))
+    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 64, bias.cpu())
+    torch.testing.assert_close(y.cpu(), ref.float(), **tol(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2
 
 SKINNY_MAX_M = 8
@@ -30,12 +31,8 @@ class AwqConfig(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
-    split_k: int = 1  # skinny kernel only: K is cut into this many ranges (at most), summed by a second kernel
+    k_splits: int = 1  # skinny kernel only: K is cut into this many ranges (at most), summed by a second kernel
 
-
-# Skinny launches aim at this many programs: a few per SM of an H100/H200 (132), so that every SM streams weights;
-# a decode GEMM with one program per 128 columns (20 for N = 2560) is latency-bound at ~1/7 of the SMs.
-SKINNY_TARGET_PROGRAMS = 512
 
 
 @triton.jit
@@ -89,7 +86,7 @@ def _awq_skinny_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """Program (n, s) covers columns `n * BLOCK_N` and rows `[s * K_SPLIT, (s + 1) * K_SPLIT)` of K. With PARTIAL
-    it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace) for `_awq_split_reduce`."""
+    it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, see split_k.py)."""
     pid, pid_k = tl.program_id(0), tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -112,21 +109,6 @@ def _awq_skinny_kernel(
         tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _awq_split_reduce(ws_ptr, b_ptr, out_ptr, N, out_stride, split_stride,
-                      SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """`out[m] = sum over splits of ws[s, m] (+ bias)`, in split order (deterministic, unlike atomics)."""
-    m, pid = tl.program_id(0), tl.program_id(1)
-    rn = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = rn < N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
-        acc += tl.load(ws_ptr + s * split_stride + m * N + rn, mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * out_stride + rn, acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-
 def group_block_k(group: int, cap: int) -> int:
     """The largest power of two <= cap dividing `group`: a K step that never straddles two groups."""
     block = 1
@@ -146,8 +128,7 @@ def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
         bm = next_pow2(m)
         block_k = group_block_k(group, 32)
         block_n = max(16, min(128, 8192 // (bm * block_k)))
-        split = max(1, min(k // block_k, SKINNY_TARGET_PROGRAMS // -(-n // block_n)))
-        return AwqConfig(bm, block_n, block_k, 4, 2, split)
+        return AwqConfig(bm, block_n, block_k, 4, 2, split_k.num_splits(k // block_k, -(-n // block_n)))
     return AwqConfig(64 if m <= 64 else 128, 128, group_block_k(group, 64), 8 if m > 64 else 4, 3)
 
 
@@ -189,24 +170,18 @@ def awq_linear(
 
 def _skinny(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
             bias: torch.Tensor | None, out: torch.Tensor, group: int, cfg: AwqConfig) -> None:
-    """The decode kernel, split over K when the config asks: each range a multiple of BLOCK_K (so a step stays
-    in one group), partial sums in an fp32 workspace, then one reduction that adds the bias."""
+    """The decode kernel, split over K when the config asks: each range whole BLOCK_K steps (so a step stays in
+    one group)."""
     m, k = x.shape
     n = out.shape[1]
-    k_split = triton.cdiv(triton.cdiv(k, max(1, cfg.split_k)), cfg.block_k) * cfg.block_k
-    splits = triton.cdiv(k, k_split)
+    steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)
     partial = splits > 1
-    target = torch.empty((splits, m, n), dtype=torch.float32, device=x.device) if partial else out
-    b = bias if bias is not None else scales
+    target = split_k.workspace(splits, m, n, x.device) if partial else out
     _awq_skinny_kernel[(triton.cdiv(n, cfg.block_n), splits)](
-        x, qweight, qzeros, scales, b, target, m, n, k, x.stride(0), qweight.stride(0), qzeros.stride(0),
-        scales.stride(0), out.stride(0), m * n,
-        GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=k_split, PARTIAL=partial, BLOCK_M=cfg.block_m,
+        x, qweight, qzeros, scales, bias if bias is not None else scales, target, m, n, k, x.stride(0),
+        qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n,
+        GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=partial, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if partial:
-        block = min(1024, next_pow2(n))
-        _awq_split_reduce[(m, triton.cdiv(n, block))](
-            target, b, out, n, out.stride(0), m * n, SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=block,
-            num_warps=4,
-        )
+        split_k.reduce_splits(target, bias, out)
