@@ -74,6 +74,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         description="context limit (prompt + completion); 0 = the model's max_position_embeddings")] = 0
     chunked_prefill_size: Annotated[int, Meta(
         description="at most this many prompt tokens of one request per step")] = 2048
+    prefill_tokens_while_decoding: Annotated[int, Meta(
+        description="while any request decodes, a step carries at most this many prompt tokens (bounds the "
+                    "inter-token latency a long prompt adds); 0 = no cap beyond max_batch_tokens")] = 0
     enable_prefix_caching: Annotated[bool, Meta(
         description="RadixTree prefix cache: reuse the KV of shared, page-aligned prompt prefixes")] = True
     enable_overlap: Annotated[bool, Meta(
@@ -150,7 +153,8 @@ def _validate(c: Config) -> None:
                  "worker_restart_window_secs"):
         _positive(name, getattr(c, name))
     _positive("request_body_timeout_secs", c.request_body_timeout_secs)
-    for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs"):
+    for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs",
+                 "prefill_tokens_while_decoding"):
         if getattr(c, name) < 0:
             raise ConfigError(f"config field '{name}' must be >= 0, got {getattr(c, name)!r}")
     if not 0.0 < c.mem_fraction_static <= 1.0:
