@@ -184,12 +184,30 @@ def hub_repo_id(model: str) -> str | None:
     return model if _HUB_REPO_ID.fullmatch(model) else None
 
 
+def is_text_type(typ: msgspec.inspect.Type) -> bool:
+    """A field type that takes text as it is: a string, a union with one (`str | list[str]`, api_key: the text,
+    comma-separated), or string literals."""
+    if isinstance(typ, msgspec.inspect.Metadata):
+        return is_text_type(typ.type)
+    if isinstance(typ, msgspec.inspect.StrType):
+        return True
+    if isinstance(typ, msgspec.inspect.UnionType):
+        return any(isinstance(t, msgspec.inspect.StrType) for t in typ.types)
+    return isinstance(typ, msgspec.inspect.LiteralType) and all(isinstance(v, str) for v in typ.values)
+
+
 def _parse_env_value(raw: str) -> Any:
-    """Environment values are TOML literals (`8`, `true`, `[1, 2]`); anything else is taken as a string."""
+    """A TOML literal (`8`, `true`, `[1, 2]`); anything else is taken as a string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+
+
+_info = msgspec.inspect.type_info(Config)
+assert isinstance(_info, msgspec.inspect.StructType)
+# Their environment values are text as it is: `RUSTINFER_MODEL_NAME=7` names the model "7", not the integer 7.
+_TEXT_FIELDS = frozenset(f.name for f in _info.fields if is_text_type(f.type))
 
 
 def _convert(data: dict[str, Any]) -> Config:
@@ -220,7 +238,7 @@ def load_config(
             field = key[len(ENV_PREFIX):].lower()
             if field not in FIELDS:
                 raise ConfigError(f"unknown config field '{field}' (from environment variable {key})")
-            data[field] = _parse_env_value(raw)
+            data[field] = raw if field in _TEXT_FIELDS else _parse_env_value(raw)
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value
