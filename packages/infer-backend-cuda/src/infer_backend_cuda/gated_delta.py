@@ -1,0 +1,42 @@
+"""The `GatedDeltaOps` port (linear-attention layers of hybrid models) on Triton kernels.
+
+Decode steps (every sequence one token) run the fused recurrent kernel, which is CUDA-graph capturable; the
+state pools are allocated once, so a captured graph keeps addressing the same slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent
+from infer_core.ports.linear_attention import StateBatch
+
+
+class CudaGatedDeltaOps:
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+
+    def allocate_state_pools(
+        self, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int, num_v_heads: int,
+        k_head_dim: int, v_head_dim: int, conv_dtype: object,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        assert isinstance(conv_dtype, torch.dtype)
+        return [
+            (
+                torch.zeros((num_slots, conv_dim, conv_kernel - 1), dtype=conv_dtype, device=self.device),
+                torch.zeros((num_slots, num_v_heads, k_head_dim, v_head_dim), dtype=torch.float32, device=self.device),
+            )
+            for _ in range(num_layers)
+        ]
+
+    def reset_slots(self, pools: list[tuple[torch.Tensor, torch.Tensor]], slot_ids: torch.Tensor) -> None:
+        idx = slot_ids.to(device=self.device, dtype=torch.long)
+        for conv, rec in pools:
+            conv.index_fill_(0, idx, 0)
+            rec.index_fill_(0, idx, 0)
+
+    def gated_delta_rule(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+        recurrent_states: torch.Tensor, batch: StateBatch,
+    ) -> torch.Tensor:
+        return gdn_recurrent(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids)
