@@ -134,3 +134,55 @@ def test_recurrent_decode_graph_replay_equals_eager(device):
         torch.testing.assert_close(out, eager, atol=0, rtol=0)
         torch.testing.assert_close(states, eager_states, atol=0, rtol=0)
         assert not torch.equal(states[1:], start[1:])
+
+
+def ref_causal_conv1d(x, weight, states, lens, slots):
+    """F.conv1d (depthwise, fp32) over each sequence's state followed by its new rows, then SiLU.
+    Returns (out, new states)."""
+    c, kw = weight.shape
+    xf, wf = x.float().cpu(), weight.float().cpu()
+    new = states.detach().cpu().clone()
+    out = torch.zeros(xf.shape)
+    t = 0
+    for n, slot in zip(lens, slots):
+        seq = torch.cat([new[slot].float(), xf[t : t + n].T], dim=1)  # [C, K - 1 + n]
+        y = torch.nn.functional.conv1d(seq[None], wf[:, None, :], groups=c)[0]  # [C, n]
+        out[t : t + n] = torch.nn.functional.silu(y).T
+        new[slot] = seq[:, -(kw - 1) :].to(new.dtype)
+        t += n
+    return out, new
+
+
+def _check_conv(lens, c, kw, dtype, device, seed=0):
+    ops = CudaGatedDeltaOps(device)
+    num_slots = len(lens) + 2
+    (conv_states, _), = ops.allocate_state_pools(1, num_slots, c, kw, 1, 1, 1, dtype)
+    gen = _gen(seed)
+    conv_states.copy_(torch.randn(conv_states.shape, generator=gen))
+    slots = torch.randperm(num_slots - 1, generator=gen)[: len(lens)].add(1).tolist()
+    x = torch.randn((sum(lens), c), generator=gen).to(dtype=dtype, device=device)
+    weight = (torch.randn((c, kw), generator=gen) * 0.5).to(device)
+    ref_out, ref_states = ref_causal_conv1d(x, weight, conv_states, lens, slots)
+    out = ops.causal_conv1d(x, weight, conv_states, _batch(lens, slots, device))
+    assert out.dtype == dtype
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.float().cpu(), ref_out, **tol)
+    torch.testing.assert_close(conv_states.cpu(), ref_states, atol=0, rtol=0)  # state entries are copies
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_conv1d_prefill_ragged(dtype, device):
+    """Sequences shorter than the kernel window (state and new rows mix in the new state), exactly K - 1 long,
+    and longer than one token block; channels not a multiple of the channel block."""
+    _check_conv([2, 3, 70, 1, 5], 40, 4, dtype, device)
+
+
+def test_causal_conv1d_update_step(device):
+    """The 1-token state update: the state shifts by one."""
+    _check_conv([1, 1, 1, 1], 24, 4, torch.float32, device, seed=3)
+
+
+@gpu
+def test_causal_conv1d_qwen35_shapes(device):
+    _check_conv([300, 1, 17, 64], 8192, 4, torch.bfloat16, device, seed=4)
+    _check_conv([1] * 16, 8192, 4, torch.bfloat16, device, seed=5)

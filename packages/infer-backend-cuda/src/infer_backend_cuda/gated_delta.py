@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from infer_backend_cuda.kernels.causal_conv1d import causal_conv1d
 from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent
 from infer_core.ports.linear_attention import StateBatch
 
@@ -34,6 +35,11 @@ class CudaGatedDeltaOps:
         for conv, rec in pools:
             conv.index_fill_(0, idx, 0)
             rec.index_fill_(0, idx, 0)
+
+    def causal_conv1d(
+        self, x: torch.Tensor, weight: torch.Tensor, conv_states: torch.Tensor, batch: StateBatch
+    ) -> torch.Tensor:
+        return causal_conv1d(x, weight, conv_states, batch.cu_seqlens, batch.slot_ids, batch.max_query_len)
 
     def gated_delta_rule(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
