@@ -100,6 +100,24 @@ def test_recurrent_decode_non_pow2_heads(device):
     _check_gdn([1, 1], dict(hk=1, hv=3, dk=12, dv=20), torch.float32, device, seed=4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_prefill_ragged(dtype, device):
+    """Sequences longer than a chunk (a partial last chunk), exactly one chunk, a 1-token row (mixed step) and
+    a short one; GQA 2, from non-zero states."""
+    _check_gdn([70, 1, 64, 5], dict(hk=1, hv=2, dk=16, dv=16), dtype, device, seed=2)
+
+
+def test_chunked_prefill_odd_head_dims(device):
+    """Head dims below the 16-wide dot tile and not powers of two; GQA 3."""
+    _check_gdn([9, 66], dict(hk=1, hv=3, dk=12, dv=20), torch.float32, device, seed=3)
+
+
+@gpu
+def test_chunked_prefill_qwen35_shapes(device):
+    _check_gdn([700, 1, 64, 129], QWEN35, torch.bfloat16, device, seed=6)
+    _check_gdn([1000], QWEN35, torch.float32, device, seed=7, atol=1e-3)
+
+
 @gpu
 def test_recurrent_decode_qwen35_shapes(device):
     _check_gdn([1] * 8, QWEN35, torch.bfloat16, device, seed=5)

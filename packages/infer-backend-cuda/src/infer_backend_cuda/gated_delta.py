@@ -1,7 +1,8 @@
 """The `GatedDeltaOps` port (linear-attention layers of hybrid models) on Triton kernels.
 
-Decode steps (every sequence one token) run the fused recurrent kernel, which is CUDA-graph capturable; the
-state pools are allocated once, so a captured graph keeps addressing the same slots.
+Decode steps (every sequence one token) run the fused recurrent kernel, which is CUDA-graph capturable; other
+steps the chunked (WY form) kernel. The state pools are allocated once, so a captured graph keeps addressing
+the same slots.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from infer_backend_cuda.kernels.causal_conv1d import causal_conv1d
+from infer_backend_cuda.kernels.gdn_chunk import gdn_chunk
 from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent
 from infer_core.ports.linear_attention import StateBatch
 
@@ -45,4 +47,6 @@ class CudaGatedDeltaOps:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         recurrent_states: torch.Tensor, batch: StateBatch,
     ) -> torch.Tensor:
-        return gdn_recurrent(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids)
+        # Decode: one token per sequence, the recurrence is the whole work. Prefill / mixed steps: chunks of 64.
+        kernel = gdn_recurrent if batch.is_decode else gdn_chunk
+        return kernel(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids)

@@ -19,6 +19,26 @@ L2_EPS = 1e-6
 
 
 @triton.jit
+def sequence_head_block(
+    cu_ptr, slot_ptr, state_ptr, s_ss, s_sh, s_sk, DK, DV, GROUP, BK: tl.constexpr, BV: tl.constexpr
+):
+    """This program's (sequence, value head, value block): its key head, token range, index vectors and the
+    pointers / mask of its `[BK, BV]` state tile in the sequence's slot."""
+    seq = tl.program_id(0)
+    h = tl.program_id(1)
+    vb = tl.program_id(2)
+    bos = tl.load(cu_ptr + seq).to(tl.int64)
+    n = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
+    slot = tl.load(slot_ptr + seq).to(tl.int64)
+    kk = tl.arange(0, BK)
+    vv = vb * BV + tl.arange(0, BV)
+    km = kk < DK
+    vm = vv < DV
+    s_ptrs = state_ptr + slot * s_ss + h * s_sh + kk[:, None] * s_sk + vv[None, :]
+    return h // GROUP, h, bos, n, kk, vv, km, vm, s_ptrs, km[:, None] & vm[None, :]
+
+
+@triton.jit
 def _gdn_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
     q_st, q_sh, k_st, k_sh, v_st, v_sh, g_st, beta_st, o_st, o_sh,
@@ -29,21 +49,11 @@ def _gdn_recurrent_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    seq = tl.program_id(0)
-    h = tl.program_id(1)
-    vb = tl.program_id(2)
-    hk = h // GROUP
-    bos = tl.load(cu_ptr + seq).to(tl.int64)
-    eos = tl.load(cu_ptr + seq + 1).to(tl.int64)
-    slot = tl.load(slot_ptr + seq).to(tl.int64)
-    kk = tl.arange(0, BK)
-    vv = vb * BV + tl.arange(0, BV)
-    km = kk < DK
-    vm = vv < DV
-    smask = km[:, None] & vm[None, :]
-    s_ptrs = state_ptr + slot * s_ss + h * s_sh + kk[:, None] * s_sk + vv[None, :]
+    hk, h, bos, n, kk, vv, km, vm, s_ptrs, smask = sequence_head_block(
+        cu_ptr, slot_ptr, state_ptr, s_ss, s_sh, s_sk, DK, DV, GROUP, BK, BV
+    )
     state = tl.load(s_ptrs, mask=smask, other=0.0)
-    for i in range(0, eos - bos):
+    for i in range(0, n):
         t64 = bos + i
         q = tl.load(q_ptr + t64 * q_st + hk * q_sh + kk, mask=km, other=0.0).to(tl.float32)
         k = tl.load(k_ptr + t64 * k_st + hk * k_sh + kk, mask=km, other=0.0).to(tl.float32)
@@ -60,7 +70,8 @@ def _gdn_recurrent_kernel(
     tl.store(s_ptrs, state, mask=smask)
 
 
-def check_gdn_operands(q, k, v, g, beta, states, cu_seqlens, slot_ids) -> None:
+def prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out: torch.Tensor | None) -> torch.Tensor:
+    """Checks the operands of a gated delta rule launch; returns the output buffer (`out` or a new one)."""
     t, hk, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     if k.shape != q.shape or v.shape[0] != t or g.shape != (t, hv) or beta.shape != (t, hv):
@@ -75,6 +86,20 @@ def check_gdn_operands(q, k, v, g, beta, states, cu_seqlens, slot_ids) -> None:
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         if x.stride(-1) != 1:
             raise ValueError(f"{name}: the last dimension must be contiguous")
+    return torch.empty(v.shape, dtype=v.dtype, device=v.device) if out is None else out
+
+
+def gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids) -> tuple:
+    """The operands, strides and sizes shared by the recurrent and the chunked kernel, in their order."""
+    hk, dk = q.shape[1], q.shape[2]
+    hv, dv = v.shape[1], v.shape[2]
+    return (
+        q, k, v, g, beta, states, out, cu_seqlens, slot_ids,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        out.stride(0), out.stride(1),
+        states.stride(0), states.stride(1), states.stride(2),
+        dk, dv, hv // hk, float(dk) ** -0.5,
+    )
 
 
 def gdn_recurrent(
@@ -83,23 +108,15 @@ def gdn_recurrent(
 ) -> torch.Tensor:
     """The gated delta rule token by token (q, k `[T, Hk, Dk]`, v `[T, Hv, Dv]`, g / beta `[T, Hv]`), starting
     from `states[slot_ids[i]]` and writing the final state back there. Returns `[T, Hv, Dv]` in v's dtype."""
-    check_gdn_operands(q, k, v, g, beta, states, cu_seqlens, slot_ids)
-    n_seq = slot_ids.shape[0]
-    hk, dk = q.shape[1], q.shape[2]
-    hv, dv = v.shape[1], v.shape[2]
-    if out is None:
-        out = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    out = prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out)
+    n_seq, dk, hv, dv = slot_ids.shape[0], q.shape[2], v.shape[1], v.shape[2]
     if n_seq == 0 or q.shape[0] == 0:
         return out
     bk = next_pow2(dk)
     # A [Dk, BV] fp32 state tile of 4096 elements keeps one program within registers at Dk = 128.
     bv = max(1, min(next_pow2(dv), 4096 // bk))
     _gdn_recurrent_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
-        q, k, v, g, beta, states, out, cu_seqlens, slot_ids,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        out.stride(0), out.stride(1),
-        states.stride(0), states.stride(1), states.stride(2),
-        dk, dv, hv // hk, float(dk) ** -0.5,
+        *gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids),
         BK=bk, BV=bv, num_warps=4, **pdl_launch(q.device),
     )
     return out
