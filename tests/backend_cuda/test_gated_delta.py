@@ -204,3 +204,43 @@ def test_causal_conv1d_update_step(device):
 def test_causal_conv1d_qwen35_shapes(device):
     _check_conv([300, 1, 17, 64], 8192, 4, torch.bfloat16, device, seed=4)
     _check_conv([1] * 16, 8192, 4, torch.bfloat16, device, seed=5)
+
+
+def ref_gated_rms_norm(x, gate, weight, eps):
+    """transformers' Qwen3_5RMSNormGated."""
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return ((weight * normed) * torch.nn.functional.silu(gate.float())).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 16), (3, 7, 24)] + [pytest.param((513 * 32, 128), marks=gpu)])
+def test_gated_rms_norm(shape, dtype, device):
+    gen = _gen(11)
+    x = (torch.randn(shape, generator=gen) * 3).to(dtype=dtype, device=device)
+    gate = torch.randn(shape, generator=gen).to(dtype=dtype, device=device)
+    weight = (torch.rand(shape[-1:], generator=gen) + 0.5).to(dtype=dtype, device=device)
+    y = CudaGatedDeltaOps(device).gated_rms_norm(x, gate, weight, 1e-6)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    assert y.dtype == dtype and y.shape == x.shape
+    torch.testing.assert_close(y.float(), ref_gated_rms_norm(x, gate, weight, 1e-6).float(), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("t, h", [(7, 4), (3, 6)] + [pytest.param(4096, 32, marks=gpu)])
+def test_gdn_gates(t, h, dtype, device):
+    """From a fused [a | b] projection output (row-strided views); a + dt_bias spans softplus's linear, log1p
+    and exp regimes."""
+    gen = _gen(12)
+    ab = (torch.randn((t, 2 * h), generator=gen) * 12).to(dtype=dtype, device=device)
+    a, b = ab[:, :h], ab[:, h:]
+    a_log = torch.randn(h, generator=gen).to(device)
+    dt_bias = (torch.randn(h, generator=gen) * 10).to(dtype=dtype, device=device)
+    g, beta = CudaGatedDeltaOps(device).gdn_gates(a, b, a_log, dt_bias)
+    ref_g = -a_log.float().exp() * torch.nn.functional.softplus(a.float() + dt_bias)
+    ref_beta = b.sigmoid().float()
+    assert g.dtype == beta.dtype == torch.float32
+    torch.testing.assert_close(g, ref_g, atol=1e-5, rtol=1e-5)
+    # bf16: up to one ulp (2^-8 below 1) apart, from the exp's rounding and, under the interpreter, the fp32 ->
+    # bf16 truncation.
+    torch.testing.assert_close(beta, ref_beta, atol=4e-3 if dtype == torch.bfloat16 else 1e-6, rtol=0)

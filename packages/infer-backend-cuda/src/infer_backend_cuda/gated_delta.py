@@ -11,6 +11,7 @@ import torch
 
 from infer_backend_cuda.kernels.causal_conv1d import causal_conv1d
 from infer_backend_cuda.kernels.gdn_chunk import gdn_chunk
+from infer_backend_cuda.kernels.gdn_gates import gated_rms_norm, gdn_gates
 from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent
 from infer_core.ports.linear_attention import StateBatch
 
@@ -50,3 +51,11 @@ class CudaGatedDeltaOps:
         # Decode: one token per sequence, the recurrence is the whole work. Prefill / mixed steps: chunks of 64.
         kernel = gdn_recurrent if batch.is_decode else gdn_chunk
         return kernel(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids)
+
+    def gated_rms_norm(self, x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        return gated_rms_norm(x, gate, weight, eps)
+
+    def gdn_gates(
+        self, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return gdn_gates(a, b, a_log, dt_bias)
