@@ -219,7 +219,7 @@ def qk_norm_rope_store(
     half, rest = rotary_dim // 2, head_dim - rotary_dim
     has_q, has_k = q_norm_weight is not None, k_norm_weight is not None
     qh_block, kh_block, half_block = next_pow2(num_q_heads), next_pow2(num_kv_heads), next_pow2(half)
-    pass_block = next_pow2(max(rest, 1))
+    pass_block = max(2, next_pow2(rest))  # a 1-wide tile is avoided, as elsewhere (SPLITS_PAD)
     tile = (qh_block + 2 * kh_block) * (half_block * 2 + (pass_block if rest else 0))
     _qk_norm_rope_store_kernel[(n_tok,)](
         q,
