@@ -1,8 +1,8 @@
 """The Gated DeltaNet kernels (`CudaGatedDeltaOps`) against plain-torch references written here: the gated
 delta rule as its per-token recurrence, the causal conv1d through `F.conv1d`.
 
-Batches are ragged, start from random (non-zero) states in shuffled slots, and leave other slots untouched;
-outputs start as NaN so a skipped row fails."""
+Batches are ragged and start from random (non-zero) states in shuffled slots; whole pools are compared, so a
+write to a slot outside the batch fails."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from infer_backend_cuda.gated_delta import CudaGatedDeltaOps
 from infer_core.ports.linear_attention import StateBatch
-from tests.backend_cuda.conftest import HAS_CUDA, gpu, poison
+from tests.backend_cuda.conftest import HAS_CUDA, gpu
 
 QWEN35 = dict(hk=16, hv=32, dk=128, dv=128)
 
@@ -90,6 +90,23 @@ def _check_gdn(lens, shape, dtype, device, seed=0, atol=2e-4):
 TINY = dict(hk=2, hv=4, dk=16, dv=8)
 
 
+def test_allocate_and_reset_slots(device):
+    ops = CudaGatedDeltaOps(device)
+    pools = ops.allocate_state_pools(2, 5, 6, 4, 3, 8, 4, torch.bfloat16)
+    assert len(pools) == 2
+    for conv, rec in pools:
+        assert conv.shape == (5, 6, 3) and conv.dtype == torch.bfloat16
+        assert rec.shape == (5, 3, 8, 4) and rec.dtype == torch.float32
+        assert not conv.any() and not rec.any()
+        conv.fill_(1)
+        rec.fill_(2)
+    ops.reset_slots(pools, torch.tensor([3, 0], dtype=torch.int32, device=device))
+    for conv, rec in pools:
+        for slot in range(5):
+            cleared = slot in (0, 3)
+            assert bool((conv[slot] == 0).all()) == cleared and bool((rec[slot] == 0).all()) == cleared
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_recurrent_decode_step(dtype, device):
     """A decode step (every sequence one token, GQA 2), from non-zero states; other slots stay as they were."""
@@ -102,9 +119,9 @@ def test_recurrent_decode_non_pow2_heads(device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunked_prefill_ragged(dtype, device):
-    """Sequences longer than a chunk (a partial last chunk), exactly one chunk, a 1-token row (mixed step) and
-    a short one; GQA 2, from non-zero states."""
-    _check_gdn([70, 1, 64, 5], dict(hk=1, hv=2, dk=16, dv=16), dtype, device, seed=2)
+    """Sequences longer than a chunk (a partial last chunk), exactly one chunk, a 1-token row (mixed step), an
+    empty row (its state stays) and a short one; GQA 2, from non-zero states."""
+    _check_gdn([70, 1, 0, 64, 5], dict(hk=1, hv=2, dk=16, dv=16), dtype, device, seed=2)
 
 
 def test_chunked_prefill_odd_head_dims(device):
@@ -121,37 +138,6 @@ def test_chunked_prefill_qwen35_shapes(device):
 @gpu
 def test_recurrent_decode_qwen35_shapes(device):
     _check_gdn([1] * 8, QWEN35, torch.bfloat16, device, seed=5)
-
-
-@gpu
-@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a GPU")
-def test_recurrent_decode_graph_replay_equals_eager(device):
-    """Captured once, replayed on new inputs copied into the captured buffers: the same outputs and states as
-    eager calls (no host sync or data-dependent allocation inside)."""
-    ops = CudaGatedDeltaOps(device)
-    hk, hv, dk, dv = QWEN35.values()
-    lens, slots = [1] * 4, [3, 1, 0, 2]  # slot 0: a padding row
-    (_, states), = ops.allocate_state_pools(1, 5, 8, 4, hv, dk, dv, torch.bfloat16)
-    states.normal_()
-    batch = _batch(lens, slots, device)
-    bufs = _gdn_inputs(lens, hk, hv, dk, dv, torch.bfloat16, device, 7)
-    eager_states = states.clone()
-    ops.gated_delta_rule(*bufs, eager_states, batch)  # warm-up (compiles), on a copy
-    graph = torch.cuda.CUDAGraph()
-    start = states.clone()
-    with torch.cuda.graph(graph):
-        out = ops.gated_delta_rule(*bufs, states, batch)
-    for seed in (8, 9):
-        new = _gdn_inputs(lens, hk, hv, dk, dv, torch.bfloat16, device, seed)
-        for b, n in zip(bufs, new):
-            b.copy_(n)
-        states.copy_(start)
-        graph.replay()
-        eager_states = start.clone()
-        eager = ops.gated_delta_rule(*new, eager_states, batch)
-        torch.testing.assert_close(out, eager, atol=0, rtol=0)
-        torch.testing.assert_close(states, eager_states, atol=0, rtol=0)
-        assert not torch.equal(states[1:], start[1:])
 
 
 def ref_causal_conv1d(x, weight, states, lens, slots):
@@ -244,3 +230,56 @@ def test_gdn_gates(t, h, dtype, device):
     # bf16: up to one ulp (2^-8 below 1) apart, from the exp's rounding and, under the interpreter, the fp32 ->
     # bf16 truncation.
     torch.testing.assert_close(beta, ref_beta, atol=4e-3 if dtype == torch.bfloat16 else 1e-6, rtol=0)
+
+
+@gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs need a GPU")
+def test_gdn_decode_step_graph_replay_equals_eager(device):
+    """A whole Qwen3.5-4B GDN decode step (gates, conv + state update, recurrence, gated norm), captured once
+    and replayed on new inputs copied into the captured buffers: the same outputs and states as eager calls
+    from the same states (no host sync or data-dependent allocation inside). Slot 0 is a padding row."""
+    ops = CudaGatedDeltaOps(device)
+    hk, hv, dk, dv = QWEN35.values()
+    conv_dim, n = 2 * hk * dk + hv * dv, 4
+    batch = _batch([1] * n, [3, 1, 0, 2], device)
+    (conv, rec), = ops.allocate_state_pools(1, 5, conv_dim, 4, hv, dk, dv, torch.bfloat16)
+    gen = _gen(20)
+    conv.copy_(torch.randn(conv.shape, generator=gen))
+    rec.copy_(torch.randn(rec.shape, generator=gen) * 0.1)
+    params = [(torch.randn(shape, generator=gen) * 0.3).to(dtype=dtype, device=device) for shape, dtype in (
+        ((conv_dim, 4), torch.bfloat16), ((hv,), torch.float32), ((hv,), torch.bfloat16), ((dv,), torch.bfloat16))]
+    conv_w, a_log, dt_bias, norm_w = params
+
+    def inputs(seed):
+        g = _gen(seed)
+        return [torch.randn(shape, generator=g).to(dtype=torch.bfloat16, device=device)
+                for shape in ((n, conv_dim), (n, hv), (n, hv), (n, hv * dv))]
+
+    def step(mixed, a, b, z, conv_states, rec_states):
+        g, beta = ops.gdn_gates(a, b, a_log, dt_bias)
+        x = ops.causal_conv1d(mixed, conv_w, conv_states, batch)
+        q = x[:, : hk * dk].view(n, hk, dk)
+        k = x[:, hk * dk : 2 * hk * dk].view(n, hk, dk)
+        v = x[:, 2 * hk * dk :].view(n, hv, dv)
+        o = ops.gated_delta_rule(q, k, v, g, beta, rec_states, batch)
+        return ops.gated_rms_norm(o.view(-1, dv), z.view(-1, dv), norm_w, 1e-6)
+
+    start = (conv.clone(), rec.clone())
+    bufs = inputs(21)
+    step(*bufs, conv.clone(), rec.clone())  # warm-up (compiles) on copies of the states
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*bufs, conv, rec)
+    for seed in (22, 23):
+        new = inputs(seed)
+        for buf, x in zip(bufs, new):
+            buf.copy_(x)
+        conv.copy_(start[0])
+        rec.copy_(start[1])
+        out.fill_(float("nan"))
+        graph.replay()
+        eager_conv, eager_rec = start[0].clone(), start[1].clone()
+        eager = step(*new, eager_conv, eager_rec)
+        assert torch.equal(out, eager)
+        assert torch.equal(conv, eager_conv) and torch.equal(rec, eager_rec)
+        assert not torch.equal(rec[1:], start[1][1:]) and not torch.equal(conv[1:], start[0][1:])
