@@ -115,7 +115,8 @@ def test_recurrent_decode_step(dtype, device):
 
 
 def test_recurrent_decode_non_pow2_heads(device):
-    _check_gdn([1, 1], dict(hk=1, hv=3, dk=12, dv=20), torch.float32, device, seed=4)
+    """Head dims no power of two; two value blocks per head (the second partly masked); GQA 3."""
+    _check_gdn([1, 1], dict(hk=1, hv=3, dk=60, dv=80), torch.float32, device, seed=4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -126,8 +127,9 @@ def test_chunked_prefill_ragged(dtype, device):
 
 
 def test_chunked_prefill_odd_head_dims(device):
-    """Head dims below the 16-wide dot tile and not powers of two; GQA 3."""
-    _check_gdn([9, 66], dict(hk=1, hv=3, dk=12, dv=20), torch.float32, device, seed=3)
+    """Key head dim below the 16-wide dot tile, value head dim over two 32-column blocks, neither a power of
+    two; GQA 3."""
+    _check_gdn([9, 66], dict(hk=1, hv=3, dk=12, dv=40), torch.float32, device, seed=3)
 
 
 @gpu
