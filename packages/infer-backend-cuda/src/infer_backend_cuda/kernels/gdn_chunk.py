@@ -144,7 +144,7 @@ def gdn_chunk(
     bdv = max(16, next_pow2(dv))
     # 32 value columns per program: a single Qwen3.5 prefill (32 heads) then fills ~128 SMs.
     bv = min(bdv, 32)
-    # fp32 scratch of the chunk-local pass: w `[T, Hv, Dk]`, u `[T, Hv, Dv]` (8 MB per 1k tokens at Qwen3.5-4B).
+    # fp32 scratch of the chunk-local pass: w `[T, Hv, Dk]`, u `[T, Hv, Dv]` (33 MB per 1k tokens at Qwen3.5-4B).
     w = torch.empty((q.shape[0], hv, dk), dtype=torch.float32, device=q.device)
     u = torch.empty((q.shape[0], hv, dv), dtype=torch.float32, device=q.device)
     pdl = pdl_launch(q.device)
