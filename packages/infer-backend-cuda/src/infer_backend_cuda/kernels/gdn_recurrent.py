@@ -15,8 +15,6 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 
-L2_EPS = 1e-6
-
 
 @triton.jit
 def sequence_head_block(
