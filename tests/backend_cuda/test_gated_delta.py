@@ -132,6 +132,21 @@ def test_chunked_prefill_odd_head_dims(device):
     _check_gdn([9, 66], dict(hk=1, hv=3, dk=12, dv=40), torch.float32, device, seed=3)
 
 
+def test_chunked_prefill_near_identical_keys(device):
+    """Near-identical keys with beta ~ 1 and no decay: the worst case for the in-chunk triangular inverse (the
+    powers of M grow combinatorially here, so only a stable solve matches the recurrence)."""
+    ops = CudaGatedDeltaOps(device)
+    lens, hk, hv, dk, dv = [100], 1, 1, 16, 16
+    (_, states), = ops.allocate_state_pools(1, 2, 8, 4, hv, dk, dv, torch.float32)
+    q, k, v, g, beta = _gdn_inputs(lens, hk, hv, dk, dv, torch.float32, device, 30)
+    k = k[:1] + 1e-2 * k  # every key ~ the first one
+    g, beta = torch.zeros_like(g), torch.full_like(beta, 0.999)
+    ref_o, ref_states = ref_gated_delta_rule(q, k, v, g, beta, states, lens, [1])
+    o = ops.gated_delta_rule(q, k, v, g, beta, states, _batch(lens, [1], device))
+    torch.testing.assert_close(o.cpu(), ref_o, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(states.cpu(), ref_states, atol=2e-3, rtol=2e-3)
+
+
 @gpu
 def test_chunked_prefill_qwen35_shapes(device):
     _check_gdn([700, 1, 64, 129], QWEN35, torch.bfloat16, device, seed=6)
