@@ -51,7 +51,7 @@ class CudaGatedDeltaOps:
         # Decode: one token per sequence, the recurrence is the whole work. Prefill / mixed steps: chunks of 64.
         if batch.is_decode:
             return gdn_recurrent(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids)
-        return gdn_chunk(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids, batch.max_query_len)
+        return gdn_chunk(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids)
 
     def gated_rms_norm(self, x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return gated_rms_norm(x, gate, weight, eps)

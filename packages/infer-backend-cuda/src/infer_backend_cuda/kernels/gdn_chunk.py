@@ -1,8 +1,8 @@
 """Chunked gated delta rule (the WY form, chunks of 64 tokens) over a ragged batch with state slots (prefill).
 
 Two launches. Per chunk, with `G` the in-chunk cumulative log decay, `kb = beta * k` and
-`M = strict_lower(kb k^T * exp(G_i - G_j))`, the chunk-local pass (one program per sequence, chunk and value head,
-all in parallel) computes
+`M = strict_lower(kb k^T * exp(G_i - G_j))`, the chunk-local pass (one program per chunk of the batch and
+value head, all in parallel) computes
 
     T = (I + M)^-1                      (forward substitution, row by row)
     u = T (beta * v),  w = T (kb * exp(G))
@@ -40,20 +40,27 @@ def _l2_rows(x):
 def _gdn_chunk_wy_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, cu_ptr,
     k_st, k_sh, v_st, v_sh, g_st, beta_st, w_st, w_sh, u_st, u_sh,
-    DK, DV, GROUP,
-    CH: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, USE_PDL: tl.constexpr,
+    DK, DV, GROUP, n_seq,
+    CH: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """Chunk-local pass, one program per (sequence, chunk, value head): T = (I + M)^-1, then
+    """Chunk-local pass, one program per (chunk of the batch, value head): T = (I + M)^-1, then
     w = T (kb * exp(G)) and u = T (beta * v) into the fp32 scratch rows of the chunk."""
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    seq = tl.program_id(0)
-    c0 = tl.program_id(1) * CH
-    h = tl.program_id(2)
-    bos = tl.load(cu_ptr + seq).to(tl.int64)
-    n = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
-    if c0 < n:
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    # This program's sequence and chunk, from a prefix sum of the batch's chunk counts (in registers).
+    offs_b = tl.arange(0, BLOCK_B)
+    b_mask = offs_b < n_seq
+    lens = tl.load(cu_ptr + offs_b + 1, mask=b_mask, other=0) - tl.load(cu_ptr + offs_b, mask=b_mask, other=0)
+    chunks = (lens + CH - 1) // CH
+    ends = tl.cumsum(chunks, axis=0)  # inclusive: sequence i's chunks are [ends[i] - chunks[i], ends[i])
+    seq = tl.sum((ends <= pid).to(tl.int32), axis=0)
+    if seq < n_seq:  # else past the batch's last chunk (the grid is an upper bound)
+        c0 = (pid - tl.sum(tl.where(offs_b == seq, ends - chunks, 0), axis=0)) * CH
+        bos = tl.load(cu_ptr + seq).to(tl.int64)
+        n = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
         ci = tl.arange(0, CH)
         kk = tl.arange(0, BK)
         dd = tl.arange(0, BDV)
@@ -131,11 +138,9 @@ def _gdn_chunk_state_kernel(
 
 def gdn_chunk(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    states: torch.Tensor, cu_seqlens: torch.Tensor, slot_ids: torch.Tensor, max_query_len: int,
-    out: torch.Tensor | None = None,
+    states: torch.Tensor, cu_seqlens: torch.Tensor, slot_ids: torch.Tensor, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The gated delta rule in chunks of 64 tokens (same operands and result as `gdn_recurrent`);
-    `max_query_len` bounds the chunk grid of the chunk-local pass."""
+    """The gated delta rule in chunks of 64 tokens (same operands and result as `gdn_recurrent`)."""
     out = prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out)
     n_seq, dk, hv, dv = slot_ids.shape[0], q.shape[2], v.shape[1], v.shape[2]
     if n_seq == 0 or q.shape[0] == 0:
@@ -148,12 +153,14 @@ def gdn_chunk(
     w = torch.empty((q.shape[0], hv, dk), dtype=torch.float32, device=q.device)
     u = torch.empty((q.shape[0], hv, dv), dtype=torch.float32, device=q.device)
     pdl = pdl_launch(q.device)
-    _gdn_chunk_wy_kernel[(n_seq, triton.cdiv(max(max_query_len, 1), CHUNK), hv)](
+    # Every sequence's chunks but its last are full, so the batch has at most cdiv(T, 64) + B of them: the grid
+    # is bounded by the step's tokens, not by B x max_query_len (a mixed step of many decode rows).
+    _gdn_chunk_wy_kernel[(triton.cdiv(q.shape[0], CHUNK) + n_seq, hv)](
         k, v, g, beta, w, u, cu_seqlens,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         w.stride(0), w.stride(1), u.stride(0), u.stride(1),
-        dk, dv, hv // q.shape[1],
-        CH=CHUNK, BK=bk, BDV=bdv, num_warps=8, **pdl,
+        dk, dv, hv // q.shape[1], n_seq,
+        CH=CHUNK, BK=bk, BDV=bdv, BLOCK_B=max(2, next_pow2(n_seq)), num_warps=8, **pdl,
     )
     _gdn_chunk_state_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
         *gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids),
