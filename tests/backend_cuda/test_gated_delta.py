@@ -166,6 +166,8 @@ def ref_causal_conv1d(x, weight, states, lens, slots):
     out = torch.zeros(xf.shape)
     t = 0
     for n, slot in zip(lens, slots):
+        if n == 0:  # no new input: the state stays
+            continue
         seq = torch.cat([new[slot].float(), xf[t : t + n].T], dim=1)  # [C, K - 1 + n]
         y = torch.nn.functional.conv1d(seq[None], wf[:, None, :], groups=c)[0]  # [C, n]
         out[t : t + n] = torch.nn.functional.silu(y).T
@@ -194,8 +196,8 @@ def _check_conv(lens, c, kw, dtype, device, seed=0):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_causal_conv1d_prefill_ragged(dtype, device):
     """Sequences shorter than the kernel window (state and new rows mix in the new state), exactly K - 1 long,
-    and longer than one token block; channels not a multiple of the channel block."""
-    _check_conv([2, 3, 70, 1, 5], 40, 4, dtype, device)
+    longer than one token block, and empty (its state stays); channels not a multiple of the channel block."""
+    _check_conv([2, 3, 70, 0, 1, 5, 0], 40, 4, dtype, device)
 
 
 def test_causal_conv1d_update_step(device):

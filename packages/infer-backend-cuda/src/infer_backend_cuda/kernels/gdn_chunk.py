@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
+from infer_backend_cuda.kernels._ragged import batch_block
 from infer_backend_cuda.kernels.gdn_recurrent import gdn_kernel_args, prepare_gdn_out, sequence_head_block
 
 CHUNK = 64
@@ -50,15 +51,9 @@ def _gdn_chunk_wy_kernel(
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    # This program's sequence and chunk, from a prefix sum of the batch's chunk counts (in registers).
-    offs_b = tl.arange(0, BLOCK_B)
-    b_mask = offs_b < n_seq
-    lens = tl.load(cu_ptr + offs_b + 1, mask=b_mask, other=0) - tl.load(cu_ptr + offs_b, mask=b_mask, other=0)
-    chunks = (lens + CH - 1) // CH
-    ends = tl.cumsum(chunks, axis=0)  # inclusive: sequence i's chunks are [ends[i] - chunks[i], ends[i])
-    seq = tl.sum((ends <= pid).to(tl.int32), axis=0)
+    seq, chunk = batch_block(cu_ptr, n_seq, pid, CH, BLOCK_B)
     if seq < n_seq:  # else past the batch's last chunk (the grid is an upper bound)
-        c0 = (pid - tl.sum(tl.where(offs_b == seq, ends - chunks, 0), axis=0)) * CH
+        c0 = chunk * CH
         bos = tl.load(cu_ptr + seq).to(tl.int64)
         n = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
         ci = tl.arange(0, CH)
