@@ -350,7 +350,8 @@ class ModelRunner:
         sequence holds KV."""
         vocab = self.model.spec.vocab_size
         lengths = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
-        cache_blocks = int(self.kv_caches[0][0].shape[0])
+        paged = [cache for cache in self.kv_caches if all(cache is not pool for pool in self.state_pools)]
+        cache_blocks = int(paged[0][0].shape[0])
         scheduled, next_block = [], 0
         for i, length in enumerate(lengths):
             if length == 0:
