@@ -10,11 +10,11 @@ import pytest
 import torch
 from transformers import Qwen3_5ForConditionalGeneration
 
-from infer_worker.models.spec import FULL_ATTENTION, LINEAR_ATTENTION
+from infer_worker.application.model_runner import prepare_step
 from infer_worker.domain.sequence import ScheduledSeq
+from infer_worker.models.spec import FULL_ATTENTION, LINEAR_ATTENTION
 from tests.worker.qwen3_5_checkpoints import write_qwen3_5
 from tests.worker.tiny_checkpoints import Engine, forward_step, hf_greedy
-from infer_worker.application.model_runner import prepare_step
 
 DECODE_STEPS = 12
 
@@ -78,3 +78,28 @@ def test_ragged_batch_of_mixed_prefill_and_decode_matches_transformers(checkpoin
     engine.decode(seqs, DECODE_STEPS - 1)
     for seq, prompt in zip(seqs, prompts):
         assert seq.token_ids[len(prompt):len(prompt) + DECODE_STEPS - 1] == hf_greedy(hf, prompt, DECODE_STEPS - 1)
+
+
+def test_the_text_only_layout_and_an_mtp_head_load_to_the_same_model(checkpoint, tmp_path: Path) -> None:
+    """`Qwen3_5ForCausalLM` keeps the text model under `model.`; the published checkpoint's `mtp.*` tensors are
+    not the text path's and are skipped, like `model.visual.*`."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    path, hf = checkpoint
+    tensors = load_file(str(path / "model.safetensors"))
+    text_only = {name.replace("model.language_model.", "model.", 1): t for name, t in tensors.items()
+                 if not name.startswith("model.visual.")}
+    text_only["mtp.fc.weight"] = torch.zeros(4, 4)
+    save_file(text_only, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    text_config = {**config["text_config"], "architectures": ["Qwen3_5ForCausalLM"], "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(text_config))
+    prompt = _prompt(30, seed=9)
+    engine = Engine.open(tmp_path)
+    assert engine.spec.architecture == "Qwen3_5ForCausalLM"
+    ours = engine.prefill_logits(prompt)
+    with torch.no_grad():
+        expected = hf(torch.tensor([prompt])).logits[0].float()
+    torch.testing.assert_close(ours, expected, atol=2e-4, rtol=2e-4)
