@@ -9,6 +9,12 @@ from typing import Any
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
+from infer_core.dtypes import DType
+from infer_core.ports.backend import LlmBackend
+from infer_worker.application.cache_layout import ModelCaches, allocate_caches
+from infer_worker.infrastructure.model_loader import load_model
+from infer_worker.models.causal_lm import CausalLM
+
 TEXT: dict[str, Any] = dict(
     hidden_size=64,
     intermediate_size=96,
@@ -61,3 +67,10 @@ def write_qwen3_5(path: Path, seed: int = 0, **text: Any) -> Qwen3_5ForCondition
     model = random_qwen3_5(qwen3_5_config(**text), seed)
     model.save_pretrained(path, safe_serialization=True)
     return model
+
+
+def load_hybrid(model_dir: Path, backend: LlmBackend, num_blocks: int, block_size: int,
+                num_state_slots: int) -> tuple[CausalLM, ModelCaches]:
+    """The fp32 model and its per-layer caches (KV pages and state-slot pools) on `backend`."""
+    model, spec = load_model(model_dir, backend, DType.FLOAT32, "auto", 0)
+    return model, allocate_caches(backend, spec, num_blocks, block_size, DType.FLOAT32, num_state_slots)

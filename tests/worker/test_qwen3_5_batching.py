@@ -10,12 +10,9 @@ from pathlib import Path
 import pytest
 
 from infer_backend_cpu import CpuBackend
-from infer_core.dtypes import DType
 from infer_protocol.messages import SamplingParams, Submit
-from infer_worker.application.cache_layout import allocate_caches
 from infer_worker.application.model_runner import ModelRunner
-from infer_worker.infrastructure.model_loader import load_model
-from tests.worker.qwen3_5_checkpoints import write_qwen3_5
+from tests.worker.qwen3_5_checkpoints import load_hybrid, write_qwen3_5
 from tests.worker.test_overlap_pipeline import BLOCK_SIZE, MAX_BLOCKS_PER_SEQ, serve
 
 SLOTS = 6
@@ -30,8 +27,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def hybrid_runner(model_dir: Path, num_blocks: int) -> ModelRunner:
     backend = CpuBackend()
-    model, spec = load_model(model_dir, backend, DType.FLOAT32, "auto", 0)
-    caches = allocate_caches(backend, spec, num_blocks, BLOCK_SIZE, DType.FLOAT32, SLOTS)
+    model, caches = load_hybrid(model_dir, backend, num_blocks, BLOCK_SIZE, SLOTS)
     return ModelRunner(model, backend, caches.per_layer, BLOCK_SIZE, MAX_BLOCKS_PER_SEQ, backend.device,
                        state_pools=caches.state_pools)
 

@@ -110,7 +110,7 @@ class CpuGatedDeltaOps:
             window = torch.cat((conv_states[slots].to(torch.float32), x.to(torch.float32)[:, :, None]), dim=-1)
             conv_states[slots] = window[:, :, 1:].to(conv_states.dtype)
             return F.silu((window * w32).sum(dim=-1)).to(x.dtype)
-        out = torch.empty_like(x)
+        out = torch.zeros_like(x)  # rows of no sequence (a padded graph step's) stay zero
         bounds = batch.cu_seqlens.tolist()
         for i, slot in enumerate(slots.tolist()):
             begin, end = bounds[i], bounds[i + 1]
@@ -133,7 +133,7 @@ class CpuGatedDeltaOps:
             out, state = _recurrent_step(q32, k32, v32, g32, beta32, recurrent_states[slots])
             recurrent_states[slots] = state
             return out.to(v.dtype)
-        out = torch.empty_like(v32)
+        out = torch.zeros_like(v32)
         bounds = batch.cu_seqlens.tolist()
         for i, slot in enumerate(slots.tolist()):
             begin, end = bounds[i], bounds[i + 1]

@@ -156,20 +156,16 @@ def fit_context_to_cache(config: Config, max_model_len: int, num_blocks: int, pr
 def build_runner(config: Config, backend: LlmBackend, model: CausalLM, caches: list, max_model_len: int,
                  progress: Progress, state_pools: list | None = None) -> ModelRunner:
     """The graph runner when the backend captures graphs and the config wants them (graphs captured here), else
-    the eager one. A model with state layers runs eagerly for now: the graph runner's captured inputs carry no
-    state slots yet."""
+    the eager one. `state_pools`: a hybrid model's (its decode steps replay graphs, its mixed steps run eagerly)."""
     max_blocks_per_seq = math.ceil(max_model_len / config.block_size)
     sizes = [size for size in config.capture_sizes if size <= config.max_batch_seqs]
-    if state_pools:
-        if backend.supports_graphs and config.enable_cuda_graphs:
-            log.warning("CUDA graphs are not captured for a model with linear-attention layers yet: running eagerly")
-        return ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device,
-                           state_pools=state_pools)
+    pools = state_pools or []
     if not (backend.supports_graphs and config.enable_cuda_graphs and sizes):
-        return ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device)
+        return ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device,
+                           state_pools=pools)
     tokens = [t for t in config.capture_tokens if t <= config.max_batch_tokens]
     runner = GraphModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device,
-                              capture_sizes=sizes, capture_tokens=tokens)
+                              state_pools=pools, capture_sizes=sizes, capture_tokens=tokens)
     progress(f"capturing CUDA graphs for decode batch sizes {sizes} and mixed steps of up to "
              f"{max(tokens, default=0)} tokens")
     runner.capture()
