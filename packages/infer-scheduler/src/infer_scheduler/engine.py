@@ -65,6 +65,7 @@ class Engine:
         max_batch_tokens: int = 8192,
         max_batch_seqs: int = 256,
         chunked_prefill_size: int = 2048,
+        prefill_tokens_while_decoding: int = 0,
         enable_prefix_caching: bool = True,
         vocab_size: int = 0,
         max_inflight_steps: int = 1,
@@ -83,7 +84,8 @@ class Engine:
                         "valid only at the exact end of a prefix (%d state slots)", num_state_slots)
             enable_prefix_caching = False
         self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching, num_state_slots)
-        self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size)
+        self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size,
+                                 prefill_tokens_while_decoding)
         self.counters = Counters()
         self.planner = Planner(self.policy, self.kv, self.counters)
         self.waiting: deque[Request] = deque()
@@ -104,6 +106,7 @@ class Engine:
         return cls(num_blocks=ready.num_blocks, block_size=ready.block_size, max_model_len=max_len,
                    max_batch_tokens=config.max_batch_tokens, max_batch_seqs=config.max_batch_seqs,
                    chunked_prefill_size=config.chunked_prefill_size,
+                   prefill_tokens_while_decoding=config.prefill_tokens_while_decoding,
                    enable_prefix_caching=config.enable_prefix_caching,
                    vocab_size=ready.model.vocab_size, max_inflight_steps=2 if config.enable_overlap else 1,
                    num_state_slots=ready.num_state_slots)
