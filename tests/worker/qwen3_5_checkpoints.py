@@ -69,8 +69,8 @@ def write_qwen3_5(path: Path, seed: int = 0, **text: Any) -> Qwen3_5ForCondition
     return model
 
 
-def load_hybrid(model_dir: Path, backend: LlmBackend, num_blocks: int, block_size: int,
-                num_state_slots: int) -> tuple[CausalLM, ModelCaches]:
-    """The fp32 model and its per-layer caches (KV pages and state-slot pools) on `backend`."""
-    model, spec = load_model(model_dir, backend, DType.FLOAT32, "auto", 0)
-    return model, allocate_caches(backend, spec, num_blocks, block_size, DType.FLOAT32, num_state_slots)
+def load_hybrid(model_dir: Path, backend: LlmBackend, num_blocks: int, block_size: int, num_state_slots: int,
+                dtype: DType = DType.FLOAT32) -> tuple[CausalLM, ModelCaches]:
+    """The model and its per-layer caches (KV pages and state-slot pools) on `backend`."""
+    model, spec = load_model(model_dir, backend, dtype, "auto", 0)
+    return model, allocate_caches(backend, spec, num_blocks, block_size, dtype, num_state_slots)
