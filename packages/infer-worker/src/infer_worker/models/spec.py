@@ -90,7 +90,7 @@ class ModelSpec:
         architecture = architecture_of(config)
         config = _text_settings(config)
         missing = [key for key in _REQUIRED_KEYS if key not in config]
-        if missing:  # e.g. a multimodal config with its text settings under `text_config`
+        if missing:  # e.g. a config trimmed by hand
             raise ValueError(f"config.json of {architecture} lacks {', '.join(missing)}")
         hidden_size = int(config["hidden_size"])
         num_heads = int(config["num_attention_heads"])
