@@ -62,3 +62,12 @@ def test_a_tiny_variant_loads_dummy_weights_and_sizes_blocks_after_the_state_slo
                                              state_slot=seqs)])
     result = ready.service.step(plan)
     assert result.seq_ids == [1] and 0 <= result.token_ids[0] < 512
+
+
+def test_state_slots_that_leave_no_room_for_blocks_name_max_batch_seqs(tiny_dir: Path) -> None:
+    from infer_worker.application.assembly import StartupError
+
+    config = Config(model=str(tiny_dir), backend="cpu", load_format="dummy", dtype="float32",
+                    cpu_kv_cache_bytes=100_000, max_batch_seqs=8, block_size=4, max_model_len=256)
+    with pytest.raises(StartupError, match="state slots of max_batch_seqs = 8 sequences take .* lower max_batch_seqs"):
+        bootstrap(config, lambda _s: None)  # 9 slots of 16,896 bytes are more than the whole 100 kB budget

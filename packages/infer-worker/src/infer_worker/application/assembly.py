@@ -184,7 +184,10 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
                           dtype.itemsize)
     num_blocks = choose_num_blocks(config, backend, model, dtype, geometry, max_model_len, progress)
     if num_blocks * config.block_size < 2 * config.block_size:
-        raise StartupError(f"KV cache too small: {num_blocks} blocks of {config.block_size} tokens")
+        states = state_bytes(config, spec, dtype)
+        hint = (f" (the state slots of max_batch_seqs = {config.max_batch_seqs} sequences take {states / 2**30:.2f} "
+                f"GiB of the budget first: lower max_batch_seqs)" if states and not config.num_blocks else "")
+        raise StartupError(f"KV cache too small: {num_blocks} blocks of {config.block_size} tokens{hint}")
     max_model_len = fit_context_to_cache(config, max_model_len, num_blocks, progress)
     slots = num_state_slots(config, spec)
     progress(f"allocating the KV cache: {num_blocks} blocks x {config.block_size} tokens"
