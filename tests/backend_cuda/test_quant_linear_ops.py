@@ -25,7 +25,7 @@ def _cuda_ops_on_this_device() -> OpPorts:
     math = CudaMathOps(skinny_gemm=False)
     fused = TritonFusedOps(math)
     return OpPorts(math=math, fused=fused, sampler=cpu.sampler, collective=cpu.collective,
-                   linears=CudaLinears(math, fused))
+                   linears=CudaLinears(math, fused), gdn=cpu.gdn)
 
 
 @pytest.mark.parametrize("quant", [awq_config(32), fp8_config((32, 32))], ids=["awq", "fp8"])

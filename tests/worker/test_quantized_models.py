@@ -131,7 +131,12 @@ def test_fp8_matches_an_hf_model_simulating_w8a8(kind: str, block, scale_dtype, 
     prompt = list(PROMPTS[0])
     with torch.no_grad():
         expected = reference(torch.tensor([prompt])).logits[0].float()
-    torch.testing.assert_close(Engine.open(path).prefill_logits(prompt), expected, atol=1e-4, rtol=1e-4)
+    got = Engine.open(path).prefill_logits(prompt)
+    # Dynamic activation quantization is discontinuous: an activation that fp32 summation order (the BLAS build,
+    # the CPU) moves across an e4m3 rounding boundary changes code, and the logits downstream by ~1e-3. Seen on
+    # one machine: max 9e-4, mean 4e-5. The dense model, the wrong reference, is off by a mean of ~0.15.
+    torch.testing.assert_close(got, expected, atol=5e-3, rtol=0)
+    assert (got - expected).abs().mean() < 1e-3
     assert _greedy(path) == [hf_greedy(reference, list(p), STEPS) for p in PROMPTS]
 
 

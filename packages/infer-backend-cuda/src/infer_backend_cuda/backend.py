@@ -95,6 +95,7 @@ class CudaBackend:
             dtype if isinstance(dtype, DType) else None
         )
 
+        from infer_backend_cuda.gated_delta import CudaGatedDeltaOps
         from infer_backend_cuda.linear_ops import CudaLinears
         from infer_backend_cuda.ops import CudaMathOps, SingleDeviceCollective, TritonFusedOps
         from infer_backend_cuda.sampler import CudaSampler
@@ -106,7 +107,7 @@ class CudaBackend:
         fused = TritonFusedOps(math)
         self.ops = OpPorts(
             math=math, fused=fused, sampler=sampler, collective=SingleDeviceCollective(),
-            linears=CudaLinears(math, fused),
+            linears=CudaLinears(math, fused), gdn=CudaGatedDeltaOps(self.device),
         )
         self._graph_pool = None
 

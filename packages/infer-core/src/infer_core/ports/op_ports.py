@@ -19,6 +19,4 @@ class OpPorts:
     sampler: Sampler
     collective: Collective
     linears: LinearOpsFactory  # per weight scheme (dense, AWQ, block FP8) the GEMM-bearing ops
-    # The linear-attention ops of hybrid models (Qwen3.5); None on a backend without them, where such a model is
-    # refused when it is built (models of attention layers alone never read it).
-    gdn: GatedDeltaOps | None = None
+    gdn: GatedDeltaOps  # the linear-attention ops of hybrid models (Qwen3.5's Gated DeltaNet layers)

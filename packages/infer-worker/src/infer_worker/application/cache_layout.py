@@ -60,9 +60,6 @@ def allocate_caches(backend: LlmBackend, spec: ModelSpec, num_blocks: int, block
     pools: KvCaches = []
     if geometry is not None:
         gdn = backend.ops.gdn
-        if gdn is None:
-            raise ValueError(f"backend {backend.name!r} has no linear-attention ops: it cannot serve "
-                             f"{spec.architecture}")
         torch_dtype = backend.torch_dtype(dtype)
         assert isinstance(torch_dtype, torch.dtype)
         pools = gdn.allocate_state_pools(geometry.num_layers, num_state_slots + 1, geometry.conv_dim,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from infer_core.ports.fused_ops import AttentionBatch
-from infer_core.ports.linear_attention import GatedDeltaOps, StateBatch
+from infer_core.ports.linear_attention import StateBatch
 from infer_core.ports.op_ports import OpPorts
 from infer_core.quant import DENSE_CONFIG, ModuleQuant
 from infer_worker.components.linear import Linear, MergedLinear
@@ -47,12 +47,6 @@ class LinearAttentionSpec:
         return 2 * self.key_dim + self.value_dim
 
 
-def gated_delta_ops(ops: OpPorts) -> GatedDeltaOps:
-    if ops.gdn is None:
-        raise ValueError("this backend has no linear-attention ops (OpPorts.gdn): it cannot run Gated DeltaNet layers")
-    return ops.gdn
-
-
 class GatedDeltaNet:
     checkpoint_name = "linear_attn"
 
@@ -60,7 +54,7 @@ class GatedDeltaNet:
         self, ops: OpPorts, hidden_size: int, geometry: LinearAttentionSpec, norm_eps: float, dtype: torch.dtype,
         device: str, quant: ModuleQuant = ModuleQuant(DENSE_CONFIG),
     ) -> None:
-        self._gdn = gated_delta_ops(ops)
+        self._gdn = ops.gdn
         self.geometry = g = geometry
         self.norm_eps = norm_eps
         sizes = (g.conv_dim, g.value_dim, g.num_v_heads, g.num_v_heads)
