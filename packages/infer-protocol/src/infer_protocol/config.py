@@ -206,8 +206,19 @@ def _parse_env_value(raw: str) -> Any:
 
 _info = msgspec.inspect.type_info(Config)
 assert isinstance(_info, msgspec.inspect.StructType)
-# Their environment values are text as it is: `RUSTINFER_MODEL_NAME=7` names the model "7", not the integer 7.
+# Their environment values are text as it is: `RUSTINFER_MODEL_NAME=7` names the model "7", not the integer 7 —
+# unless the type takes a list too (api_key) and the text is a TOML list (`RUSTINFER_API_KEY='["a", "b"]'`).
 _TEXT_FIELDS = frozenset(f.name for f in _info.fields if is_text_type(f.type))
+_TEXT_OR_LIST_FIELDS = frozenset(
+    f.name for f in _info.fields
+    if isinstance(getattr(f.type, "type", f.type), msgspec.inspect.UnionType)
+    and any(isinstance(t, msgspec.inspect.ListType) for t in getattr(f.type, "type", f.type).types))
+
+
+def _env_value(field: str, raw: str) -> Any:
+    if field in _TEXT_FIELDS and not (field in _TEXT_OR_LIST_FIELDS and raw.lstrip().startswith("[")):
+        return raw
+    return _parse_env_value(raw)
 
 
 def _convert(data: dict[str, Any]) -> Config:
@@ -238,7 +249,7 @@ def load_config(
             field = key[len(ENV_PREFIX):].lower()
             if field not in FIELDS:
                 raise ConfigError(f"unknown config field '{field}' (from environment variable {key})")
-            data[field] = raw if field in _TEXT_FIELDS else _parse_env_value(raw)
+            data[field] = _env_value(field, raw)
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value
