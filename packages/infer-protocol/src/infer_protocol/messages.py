@@ -19,7 +19,8 @@ import msgspec
 # 6: StepFailed (a step that failed on the worker without harming it: its requests fail, the engine goes on)
 # 7: SchedulerStats.worker_restarts (workers adopted after the first)
 # 8: structured outputs (SamplingParams.structured, StructuredOutput; StepResult.seq_errors, SeqError)
-PROTOCOL_VERSION = 8
+# 9: images (ImageInput; Submit.images, NewSeq.images)
+PROTOCOL_VERSION = 9
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -52,6 +53,21 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     structured: StructuredOutput | None = None  # response_format: the output follows this grammar
 
 
+class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One image of a prompt, preprocessed by the server as the model's own image processor does: its flattened
+    patches, and where its placeholder tokens lie in the prompt. The vision tower turns the patches into
+    `num_tokens` embeddings that replace the placeholders' (the worker); the prefix cache keys those positions on
+    `content_hash`, so equal placeholder ids never share KV across different images (the scheduler)."""
+
+    offset: int  # index in prompt_token_ids of the first placeholder token
+    num_tokens: int  # contiguous placeholder tokens from offset: grid_t * grid_h * grid_w / merge_size**2
+    grid_thw: tuple[int, int, int]  # the image's patch grid (temporal, height, width)
+    pixel_values: bytes  # the patches, C order: shape[0] = t * h * w patches of shape[1] = C * T * P * P values
+    dtype: str  # numpy dtype name of pixel_values, e.g. "float32"
+    shape: tuple[int, int]
+    content_hash: str  # hex digest over the grid, dtype, shape and pixel bytes
+
+
 # ---------------------------------------------------------------- server <-> scheduler
 
 
@@ -63,6 +79,7 @@ class Submit(_Msg, tag="submit"):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     min_tokens: int = 0
+    images: list[ImageInput] = []  # in prompt order, placeholder spans disjoint
 
 
 class Abort(_Msg, tag="abort"):
@@ -167,6 +184,8 @@ class NewSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the ids sampling.min_tokens masks until that many tokens are generated (sent only when min_tokens > 0), and
     # the stop tokens that end a sampling.structured grammar (always sent with one)
     stop_token_ids: list[int] = []
+    # the prompt's images (every NewSeq of the sequence carries them: a recompute after preemption needs them too)
+    images: list[ImageInput] = []
 
 
 class ContinueSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
