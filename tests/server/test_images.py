@@ -20,7 +20,7 @@ from tokenizers import AddedToken
 
 from infer_protocol.config import load_config
 from infer_protocol.messages import Submit
-from infer_server.image_processing import prepare
+from infer_server.image_processing import ImageError, decode, prepare
 from infer_server.tokenizer import Tokenizer
 from infer_server.vision_spec import read_vision_spec
 
@@ -343,3 +343,25 @@ def test_the_image_config_fields_load() -> None:
 def test_tokenize_refuses_image_parts(vision_server: ServerHarness) -> None:
     r = vision_server.http.post("/tokenize", json={"messages": user(image_part(data_url(image_bytes(8, 8))))})
     assert_400(r, "messages[0].content[0]", "unsupported_parameter")
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
+def test_damaged_images_decode_or_are_refused_never_crash(fmt: str) -> None:
+    """Truncations and flipped bytes of a valid file: each decodes to an image or raises ImageError, nothing else."""
+    data = image_bytes(40, 30, fmt)
+    rng = np.random.default_rng(3)
+    damaged = [data[:n] for n in range(0, len(data), max(1, len(data) // 40))]
+    for _ in range(40):
+        flipped = bytearray(data)
+        for i in rng.integers(0, len(data), 4):
+            flipped[i] ^= int(rng.integers(1, 256))
+        damaged.append(bytes(flipped))
+    refused = 0
+    for blob in damaged:
+        try:
+            image = decode(blob, 10**8)
+        except ImageError:
+            refused += 1
+        else:
+            assert image.width * image.height >= 1 and image.mode  # decoded, pixels loaded
+    assert refused > len(damaged) // 3  # most truncations at least

@@ -42,7 +42,7 @@ class PreparedImage:
 
 
 def decode(data: bytes, max_pixels: int) -> Image.Image:
-    """The image in `data` (PNG, JPEG or WebP; the first frame of an animation), fully decoded. The size is checked
+    """The image in `data` (PNG, JPEG or WebP; the first frame of an animation), decoded to RGB. The size is checked
     from the header before the pixels are decoded, so a small file cannot expand into a huge bitmap."""
     try:
         image = Image.open(io.BytesIO(data), formats=FORMATS)
@@ -51,15 +51,16 @@ def decode(data: bytes, max_pixels: int) -> Image.Image:
             raise ImageError(f"the image is {width}x{height} = {width * height} pixels; at most {max_pixels} are "
                              "accepted", too_large=True)
         image.load()  # a truncated or corrupt file fails here (LOAD_TRUNCATED_IMAGES stays off)
+        rgb = to_rgb(image)
     except ImageError:
         raise
     except Image.DecompressionBombError as exc:
         raise ImageError(str(exc), too_large=True) from None
-    except (OSError, ValueError, SyntaxError) as exc:  # UnidentifiedImageError is an OSError
-        raise ImageError(f"not a decodable PNG, JPEG or WebP image ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 - Pillow's plugins fail on hostile bytes with many exception types
+        raise ImageError(f"not a decodable PNG, JPEG or WebP image ({type(exc).__name__}: {exc})") from None
     if width < 1 or height < 1:
         raise ImageError("the image has no pixels")
-    return image
+    return rgb
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -91,8 +92,8 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 def pixel_array(image: Image.Image, spec: VisionSpec) -> np.ndarray:
-    """The resized, rescaled and normalized image, channels first `[3, H, W]` float32."""
-    rgb = to_rgb(image)
+    """The resized, rescaled and normalized RGB image, channels first `[3, H, W]` float32."""
+    rgb = image
     if spec.do_resize:
         height, width = smart_resize(rgb.height, rgb.width, spec.factor, spec.min_pixels, spec.max_pixels)
         rgb = rgb.resize((width, height), resample=Image.Resampling(spec.resample))
