@@ -22,7 +22,7 @@ from infer_protocol.config import load_config
 from infer_protocol.messages import Submit
 from infer_server.image_processing import ImageError, decode, prepare
 from infer_server.tokenizer import Tokenizer
-from infer_server.vision_spec import read_vision_spec
+from infer_server.vision_spec import CLIP_MEAN, CLIP_STD, VisionSpec, read_vision_spec
 
 from tests.server.conftest import ServerHarness
 from tests.server.tiny_model import build_tokenizer
@@ -147,6 +147,20 @@ def test_preprocessing_equals_transformers(vision_dir: Path, vision_tok: Tokeniz
     assert ours.patches.shape == theirs["pixel_values"].shape
     np.testing.assert_array_equal(ours.patches, theirs["pixel_values"])
     assert ours.num_tokens == int(np.prod(theirs["image_grid_thw"][0])) // 4
+
+
+def test_preprocessing_with_clip_statistics_equals_transformers() -> None:
+    """Qwen2-VL's own defaults (CLIP mean and std, 14-pixel patches): the byte look-up table keeps every bit."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    spec = VisionSpec(image_token_id=1, patch_size=14, temporal_patch_size=2, merge_size=2, min_pixels=56 * 56,
+                      max_pixels=28 * 28 * 64, image_mean=CLIP_MEAN, image_std=CLIP_STD)
+    data = image_bytes(97, 61, "JPEG", seed=5)
+    theirs = Qwen2VLImageProcessorPil(max_pixels=28 * 28 * 64)(images=[Image.open(io.BytesIO(data))],
+                                                               return_tensors="np")
+    ours = prepare(data, spec, max_pixels=10**8)
+    assert list(ours.grid_thw) == theirs["image_grid_thw"][0].tolist()
+    np.testing.assert_array_equal(ours.patches, theirs["pixel_values"])
 
 
 def test_equal_images_hash_equal_and_different_images_do_not(vision_dir: Path, vision_tok: Tokenizer) -> None:

@@ -65,7 +65,7 @@ class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pixel_values: bytes  # the patches, C order: shape[0] = t * h * w patches of shape[1] = C * T * P * P values
     dtype: str  # numpy dtype name of pixel_values, e.g. "float32"
     shape: tuple[int, int]
-    content_hash: str  # hex digest over the grid, dtype, shape and pixel bytes
+    content_hash: str  # hex digest of what determines pixel_values (the resized image and the processor settings)
 
 
 # ---------------------------------------------------------------- server <-> scheduler

@@ -20,8 +20,8 @@ from infer_server.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 IMAGE_PAD = "<|image_pad|>"  # the placeholder the Qwen chat templates write once per image
-_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OPENAI_CLIP_MEAN / _STD: Qwen2VLImageProcessor's defaults
-_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # OPENAICLIP_MEAN / _STD: Qwen2VLImageProcessor's defaults
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 _BICUBIC = 3  # PIL.Image.Resampling.BICUBIC
 
 
@@ -88,8 +88,8 @@ def read_vision_spec(model_dir: str | Path, tokenizer: Tokenizer) -> VisionSpec 
         # as Qwen2VLImageProcessor.__init__: min_pixels / max_pixels override size's edges
         min_pixels=_first_int(pre.get("min_pixels"), size.get("shortest_edge")) or 56 * 56,
         max_pixels=_first_int(pre.get("max_pixels"), size.get("longest_edge")) or 28 * 28 * 1280,
-        image_mean=tuple(float(v) for v in pre.get("image_mean", _CLIP_MEAN)),
-        image_std=tuple(float(v) for v in pre.get("image_std", _CLIP_STD)),
+        image_mean=tuple(float(v) for v in pre.get("image_mean", CLIP_MEAN)),
+        image_std=tuple(float(v) for v in pre.get("image_std", CLIP_STD)),
         rescale_factor=float(pre.get("rescale_factor", 1 / 255)),
         resample=int(pre.get("resample", _BICUBIC)),
         do_resize=bool(pre.get("do_resize", True)),
