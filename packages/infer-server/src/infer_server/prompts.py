@@ -91,7 +91,7 @@ def chat_prompt_ids(assets: ModelAssets, messages: list[ChatMessage], add_genera
         if isinstance(name, str) and pattern.search(name):
             raise invalid_request(f"'messages[{i}].name' holds the special token text "
                                   f"{pattern.search(name).group()!r}", param="messages")  # type: ignore[union-attr]
-    if not any(pattern.search(text) for m in msgs for text in _texts(m["content"])):
+    if not any(pattern.search(piece) for m in msgs for piece in _texts(m["content"])):
         return tok.encode(text, add_special_tokens=add_special_tokens)
     ids = literal_content_ids(tok, template, msgs, add_generation_prompt, text)
     return _with_added_special_tokens(tok, ids) if add_special_tokens else ids
