@@ -1,5 +1,6 @@
-"""The multimodal RoPE positions against transformers' `Qwen3_5Model.get_rope_index` (the method reads only the
-vision config's merge size, so it runs here without building a model)."""
+"""Multimodal RoPE against transformers: the positions against `Qwen3_5Model.get_rope_index` (the method reads only
+the vision config's merge size, so it runs here without building a model), the angles against
+`Qwen3_5TextRotaryEmbedding` (partial rotary, interleaved sections)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from infer_worker.components.mrope_positions import ImageSpan, mrope_positions
+from infer_worker.components.mrope import ImageSpan, mrope_cos_sin, mrope_positions
 
 PAD = 7
 MERGE = 2
@@ -58,3 +59,33 @@ def test_a_span_that_does_not_match_its_grid_is_refused() -> None:
         mrope_positions(10, [ImageSpan(2, 5, (1, 4, 6))], MERGE)
     with pytest.raises(ValueError, match="out of order"):
         mrope_positions(10, [ImageSpan(2, 6, (1, 4, 6)), ImageSpan(4, 1, (1, 2, 2))], MERGE)
+
+
+def test_cos_sin_equal_transformers_text_rotary() -> None:
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+    section = [4, 2, 2]  # of 8 frequencies (head_dim 32, partial rotary 0.5): frequency 7 turns with t, not h
+    config = Qwen3_5TextConfig(head_dim=32, hidden_size=64, num_attention_heads=2, rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": section})
+    rotary = Qwen3_5TextRotaryEmbedding(config)
+    assert rotary.mrope_section == section
+    ids, spans = prompt([3, 2, 4], [(1, 8, 4), (1, 2, 6)])
+    positions, _ = mrope_positions(len(ids), spans, MERGE)
+    position_ids = torch.from_numpy(positions)[:, None, :]  # [3, batch 1, N]
+    cos, sin = rotary(torch.zeros(1, dtype=torch.float32), position_ids)
+    got = mrope_cos_sin(torch.from_numpy(positions), rotary.inv_freq, section)
+    half = rotary.inv_freq.shape[0]
+    torch.testing.assert_close(got[:, :half], cos[0, :, :half])
+    torch.testing.assert_close(got[:, half:], sin[0, :, :half])
+    torch.testing.assert_close(cos[0, :, half:], cos[0, :, :half])  # NeoX: the two halves turn alike
+
+
+def test_text_positions_give_ordinary_rope() -> None:
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    positions = torch.arange(5).expand(3, 5)
+    got = mrope_cos_sin(positions, inv_freq, [3, 3, 2])
+    angles = torch.arange(5, dtype=torch.float32)[:, None] * inv_freq
+    torch.testing.assert_close(got, torch.cat((angles.cos(), angles.sin()), dim=-1))
+    with pytest.raises(ValueError, match="does not cover"):
+        mrope_cos_sin(positions, inv_freq, [3, 3, 3])

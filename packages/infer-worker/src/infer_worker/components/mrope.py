@@ -1,4 +1,5 @@
-"""The multimodal RoPE positions of a Qwen3.5 prompt with images (transformers' `Qwen3_5Model.get_rope_index`).
+"""Multimodal RoPE (Qwen3.5): a prompt's 3-D positions (transformers' `Qwen3_5Model.get_rope_index`), and the
+rotary angles of 3-D positions (its text rotary embedding's interleaved sections).
 
 Each token has three positions (temporal, height, width), which rotate interleaved thirds of the rotary
 frequencies (`mrope_section`). A text token has all three equal, counting on from the previous token. An image's
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 
 class ImageSpan(NamedTuple):
@@ -47,3 +49,18 @@ def mrope_positions(num_tokens: int, images: Sequence[ImageSpan], spatial_merge_
     positions[:, end:] = current + np.arange(num_tokens - end)
     delta = int(positions.max()) + 1 - num_tokens if num_tokens else 0
     return positions, delta
+
+
+def mrope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, mrope_section: Sequence[int]) -> torch.Tensor:
+    """`[N, 2 * len(inv_freq)]` float32 rows `[cos | sin]` (the layout of `rotary.cos_sin_cache`) for tokens at
+    `positions` `[3, N]`. Frequency `j` turns with the temporal position, except `j = 1, 4, ...` below
+    `3 * mrope_section[1]`, which turn with the height, and `j = 2, 5, ...` below `3 * mrope_section[2]`, with the
+    width. A text token (three equal positions) gets ordinary RoPE."""
+    if sum(mrope_section) != inv_freq.shape[0]:
+        raise ValueError(f"mrope_section {list(mrope_section)} does not cover the {inv_freq.shape[0]} frequencies")
+    angles = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)  # [3, N, half]
+    mixed = angles[0].clone()
+    for axis in (1, 2):
+        idx = slice(axis, 3 * mrope_section[axis], 3)
+        mixed[:, idx] = angles[axis][:, idx]
+    return torch.cat((mixed.cos(), mixed.sin()), dim=-1)
