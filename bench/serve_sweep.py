@@ -1,5 +1,11 @@
 """The headline online benchmark: Poisson arrivals against a running OpenAI-compatible server.
 
+Workloads (`--workload`): `chat`, short chats of 40-500 characters (the reference harness's); `long`, one user
+message of about `--prompt-tokens` tokens (default 3,000) each; `shared-prefix`, one fixed system prompt of about
+`--prompt-tokens` tokens (default 1,500) shared by every request, then a short chat question. Prompt sizes are
+set in characters from the server's own /tokenize count of a sample (4 characters a token if it has none); the
+result records the prompt tokens the server reported in `usage`.
+
 Metrics use vLLM's definitions: TTFT = time to the first content chunk; ITL = gaps between successive content
 chunks; TPOT = (E2E - TTFT) / (output tokens - 1); E2E = request latency. Reported as mean/p50/p90/p99 with
 request and output-token throughput and failures, per QPS level, as JSON (plot with bench/plot_sweep.py).
@@ -39,24 +45,56 @@ class RequestRecord:
     itl: list[float] = field(default_factory=list)
     output_tokens: int = 0
     error: str = ""
+    prompt_tokens: int = 0
 
 
-def make_prompt(rng: random.Random) -> str:
-    """40-500 characters of plain words, as the reference harness uses."""
-    target = rng.randint(40, 500)
+def make_prompt(rng: random.Random, target: int = 0) -> str:
+    """`target` characters of plain words (40-500 at random when 0, as the reference harness uses)."""
+    target = target or rng.randint(40, 500)
     words: list[str] = []
     while sum(len(w) + 1 for w in words) < target:
         words.append("".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(2, 9))))
     return " ".join(words)[:target]
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What each request says (picklable: client processes build their prompts from it)."""
+
+    kind: str = "chat"
+    prompt_chars: int = 0  # `long`: the user message; `shared-prefix`: the system prompt
+
+    def messages(self, rng: random.Random) -> list[dict[str, str]]:
+        if self.kind == "long":
+            jitter = rng.uniform(0.9, 1.1)  # lengths differ, as real prompts do
+            return [{"role": "user", "content": make_prompt(rng, int(self.prompt_chars * jitter))}]
+        question = [{"role": "user", "content": make_prompt(rng)}]
+        if self.kind == "shared-prefix":
+            return [{"role": "system", "content": make_prompt(random.Random(12345), self.prompt_chars)}, *question]
+        return question
+
+
+WORKLOADS = {"chat": 0, "long": 3000, "shared-prefix": 1500}  # default prompt tokens
+
+
+def chars_per_token(url: str, model: str) -> float:
+    """From the server's /tokenize of a 4,000-character sample; 4.0 when it has no such endpoint."""
+    sample = make_prompt(random.Random(7), 4000)
+    try:
+        resp = httpx.post(f"{url}/tokenize", json={"model": model, "prompt": sample}, timeout=30)
+        count = resp.json().get("count") or len(resp.json().get("tokens", []))
+        return len(sample) / count if resp.status_code == 200 and count else 4.0
+    except (httpx.HTTPError, ValueError):
+        return 4.0
+
+
 IGNORE_EOS = {"ignore_eos": True}  # the default extra body fields (`--no-ignore-eos` drops them: HF serve refuses it)
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int,
-                      extra: dict[str, object] | None = None) -> RequestRecord:
+async def one_request(client: httpx.AsyncClient, url: str, model: str, messages: list[dict[str, str]],
+                      max_tokens: int, extra: dict[str, object] | None = None) -> RequestRecord:
     body = {
-        "model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+        "model": model, "messages": messages, "max_tokens": max_tokens,
         "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
     } | (IGNORE_EOS if extra is None else extra)
     start = time.perf_counter()
@@ -73,6 +111,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: s
                 chunk = json.loads(line[6:])
                 if chunk.get("usage") and not chunk.get("choices"):
                     rec.output_tokens = chunk["usage"]["completion_tokens"]
+                    rec.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
                     continue
                 if "error" in chunk:
                     rec.error = str(chunk["error"])
@@ -106,7 +145,8 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 
 async def drive(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
-                start_at: float, extra: dict[str, object] | None = None) -> tuple[list[RequestRecord], float]:
+                start_at: float, extra: dict[str, object] | None = None,
+                workload: Workload = Workload()) -> tuple[list[RequestRecord], float]:
     """Poisson arrivals at `qps` for `duration` seconds from wall-clock time `start_at`; the records and the wall
     time until the last request ended."""
     rng = random.Random(seed)
@@ -120,33 +160,35 @@ async def drive(url: str, model: str, qps: float, duration: float, max_tokens: i
             delay = start + next_at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one_request(client, url, model, make_prompt(rng), max_tokens, extra)))
+            tasks.append(asyncio.create_task(one_request(client, url, model, workload.messages(rng), max_tokens, extra)))
             next_at += rng.expovariate(qps)
         records = await asyncio.gather(*tasks)
         return list(records), time.perf_counter() - start
 
 
 def _client_process(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
-                    start_at: float, extra: dict[str, object] | None) -> tuple[list[RequestRecord], float]:
-    return asyncio.run(drive(url, model, qps, duration, max_tokens, seed, start_at, extra))
+                    start_at: float, extra: dict[str, object] | None,
+                    workload: Workload) -> tuple[list[RequestRecord], float]:
+    return asyncio.run(drive(url, model, qps, duration, max_tokens, seed, start_at, extra, workload))
 
 
 async def run_level(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
-                    host_budget: bool = False, clients: int = 1, extra: dict[str, object] | None = None) -> dict:
+                    host_budget: bool = False, clients: int = 1, extra: dict[str, object] | None = None,
+                    workload: Workload = Workload()) -> dict:
     """One QPS level. With `clients` > 1 the load comes from that many processes, each a Poisson stream of
     qps / clients (their sum is a Poisson stream of qps), so one Python client process never limits the server."""
     budget = HostBudget(url) if host_budget else contextlib.nullcontext()
     async with budget:
         start_at = time.time() + (1.0 if clients > 1 else 0.0)  # the processes start together
         if clients == 1:
-            records, wall = await drive(url, model, qps, duration, max_tokens, seed, start_at, extra)
+            records, wall = await drive(url, model, qps, duration, max_tokens, seed, start_at, extra, workload)
         else:
             loop = asyncio.get_running_loop()
             ctx = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
                 parts = await asyncio.gather(*(
                     loop.run_in_executor(pool, _client_process, url, model, qps / clients, duration, max_tokens,
-                                         seed * 1000 + i, start_at, extra) for i in range(clients)))
+                                         seed * 1000 + i, start_at, extra, workload) for i in range(clients)))
             records = [r for part, _ in parts for r in part]
             wall = max(w for _, w in parts)
     ok = [r for r in records if r.ok]
@@ -162,6 +204,7 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
         "request_throughput": len(ok) / wall,
         "output_throughput": sum(r.output_tokens for r in ok) / wall,
         "offered_output_throughput": qps * max_tokens,
+        "prompt_tokens_mean": statistics.fmean(r.prompt_tokens for r in ok) if ok else float("nan"),
         "ttft_ms": {k: v * ms for k, v in summarize([r.ttft for r in ok]).items()},
         "tpot_ms": {k: v * ms for k, v in summarize(tpot).items()},
         "itl_ms": {k: v * ms for k, v in summarize([g for r in ok for g in r.itl]).items()},
@@ -193,20 +236,28 @@ def main() -> None:
                     "it, e.g. HF transformers serve; a random model rarely stops early anyway)")
     ap.add_argument("--clients", type=int, default=1, help="client processes sharing the load (one Python "
                     "process streams ~10k chunks/s at most)")
+    ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
+    ap.add_argument("--prompt-tokens", type=int, default=0,
+                    help="long / shared-prefix: prompt (system prompt) size in tokens; 0 = the workload's default")
     args = ap.parse_args()
+    tokens = args.prompt_tokens or WORKLOADS[args.workload]
+    workload = Workload(args.workload, int(tokens * chars_per_token(args.url, args.model)) if tokens else 0)
     levels = []
     for qps in (float(q) for q in args.qps.split(",")):
         level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed,
-                                      args.host_budget, args.clients, {} if args.no_ignore_eos else IGNORE_EOS))
+                                      args.host_budget, args.clients, {} if args.no_ignore_eos else IGNORE_EOS,
+                                      workload))
         levels.append(level)
         print(f"qps {qps:>5}: ITL p50 {level['itl_ms']['p50']:.2f} p99 {level['itl_ms']['p99']:.2f} ms | "
               f"TPOT p50 {level['tpot_ms']['p50']:.2f} | TTFT p50 {level['ttft_ms']['p50']:.1f} "
               f"p99 {level['ttft_ms']['p99']:.1f} ms | out {level['output_throughput']:.0f} tok/s | "
+              f"prompt {level['prompt_tokens_mean']:.0f} tok | "
               f"failed {level['failed']}", flush=True)
         if "host_budget" in level:
             print(f"           {describe(level['host_budget'])}", flush=True)
     args.out.write_text(json.dumps({"label": args.label, "commit": args.commit or commit(), "model": args.model,
-                                    "max_tokens": args.max_tokens, "levels": levels}, indent=2))
+                                    "max_tokens": args.max_tokens, "workload": args.workload,
+                                    "prompt_tokens": tokens, "levels": levels}, indent=2))
 
 
 if __name__ == "__main__":

@@ -34,9 +34,10 @@ def make_cos_sin_cache(max_pos: int, head_dim: int, base: float = 10000.0, dtype
 
 def ref_qk_norm_rope(q, k, positions, cos_sin_cache, q_w, k_w, eps):
     """Returns rotated (q, k) in the inputs' dtype. Norm output is rounded to the activation dtype (as when
-    the unfused norm materialises it), the rotation runs in fp32."""
-    d = q.shape[-1]
-    half = d // 2
+    the unfused norm materialises it), the rotation runs in fp32. A cache narrower than the head (partial
+    rotary) rotates only the first `cos_sin_cache.shape[-1]` dims of each head; the rest pass through."""
+    rot = cos_sin_cache.shape[-1]
+    half = rot // 2
     cs = cos_sin_cache[positions.long()].float()
     cos, sin = cs[:, None, :half], cs[:, None, half:]
 
@@ -45,8 +46,8 @@ def ref_qk_norm_rope(q, k, positions, cos_sin_cache, q_w, k_w, eps):
             xf = x.float()
             x = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
         xf = x.float()
-        x1, x2 = xf[..., :half], xf[..., half:]
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+        x1, x2, rest = xf[..., :half], xf[..., half:rot], xf[..., rot:]
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], dim=-1).to(x.dtype)
 
     return one(q, q_w), one(k, k_w)
 

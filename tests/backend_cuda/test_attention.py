@@ -21,6 +21,7 @@ PREFILL_SMALL = [
     ([3, 17], [3, 30], 2, 2, 16, 8),  # GQA 1, query longer than one 16-row tile
     ([16, 2, 1], [16, 40, 0], 4, 1, 32, 16),  # GQA 4, a padding row (context 0 -> zeros)
     ([7, 1, 4], [10, 30, 4], 6, 2, 16, 4),  # GQA 3: a token's heads straddle two packed 16-row tiles
+    ([4, 0, 6, 0], [4, 0, 9, 0], 4, 2, 16, 4),  # sequences with no rows (a padded graph batch) between others
 ]
 PREFILL_LARGE = [
     ([512, 1, 37, 200], [512, 900, 1037, 1224], 32, 8, 128, 16),
@@ -58,6 +59,18 @@ def _prefill(case, dtype, device):
     )
     assert y is out
     torch.testing.assert_close(y.float().cpu(), ref_paged_attention(pb, scale).float(), **tol(dtype))
+
+
+def test_prefill_leaves_rows_past_the_batch_unwritten(device):
+    """A captured mixed step pads its tokens to a bucket: rows past `query_start_loc[-1]` belong to no sequence
+    (and the grid, bounded by the row count, has programs past the batch's last tile); they stay as they were."""
+    pb = make_paged_batch([5, 9], [5, 20], 4, 2, 32, 4, torch.float32, device, seed=3)
+    q = torch.cat([pb.q, torch.randn(11, 4, 32, device=device)])
+    out = poison(torch.empty_like(q))
+    K.paged_attention_prefill(q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables,
+                              pb.max_query_len, 32**-0.5, out=out)
+    torch.testing.assert_close(out[:14].cpu(), ref_paged_attention(pb, 32**-0.5).float(), **tol(torch.float32))
+    assert torch.isnan(out[14:]).all()
 
 
 def _decode(case, dtype, device):

@@ -55,6 +55,26 @@ def test_awq_linear_matches_the_dequantized_reference(m, config, dtype, device):
     torch.testing.assert_close(y.float().cpu(), _awq_reference(x, qweight, qzeros, scales, bias), **tol(dtype))
 
 
+@pytest.mark.parametrize("m,split", [(1, 3), (3, 4), (2, 64)])
+def test_awq_split_k_sums_every_range_once(m, split, device):
+    """K = 96 in groups of 32 with 16-row steps: split 3 gives three whole groups, split 4 ranges of 32, and a
+    request beyond K / block_k is cut to one step per range; each adds the bias once."""
+    qweight, qzeros, scales = _awq(40, 96, 32, device)
+    bias = _x(40, 1, torch.float32, device, 7).reshape(40)
+    x = _x(m, 96, torch.float32, device)
+    out = poison(torch.empty((m, 40), dtype=torch.float32, device=device))
+    y = A.awq_linear(x, qweight, qzeros, scales, bias, out=out, config=A.AwqConfig(4, 16, 16, 2, 1, split))
+    torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales, bias), **tol(torch.float32))
+
+
+def test_awq_decode_config_splits_k_to_fill_the_gpu():
+    """Qwen3-4B's o_proj (N = K = 2560) at batch 1: 20 column tiles, so K is cut until the launch has hundreds of
+    programs; a wide GEMM (gate_up, N = 19456) needs little splitting."""
+    narrow, wide = A.default_config(1, 2560, 2560, 128), A.default_config(1, 19456, 2560, 128)
+    assert narrow.k_splits * -(-2560 // narrow.block_n) >= 256
+    assert wide.k_splits < narrow.k_splits
+
+
 def test_awq_refuses_groups_the_kernels_cannot_step(device):
     assert A.group_block_k(128, 64) == 64 and A.group_block_k(96, 64) == 32 and A.group_block_k(32, 64) == 32
     with pytest.raises(ValueError, match="divisible by 16"):
@@ -70,6 +90,20 @@ def test_fp8_activation_quant_equals_the_reference_bit_for_bit(k, dtype, device)
     ref_codes, ref_scales = quantize_activation_fp8(x.cpu(), 64)
     assert torch.equal(scales.cpu(), ref_scales)
     assert torch.equal(codes.cpu().view(torch.uint8), ref_codes.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("m,splits", [(1, 2), (3, 4), (2, 9)])
+def test_fp8_split_k_sums_every_group_once(m, splits, device):
+    """K = 200 in groups of 64 (the last partial): 2 ranges of 2 groups, 4 of one, and a request beyond the group
+    count cut to one group a range; the bias is added once."""
+    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
+    bias = _x(64, 1, torch.float32, device, 7).reshape(64)
+    x = _x(m, 200, torch.float32, device)
+    out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, out=out,
+                            config=F8.Fp8Config(4, 16, 4, 1, splits))
+    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 64, bias.cpu())
+    torch.testing.assert_close(y.cpu(), ref.float(), **tol(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,32 @@ def test_ignore_eos_is_sent_unless_turned_off(flag: list[str], expected: bool | 
     serve_sweep.main()
     assert bodies and all(b.get("ignore_eos") is expected for b in bodies)
     assert all(b["stream"] and b["stream_options"] == {"include_usage": True} for b in bodies)
+
+
+def test_workloads_shape_their_prompts() -> None:
+    """`long`: one user message near its size, lengths varying; `shared-prefix`: the same system prompt on every
+    request and a different short question; `chat`: a 40-500 character question."""
+    rng = random.Random(3)
+    long = [serve_sweep.Workload("long", 12_000).messages(rng) for _ in range(20)]
+    sizes = [len(m[0]["content"]) for m in long]
+    assert all(m[0]["role"] == "user" and len(m) == 1 for m in long)
+    assert all(10_700 <= n <= 13_300 for n in sizes) and len(set(sizes)) > 10
+    shared = [serve_sweep.Workload("shared-prefix", 6_000).messages(rng) for _ in range(5)]
+    assert len({m[0]["content"] for m in shared}) == 1 and abs(len(shared[0][0]["content"]) - 6_000) <= 10
+    assert len({m[1]["content"] for m in shared}) == 5 and all(m[1]["role"] == "user" for m in shared)
+    chat = serve_sweep.Workload().messages(rng)
+    assert len(chat) == 1 and 40 <= len(chat[0]["content"]) <= 500
+
+
+def test_prompt_size_comes_from_the_servers_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three characters a token by the server's count; 4.0 when the server has no /tokenize."""
+    def tokenize(request: httpx.Request) -> httpx.Response:
+        chars = len(json.loads(request.content)["prompt"])
+        return httpx.Response(200, json={"count": chars // 3, "tokens": []})
+
+    client = httpx.Client(transport=httpx.MockTransport(tokenize))
+    monkeypatch.setattr(httpx, "post", client.post)
+    assert serve_sweep.chars_per_token("http://x", "m") == pytest.approx(3.0, rel=0.01)
+    client = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(404, json={})))
+    monkeypatch.setattr(httpx, "post", client.post)
+    assert serve_sweep.chars_per_token("http://x", "m") == 4.0

@@ -45,6 +45,15 @@ def test_file_env_and_overrides_in_order(tmp_path: Path) -> None:
     assert cfg.enable_prefix_caching is False and cfg.model == "/x y" and cfg.host == "127.0.0.1"
 
 
+def test_string_fields_take_environment_text_as_it_is() -> None:
+    """A model named 7, a key that looks like a boolean, a dtype: strings; numbers and lists still parse."""
+    env = {"RUSTINFER_MODEL_NAME": "7", "RUSTINFER_API_KEY": "true", "RUSTINFER_DTYPE": "float16",
+           "RUSTINFER_PORT": "9005", "RUSTINFER_CAPTURE_SIZES": "[1, 4]"}
+    cfg = load_config(environ=env)
+    assert (cfg.model_name, cfg.api_key, cfg.dtype) == ("7", "true", "float16")
+    assert (cfg.port, cfg.capture_sizes) == (9005, [1, 4])
+
+
 @pytest.mark.parametrize(
     ("toml", "field"),
     [

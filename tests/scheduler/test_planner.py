@@ -32,6 +32,26 @@ def test_token_budget_splits_the_last_admission_into_a_chunk():
     assert sum(c.num_tokens for c in plan.continuing) + sum(n.num_tokens for n in plan.new_seqs) == 15
 
 
+def test_prefill_cap_while_decoding_spreads_a_long_prompt_and_lifts_when_nothing_decodes():
+    """With one request decoding, a 40-token prompt arrives: each step carries the decode and at most 8 prompt
+    tokens (not the 32 the step budget would give). Alone, the same prompt takes the whole budget at once."""
+    e = make_engine(num_blocks=256, max_batch_tokens=33, chunked_prefill_size=64, prefill_tokens_while_decoding=8)
+    w = SimWorker(256, 4)
+    e.submit(make_submit([1, 2, 3], max_tokens=20))
+    e.apply_result(w.step(e.plan_step()))
+    e.submit(make_submit(list(range(100, 140)), max_tokens=2))
+    chunks = []
+    for _ in range(5):
+        plan = e.plan_step()
+        chunks.append(sorted([c.num_tokens for c in plan.continuing] + [n.num_tokens for n in plan.new_seqs]))
+        e.apply_result(w.step(plan))
+    assert chunks == [[1, 8], [1, 8], [1, 8], [1, 8], [1, 8]]
+
+    alone = make_engine(num_blocks=256, max_batch_tokens=33, chunked_prefill_size=64, prefill_tokens_while_decoding=8)
+    alone.submit(make_submit(list(range(100, 140)), max_tokens=2))
+    assert [n.num_tokens for n in alone.plan_step().new_seqs] == [33]
+
+
 def test_sequence_cap():
     e = make_engine(max_batch_seqs=2)
     for _ in range(4):

@@ -27,14 +27,14 @@ class SchedulerMachine(RuleBasedStateMachine):
     @initialize(
         num_blocks=st.integers(4, 24), block_size=st.sampled_from([1, 2, 4]), max_batch_tokens=st.integers(1, 32),
         max_batch_seqs=st.integers(1, 8), chunk=st.integers(1, 16), prefix_caching=st.booleans(),
-        seed=st.integers(0, 2**16), overlap=st.booleans(),
+        seed=st.integers(0, 2**16), overlap=st.booleans(), prefill_cap=st.integers(0, 6),
     )
     def setup(self, num_blocks, block_size, max_batch_tokens, max_batch_seqs, chunk, prefix_caching, seed,
-              overlap):
+              overlap, prefill_cap):
         self.engine = Engine(num_blocks=num_blocks, block_size=block_size, max_model_len=48,
                              max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
                              chunked_prefill_size=chunk, enable_prefix_caching=prefix_caching,
-                             max_inflight_steps=2 if overlap else 1)
+                             prefill_tokens_while_decoding=prefill_cap, max_inflight_steps=2 if overlap else 1)
         self.worker = SimWorker(num_blocks, block_size, vocab_size=8, rng=random.Random(seed))
         self.held: deque = deque()  # results the worker computed that the engine has not seen yet
         self.prefixes = [[5, 6, 7, 4, 5, 6, 7, 4], [4, 4, 5, 5, 6, 6, 7, 7]]

@@ -87,6 +87,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         description="context limit (prompt + completion); 0 = the model's max_position_embeddings")] = 0
     chunked_prefill_size: Annotated[int, Meta(
         description="at most this many prompt tokens of one request per step")] = 2048
+    prefill_tokens_while_decoding: Annotated[int, Meta(
+        description="while any request decodes, a step carries at most this many prompt tokens (bounds the "
+                    "inter-token latency a long prompt adds); 0 = no cap beyond max_batch_tokens")] = 0
     enable_prefix_caching: Annotated[bool, Meta(
         description="RadixTree prefix cache: reuse the KV of shared, page-aligned prompt prefixes")] = True
     enable_overlap: Annotated[bool, Meta(
@@ -164,7 +167,8 @@ def _validate(c: Config) -> None:
                  "max_image_pixels", "image_url_timeout_secs"):
         _positive(name, getattr(c, name))
     _positive("request_body_timeout_secs", c.request_body_timeout_secs)
-    for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs"):
+    for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs",
+                 "prefill_tokens_while_decoding"):
         if getattr(c, name) < 0:
             raise ConfigError(f"config field '{name}' must be >= 0, got {getattr(c, name)!r}")
     if not 0.0 < c.mem_fraction_static <= 1.0:
@@ -194,12 +198,30 @@ def hub_repo_id(model: str) -> str | None:
     return model if _HUB_REPO_ID.fullmatch(model) else None
 
 
+def is_text_type(typ: msgspec.inspect.Type) -> bool:
+    """A field type that takes text as it is: a string, a union with one (`str | list[str]`, api_key: the text,
+    comma-separated), or string literals."""
+    if isinstance(typ, msgspec.inspect.Metadata):
+        return is_text_type(typ.type)
+    if isinstance(typ, msgspec.inspect.StrType):
+        return True
+    if isinstance(typ, msgspec.inspect.UnionType):
+        return any(isinstance(t, msgspec.inspect.StrType) for t in typ.types)
+    return isinstance(typ, msgspec.inspect.LiteralType) and all(isinstance(v, str) for v in typ.values)
+
+
 def _parse_env_value(raw: str) -> Any:
-    """Environment values are TOML literals (`8`, `true`, `[1, 2]`); anything else is taken as a string."""
+    """A TOML literal (`8`, `true`, `[1, 2]`); anything else is taken as a string."""
     try:
         return tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+
+
+_info = msgspec.inspect.type_info(Config)
+assert isinstance(_info, msgspec.inspect.StructType)
+# Their environment values are text as it is: `RUSTINFER_MODEL_NAME=7` names the model "7", not the integer 7.
+_TEXT_FIELDS = frozenset(f.name for f in _info.fields if is_text_type(f.type))
 
 
 def _convert(data: dict[str, Any]) -> Config:
@@ -230,7 +252,7 @@ def load_config(
             field = key[len(ENV_PREFIX):].lower()
             if field not in FIELDS:
                 raise ConfigError(f"unknown config field '{field}' (from environment variable {key})")
-            data[field] = _parse_env_value(raw)
+            data[field] = raw if field in _TEXT_FIELDS else _parse_env_value(raw)
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value

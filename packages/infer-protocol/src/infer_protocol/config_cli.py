@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from infer_protocol.config import Config, _parse_env_value, _toml_literal, load_config
+from infer_protocol.config import Config, _parse_env_value, _toml_literal, is_text_type, load_config
 
 CONFIG_FLAG = "--config"
 
@@ -50,14 +50,6 @@ def field_specs() -> list[FieldSpec]:
     return specs
 
 
-def _is_str(typ: msgspec.inspect.Type) -> bool:
-    if isinstance(typ, msgspec.inspect.StrType):
-        return True
-    if isinstance(typ, msgspec.inspect.UnionType):  # `str | list[str]` (api_key): the text, comma-separated
-        return any(isinstance(t, msgspec.inspect.StrType) for t in typ.types)
-    return isinstance(typ, msgspec.inspect.LiteralType) and all(isinstance(v, str) for v in typ.values)
-
-
 def _metavar(typ: msgspec.inspect.Type) -> str:
     if isinstance(typ, msgspec.inspect.LiteralType):
         return "{" + ",".join(str(v) for v in typ.values) + "}"
@@ -75,7 +67,7 @@ def _shown(value: Any) -> str:
 
 def flag_value(spec: FieldSpec, raw: str) -> Any:
     """A flag's string as a config value; the type check is left to `load_config`, as for the file."""
-    if _is_str(spec.type):
+    if is_text_type(spec.type):
         return raw  # a string field takes the text as it is (`--model-name 7` is the name "7")
     if isinstance(spec.type, msgspec.inspect.ListType):
         if raw.lstrip().startswith("["):

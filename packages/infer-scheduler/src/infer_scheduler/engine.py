@@ -76,6 +76,7 @@ class Engine:
         max_batch_tokens: int = 8192,
         max_batch_seqs: int = 256,
         chunked_prefill_size: int = 2048,
+        prefill_tokens_while_decoding: int = 0,
         enable_prefix_caching: bool = True,
         vocab_size: int = 0,
         max_inflight_steps: int = 1,
@@ -87,7 +88,8 @@ class Engine:
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching)
-        self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size)
+        self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size,
+                                 prefill_tokens_while_decoding)
         self.counters = Counters()
         self.planner = Planner(self.policy, self.kv, self.counters)
         self.waiting: deque[Request] = deque()
@@ -108,6 +110,7 @@ class Engine:
         return cls(num_blocks=ready.num_blocks, block_size=ready.block_size, max_model_len=max_len,
                    max_batch_tokens=config.max_batch_tokens, max_batch_seqs=config.max_batch_seqs,
                    chunked_prefill_size=config.chunked_prefill_size,
+                   prefill_tokens_while_decoding=config.prefill_tokens_while_decoding,
                    enable_prefix_caching=config.enable_prefix_caching,
                    vocab_size=ready.model.vocab_size, max_inflight_steps=2 if config.enable_overlap else 1)
 

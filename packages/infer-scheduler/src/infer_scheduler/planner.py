@@ -51,15 +51,15 @@ class Planner:
 
     def schedule(self, step: int, running: list[Request], waiting: deque[Request]) -> Schedule:
         out = Schedule(step)
-        budget = self.policy.max_batch_tokens
         prefills: list[Request] = []
-        budget = self._decodes(step, running, waiting, out, budget, prefills)
-        budget = self._prefills(step, prefills, running, waiting, out, budget)
+        after_decodes = self._decodes(step, running, waiting, out, self.policy.max_batch_tokens, prefills)
+        prefill_budget = self.policy.prefill_budget(len(out.decoding), after_decodes)
+        budget = self._prefills(step, prefills, running, waiting, out, prefill_budget)
         # After a preemption the blocks are too short to admit anyone (vLLM does the same) — unless the step is
         # empty (a lone request preempted itself): then it is re-admitted at once, from its cached pages.
         if not out.preempted or not out.continuing:
             budget = self._admit(step, running, waiting, out, budget)
-        out.num_tokens = self.policy.max_batch_tokens - budget
+        out.num_tokens = self.policy.max_batch_tokens - after_decodes + prefill_budget - budget
         return out
 
     # ------------------------------------------------------------------ running requests

@@ -6,7 +6,9 @@ running requests part-way through their prefill (admission order), then waiting 
 Admission is head-of-line: if the head of the queue does not fit, nobody behind it jumps ahead.
 
 The running set is capped at min(max_batch_seqs, max_batch_tokens), so every running decode fits in every
-step: decodes are never starved, whatever the prompts waiting behind them.
+step: decodes are never starved, whatever the prompts waiting behind them. While anything decodes, a step's
+prompt tokens are capped too (`prefill_tokens_while_decoding`), which bounds how much one step, and so each
+running stream's inter-token latency, grows when a long prompt arrives.
 
 Preemption victim (by recompute): the most recently admitted running request that has not been scheduled yet
 in this step (LIFO, as vLLM). Decodes are scheduled first, so part-way prefills (the cheapest work to redo)
@@ -21,11 +23,21 @@ from infer_scheduler.request import Request, RequestStatus
 
 
 class FcfsPolicy:
-    def __init__(self, max_batch_tokens: int, max_batch_seqs: int, chunked_prefill_size: int) -> None:
+    def __init__(self, max_batch_tokens: int, max_batch_seqs: int, chunked_prefill_size: int,
+                 prefill_tokens_while_decoding: int = 0) -> None:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.chunk_size = chunked_prefill_size
         self.max_running = min(max_batch_seqs, max_batch_tokens)
+        self.prefill_tokens_while_decoding = prefill_tokens_while_decoding
+
+    def prefill_budget(self, num_decodes: int, budget_left: int) -> int:
+        """Prompt tokens this step may carry once its decodes are planned (Sarathi-Serve's stall-free batching):
+        while anything decodes, at most `prefill_tokens_while_decoding` (0 = no cap), so that a long prompt is
+        spread over several steps instead of stretching one decode step by its whole chunk; with nothing
+        decoding, the whole step budget."""
+        cap = self.prefill_tokens_while_decoding
+        return min(budget_left, cap) if num_decodes and cap > 0 else budget_left
 
     def chunk(self, req: Request, token_budget: int) -> int:
         """Tokens this request computes now: what it has left, capped by the chunk size and the step budget."""

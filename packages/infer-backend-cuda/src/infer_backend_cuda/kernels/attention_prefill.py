@@ -6,10 +6,14 @@ length `ctx = seq_lens[b]` after this step; its query rows are the LAST `q_len` 
 so row `i` sits at absolute position `ctx - q_len + i` and sees keys `0..ctx - q_len + i`. Keys and values
 are read from the paged cache through `block_tables[b]` (the new tokens must already be stored there).
 
-Grid `(B, Hkv, cdiv(max_query_len * group, BLOCK_M))`; one program = one query tile of one KV head of one
-sequence, whose BLOCK_M rows are (token, query head) pairs of that KV head's `group` query heads (GQA packing:
-row r is token r // group, head kvh * group + r % group), so each K/V tile is read once for the whole group —
-a decode row in a mixed batch costs one KV pass per KV head, not one per query head. FlashAttention-2 style
+Grid `(cdiv(T * group, BLOCK_M) + B, Hkv)`, flattened over the ragged batch: program p of a KV head takes the
+p-th query tile of the whole batch (sequence b has `cdiv(q_len_b * group, BLOCK_M)` tiles; each program finds its
+sequence from a prefix sum of those counts over `query_start_loc`, in registers), so the grid is bounded by the
+step's tokens, not by `B x max_query_len`: a captured mixed graph of 256 sequences padded to a 2,048-token
+bucket launches ~3k programs instead of ~131k of which 98% would exit at once. One program = one query tile of
+one KV head of one sequence, whose BLOCK_M rows are (token, query head) pairs of that KV head's `group` query
+heads (GQA packing: row r is token r // group, head kvh * group + r % group), so each K/V tile is read once for
+the whole group — a decode row in a mixed batch costs one KV pass per KV head, not one per query head. FlashAttention-2 style
 online softmax in fp32 over BLOCK_N-key tiles; the K/V tiles are gathered row by row through the block table,
 so any `block_size` works. Tiles past `q_len` return at once. A query row with an empty context (padding:
 `seq_lens = 0`) gets zeros, never NaN.
@@ -52,6 +56,7 @@ def _prefill_kernel(
     bt_s0,
     scale,
     block_size,
+    n_seq,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -59,17 +64,25 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
     USE_PDL: tl.constexpr,
+    BLOCK_B: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    b = tl.program_id(0)
+    pid = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
-    mt = tl.program_id(2)
+    # This program's sequence b and its tile mt within b, from the batch's tile counts (a prefix sum).
+    offs_b = tl.arange(0, BLOCK_B)
+    b_mask = offs_b < n_seq
+    lens = tl.load(qsl_ptr + offs_b + 1, mask=b_mask, other=0) - tl.load(qsl_ptr + offs_b, mask=b_mask, other=0)
+    tiles = (lens * GROUP + BLOCK_M - 1) // BLOCK_M
+    ends = tl.cumsum(tiles, axis=0)  # inclusive: sequence i's tiles are [ends[i] - tiles[i], ends[i])
+    b = tl.sum((ends <= pid).to(tl.int32), axis=0)
+    if b >= n_seq:
+        return  # past the batch's last tile (the grid is an upper bound)
+    mt = pid - tl.sum(tl.where(offs_b == b, ends - tiles, 0), axis=0)
     q_start = tl.load(qsl_ptr + b).to(tl.int64)
     q_len = (tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)).to(tl.int32)
-    if (mt * BLOCK_M) // GROUP >= q_len:
-        return
     ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
 
     offs_r = mt * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -181,7 +194,8 @@ def paged_attention_prefill(
     bm, bn = block_m or bm, block_n or bn
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     group = num_q_heads // num_kv_heads
-    grid = (n_seq, num_kv_heads, triton.cdiv(int(max_query_len) * group, bm))
+    # Every sequence's tiles but its last are full, so the batch has at most cdiv(T * group, bm) + B of them.
+    grid = (triton.cdiv(n_tok * group, bm) + n_seq, num_kv_heads)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -203,12 +217,14 @@ def paged_attention_prefill(
         block_tables.stride(0),
         float(scale),
         block_size,
+        n_seq,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_D=max(16, next_pow2(head_dim)),
         DOT_F32=dot_in_fp32(q.dtype),
+        BLOCK_B=max(2, next_pow2(n_seq)),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),

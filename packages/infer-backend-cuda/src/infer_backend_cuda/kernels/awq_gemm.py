@@ -5,7 +5,8 @@ eight sits in nibble `[0, 4, 1, 5, 2, 6, 3, 7][c]` of its word, i.e. at bit `4 *
 step stays inside one group (`BLOCK_K` divides the group), so a tile reads one row of zero points and scales.
 
 Two kernels: a tiled `tl.dot` GEMM for prefill, and for decode (<= 8 rows) a skinny kernel whose programs each
-stream `BLOCK_N` columns of the packed weight over all of K with the products on the CUDA cores. Dequantized weights
+stream `BLOCK_N` columns of the packed weight over one range of K (split-K, so that a decode GEMM launches a few
+programs per SM) with the products on the CUDA cores; a second small kernel sums the ranges in a fixed order. Dequantized weights
 are rounded to the activation dtype before the product, as the CPU reference's dequantized GEMM does.
 Launch configs: a shape heuristic (a tuning table like the skinny GEMM's can come later).
 """
@@ -18,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2
 
 SKINNY_MAX_M = 8
@@ -29,6 +31,8 @@ class AwqConfig(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
+    k_splits: int = 1  # skinny kernel only: K is cut into this many ranges (at most), summed by a second kernel
+
 
 
 @triton.jit
@@ -77,26 +81,32 @@ def _awq_gemm_kernel(
 @triton.jit
 def _awq_skinny_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
-    M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
+    M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, K_SPLIT: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid = tl.program_id(0)
+    """Program (n, s) covers columns `n * BLOCK_N` and rows `[s * K_SPLIT, (s + 1) * K_SPLIT)` of K. With PARTIAL
+    it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, see split_k.py)."""
+    pid, pid_k = tl.program_id(0), tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_mask = rm < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_first = pid_k * K_SPLIT
+    for k0 in range(k_first, k_first + K_SPLIT, BLOCK_K):
         kk = k0 + rk
         x = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :], other=0.0)
         w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, kk, rn, k0 // GROUP, N, K, qw_stride, qz_stride, s_stride)
         w = w.to(x_ptr.dtype.element_ty).to(tl.float32)
         acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & (rn < N)[None, :])
+    mask = m_mask[:, None] & (rn < N)[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * split_stride + rm[:, None] * N + rn[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def group_block_k(group: int, cap: int) -> int:
@@ -118,7 +128,7 @@ def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
         bm = next_pow2(m)
         block_k = group_block_k(group, 32)
         block_n = max(16, min(128, 8192 // (bm * block_k)))
-        return AwqConfig(bm, block_n, block_k, 4, 2)
+        return AwqConfig(bm, block_n, block_k, 4, 2, split_k.num_splits(k // block_k, -(-n // block_n)))
     return AwqConfig(64 if m <= 64 else 128, 128, group_block_k(group, 64), 8 if m > 64 else 4, 3)
 
 
@@ -146,16 +156,32 @@ def awq_linear(
     cfg = config or default_config(m, n, k, group)
     if group % cfg.block_k:
         raise ValueError(f"block_k {cfg.block_k} must divide the group size {group}")
-    args = (x, qweight, qzeros, scales, bias if bias is not None else scales, out, m, n, k, x.stride(0),
-            qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0))
     if m <= SKINNY_MAX_M and cfg.block_m >= m and cfg.block_m <= SKINNY_MAX_M:
-        _awq_skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
-            *args, GROUP=group, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+        _skinny(x, qweight, qzeros, scales, bias, out, group, cfg)
     else:
         _awq_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
-            *args, GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), BLOCK_M=cfg.block_m,
+            x, qweight, qzeros, scales, bias if bias is not None else scales, out, m, n, k, x.stride(0),
+            qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
+            GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     return out
+
+
+def _skinny(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+            bias: torch.Tensor | None, out: torch.Tensor, group: int, cfg: AwqConfig) -> None:
+    """The decode kernel, split over K when the config asks: each range whole BLOCK_K steps (so a step stays in
+    one group)."""
+    m, k = x.shape
+    n = out.shape[1]
+    steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)
+    partial = splits > 1
+    target = split_k.workspace(splits, m, n, x.device) if partial else out
+    _awq_skinny_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+        x, qweight, qzeros, scales, bias if bias is not None else scales, target, m, n, k, x.stride(0),
+        qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n,
+        GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=partial, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if partial:
+        split_k.reduce_splits(target, bias, out)

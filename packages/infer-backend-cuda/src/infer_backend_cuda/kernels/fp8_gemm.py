@@ -6,7 +6,7 @@ e4m3(clamp(x / scale, ±448)), with IEEE division so that the codes equal the CP
 `fp8_block_linear`: `y = sum_g (x_q[:, g] @ w_q[:, g].T) * x_scale[:, g] * w_scale[row, g]` in fp32, one K step per
 group; `scale_row [N]` names the `weight_scale_inv` row of each output row (fused parts keep their own partial
 blocks). Prefill takes a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores), decode (<= 8 rows) a
-GEMV-style kernel with the products on the CUDA cores. `torch._scaled_mm`'s block-scaled recipes are not used:
+GEMV-style kernel with the products on the CUDA cores, split over K (split_k.py). `torch._scaled_mm`'s block-scaled recipes are not used:
 they cannot be checked here without a GPU and they need whole 128-blocks, where SmolLM2 and fused parts have
 partial ones.
 """
@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
 
 _E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
@@ -30,6 +31,7 @@ class Fp8Config(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
+    k_splits: int = 1  # skinny kernel only: K groups cut into this many ranges (at most); see split_k.py
 
 
 @triton.jit
@@ -67,16 +69,19 @@ def _fp8_gemm_kernel(
     xq_ptr, xs_ptr, w_ptr, ws_ptr, row_ptr, b_ptr, out_ptr,
     M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SKINNY: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUPS_PER_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    """Program (m, n, s) covers K groups `[s * GROUPS_PER_SPLIT, (s + 1) * GROUPS_PER_SPLIT)`; with PARTIAL it
+    stores fp32 partial sums at `out_ptr + s * M * N` (a split-K workspace `[splits, M, N]`)."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, GROUP)
     m_mask, n_mask = rm < M, rn < N
     scale_rows = tl.load(row_ptr + rn, mask=n_mask, other=0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for g in range(0, tl.cdiv(K, GROUP)):
+    g_first = pid_k * GROUPS_PER_SPLIT
+    for g in range(g_first, tl.minimum(g_first + GROUPS_PER_SPLIT, tl.cdiv(K, GROUP))):
         kk = g * GROUP + rk
         k_mask = kk < K
         a = tl.load(xq_ptr + rm.to(tl.int64)[:, None] * xq_stride + kk[None, :],
@@ -92,10 +97,14 @@ def _fp8_gemm_kernel(
         x_scale = tl.load(xs_ptr + rm * xs_stride + g, mask=m_mask, other=0.0)
         w_scale = tl.load(ws_ptr + scale_rows * ws_stride + g, mask=n_mask, other=0.0)
         acc += partial * (x_scale[:, None] * w_scale[None, :])
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & n_mask[None, :])
+    mask = m_mask[:, None] & n_mask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def fp8_quantize_activation(
@@ -115,11 +124,13 @@ def fp8_quantize_activation(
     return codes, scales
 
 
-def default_config(m: int, group: int) -> Fp8Config:
-    """Decode: ~8K fp32 products per K step and program. Prefill: 64-128 row tiles on the tensor cores."""
+def default_config(m: int, n: int, k: int, group: int) -> Fp8Config:
+    """Decode: ~8K fp32 products per K step and program, K split to fill the GPU. Prefill: 64-128 row tiles on the
+    tensor cores."""
     if m <= SKINNY_MAX_M:
         bm = next_pow2(m)
-        return Fp8Config(bm, max(8, 8192 // (bm * group)), 4, 2)
+        block_n = max(8, 8192 // (bm * group))
+        return Fp8Config(bm, block_n, 4, 2, split_k.num_splits(triton.cdiv(k, group), triton.cdiv(n, block_n)))
     return Fp8Config(64 if m <= 64 else 128, 128, 8 if m > 64 else 4, 3)
 
 
@@ -143,12 +154,18 @@ def fp8_block_linear(
     codes, x_scale = fp8_quantize_activation(x, group)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    cfg = config or default_config(m, group)
+    cfg = config or default_config(m, n, k, group)
     skinny = cfg.block_m <= SKINNY_MAX_M
-    _fp8_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
-        codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, out,
+    per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits if skinny else 1)
+    partial = splits > 1
+    target = split_k.workspace(splits, m, n, x.device) if partial else out
+    _fp8_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)](
+        codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, target,
         m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
         GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), SKINNY=skinny,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUPS_PER_SPLIT=per, PARTIAL=partial, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
+    if partial:
+        split_k.reduce_splits(target, bias, out)
     return out

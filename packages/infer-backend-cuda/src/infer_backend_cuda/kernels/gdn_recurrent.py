@@ -1,0 +1,120 @@
+"""Fused recurrent gated delta rule over a ragged batch, state slots updated in place (the decode step).
+
+One program per (sequence, value head, block of value columns) keeps its `[Dk, BV]` slice of the fp32 state in
+registers and walks the sequence's tokens: per token it L2-normalises q and k (and scales q by `Dk ** -0.5`),
+decays the state by `exp(g)`, applies the delta update `S += k (beta (v - k^T S))^T` and emits `o = q^T S`.
+The state is read once and written once per call, so a decode step costs exactly its state bytes. Token ranges
+come from the device-side `cu_seqlens` and the grid only from shapes, so the launch is CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
+
+
+@triton.jit
+def sequence_head_block(
+    cu_ptr, slot_ptr, state_ptr, s_ss, s_sh, s_sk, DK, DV, GROUP, BK: tl.constexpr, BV: tl.constexpr
+):
+    """This program's (sequence, value head, value block): its key head, token range, index vectors and the
+    pointers / mask of its `[BK, BV]` state tile in the sequence's slot."""
+    seq = tl.program_id(0)
+    h = tl.program_id(1)
+    vb = tl.program_id(2)
+    bos = tl.load(cu_ptr + seq).to(tl.int64)
+    n = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
+    slot = tl.load(slot_ptr + seq).to(tl.int64)
+    kk = tl.arange(0, BK)
+    vv = vb * BV + tl.arange(0, BV)
+    km = kk < DK
+    vm = vv < DV
+    s_ptrs = state_ptr + slot * s_ss + h * s_sh + kk[:, None] * s_sk + vv[None, :]
+    return h // GROUP, h, bos, n, kk, vv, km, vm, s_ptrs, km[:, None] & vm[None, :]
+
+
+@triton.jit
+def _gdn_recurrent_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
+    q_st, q_sh, k_st, k_sh, v_st, v_sh, g_st, beta_st, o_st, o_sh,
+    s_ss, s_sh, s_sk,
+    DK, DV, GROUP, scale,
+    BK: tl.constexpr, BV: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    hk, h, bos, n, kk, vv, km, vm, s_ptrs, smask = sequence_head_block(
+        cu_ptr, slot_ptr, state_ptr, s_ss, s_sh, s_sk, DK, DV, GROUP, BK, BV
+    )
+    state = tl.load(s_ptrs, mask=smask, other=0.0)
+    for i in range(0, n):
+        t64 = bos + i
+        q = tl.load(q_ptr + t64 * q_st + hk * q_sh + kk, mask=km, other=0.0).to(tl.float32)
+        k = tl.load(k_ptr + t64 * k_st + hk * k_sh + kk, mask=km, other=0.0).to(tl.float32)
+        v = tl.load(v_ptr + t64 * v_st + h * v_sh + vv, mask=vm, other=0.0).to(tl.float32)
+        g = tl.load(g_ptr + t64 * g_st + h).to(tl.float32)
+        beta = tl.load(beta_ptr + t64 * beta_st + h).to(tl.float32)
+        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+        state = state * tl.exp(g)
+        delta = (v - tl.sum(state * k[:, None], axis=0)) * beta
+        state = state + k[:, None] * delta[None, :]
+        o = tl.sum(state * q[:, None], axis=0)
+        tl.store(out_ptr + t64 * o_st + h * o_sh + vv, o.to(out_ptr.dtype.element_ty), mask=vm)
+    tl.store(s_ptrs, state, mask=smask)
+
+
+def prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out: torch.Tensor | None) -> torch.Tensor:
+    """Checks the operands of a gated delta rule launch; returns the output buffer (`out` or a new one)."""
+    t, hk, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    if k.shape != q.shape or v.shape[0] != t or g.shape != (t, hv) or beta.shape != (t, hv):
+        raise ValueError(f"shapes q {tuple(q.shape)} k {tuple(k.shape)} v {tuple(v.shape)} g {tuple(g.shape)} "
+                         f"beta {tuple(beta.shape)} disagree")
+    if hv % hk:
+        raise ValueError(f"value heads {hv} are no multiple of key heads {hk}")
+    if states.dtype != torch.float32 or tuple(states.shape[1:]) != (hv, dk, dv) or states.stride(-1) != 1:
+        raise ValueError(f"recurrent states must be fp32 [S, {hv}, {dk}, {dv}] with a contiguous last dim")
+    if cu_seqlens.shape[0] != slot_ids.shape[0] + 1:
+        raise ValueError("cu_seqlens must hold one more entry than slot_ids")
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous")
+    return torch.empty(v.shape, dtype=v.dtype, device=v.device) if out is None else out
+
+
+def gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids) -> tuple:
+    """The operands, strides and sizes shared by the recurrent and the chunked kernel, in their order."""
+    hk, dk = q.shape[1], q.shape[2]
+    hv, dv = v.shape[1], v.shape[2]
+    return (
+        q, k, v, g, beta, states, out, cu_seqlens, slot_ids,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        out.stride(0), out.stride(1),
+        states.stride(0), states.stride(1), states.stride(2),
+        dk, dv, hv // hk, float(dk) ** -0.5,
+    )
+
+
+def gdn_recurrent(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    states: torch.Tensor, cu_seqlens: torch.Tensor, slot_ids: torch.Tensor, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The gated delta rule token by token (q, k `[T, Hk, Dk]`, v `[T, Hv, Dv]`, g / beta `[T, Hv]`), starting
+    from `states[slot_ids[i]]` and writing the final state back there. Returns `[T, Hv, Dv]` in v's dtype."""
+    out = prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out)
+    n_seq, dk, hv, dv = slot_ids.shape[0], q.shape[2], v.shape[1], v.shape[2]
+    if n_seq == 0 or q.shape[0] == 0:
+        return out
+    bk = next_pow2(dk)
+    # A [Dk, BV] fp32 state tile of 4096 elements keeps one program within registers at Dk = 128.
+    bv = max(1, min(next_pow2(dv), 4096 // bk))
+    _gdn_recurrent_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
+        *gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids),
+        BK=bk, BV=bv, num_warps=4, **pdl_launch(q.device),
+    )
+    return out
