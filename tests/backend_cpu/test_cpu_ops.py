@@ -163,6 +163,25 @@ def test_qk_norm_rope_store(with_norm: bool) -> None:
     assert torch.equal(flat_v[untouched], v_before.view(-1, hkv, dim)[untouched])
 
 
+def test_partial_rotary_rotates_only_the_table_width() -> None:
+    """A table of width R < D rotates dims :R as transformers' Qwen3.5 attention does and leaves the rest."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb
+
+    num_tokens, heads, dim, rotary = 5, 2, 32, 8
+    q, k, v = _randn(num_tokens, heads, dim, seed=30), _randn(num_tokens, heads, dim, seed=31), _randn(num_tokens, heads, dim, seed=32)
+    positions = torch.tensor([0, 3, 9, 10, 60])
+    cache = _cos_sin_cache(rotary, 64, 1e7)
+    k_cache, v_cache = torch.zeros(2, 4, heads, dim), torch.zeros(2, 4, heads, dim)
+    q_out, k_out = OPS.fused.qk_norm_rope_store(q, k, v, positions, cache, None, None, 1e-6, k_cache, v_cache,
+                                                torch.arange(num_tokens))
+    cos, sin = cache[positions].chunk(2, dim=-1)
+    cos, sin = torch.cat((cos, cos), dim=-1)[None], torch.cat((sin, sin), dim=-1)[None]
+    q_ref, k_ref = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
+    torch.testing.assert_close(q_out, q_ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_out, k_ref[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(q_out[..., rotary:], q[..., rotary:])
+
+
 # ---------------------------------------------------------------- paged attention
 
 

@@ -44,8 +44,8 @@ def test_quantized_layers_match_the_cpu_reference(quant: dict, tmp_path: Path, d
     for name in ("cpu", "cuda"):
         layer = models[name].layers[0]
         xs = x.to(device if name == "cuda" else "cpu")
-        qkv, stream = layer.input_norm.project(xs, xs * 0.5, layer.attention.qkv_proj)
+        qkv, stream = layer.input_norm.project(xs, xs * 0.5, layer.mixer.qkv_proj)
         down = layer.mlp.down(gate_up.to(xs.device))
-        outputs[name] = (qkv.cpu(), stream.cpu(), down.cpu(), layer.attention.o_proj(xs).cpu())
+        outputs[name] = (qkv.cpu(), stream.cpu(), down.cpu(), layer.mixer.o_proj(xs).cpu())
     for got, expected in zip(outputs["cuda"], outputs["cpu"]):
         torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)

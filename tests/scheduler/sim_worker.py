@@ -7,6 +7,8 @@ every position a sequence attends to still holds its own prefix hash — so a bl
 prefix-cache hit or a block shared by two different prefixes is caught. An image's placeholder positions hash their
 image's content too (as real KV depends on the image), so KV shared across different images is caught as well. Sampling is a deterministic "greedy
 model" of the prefix (the same tokens whatever the batching, caching or preemption), or random with `rng`.
+With `num_state_slots` (a hybrid model) it also checks that every sequence it holds owns a state slot no other
+live sequence has, and starts from position 0 (a state is never resumed from a cached prefix).
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ class SimSeq:
     num_computed: int
     block_ids: list[int]
     hashes: list[int] = field(default_factory=list)
+    state_slot: int = 0
 
 
 class SimWorker:
     def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 1000, rng: random.Random | None = None,
-                 stop_token: int | None = None, stop_every: int = 0) -> None:
+                 stop_token: int | None = None, stop_every: int = 0, num_state_slots: int = 0) -> None:
+        self.num_state_slots = num_state_slots
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.vocab_size = vocab_size
@@ -78,7 +82,13 @@ class SimWorker:
             assert ns.seq_id not in self.seqs, f"NewSeq {ns.seq_id} already held"
             assert ns.num_computed % bs == 0 and 0 <= ns.num_computed < len(ns.token_ids), ns
             assert ns.num_tokens > 0 and ns.num_computed + ns.num_tokens <= len(ns.token_ids), ns
-            seq = SimSeq(ns.seq_id, list(ns.token_ids), ns.num_computed, list(ns.block_ids))
+            if self.num_state_slots:
+                assert 1 <= ns.state_slot <= self.num_state_slots and ns.num_computed == 0, ns
+                owners = [s.seq_id for s in self.seqs.values() if s.state_slot == ns.state_slot]
+                assert not owners, f"state slot {ns.state_slot} of seq {ns.seq_id} is still held by {owners}"
+            else:
+                assert ns.state_slot == 0, ns
+            seq = SimSeq(ns.seq_id, list(ns.token_ids), ns.num_computed, list(ns.block_ids), state_slot=ns.state_slot)
             extend_hashes(seq.hashes, with_images(seq.token_ids, ns.images))
             self.seqs[ns.seq_id] = seq
             work.append((seq, ns.num_tokens))

@@ -1,8 +1,9 @@
 """Property-based: random interleavings of submit / step / abort (also mid-step) / evict on a tiny cache.
 
 After every operation: no block leaked or double-freed (every reference count equals tree + holders, the free
-list is exactly the count-0 blocks) and free + cached + in-use == total. At the end every accepted request
-has finished (or was aborted) and every block is free or cached.
+list is exactly the count-0 blocks) and free + cached + in-use == total; with state slots (a hybrid model) every
+running request holds exactly one, no two the same, and free + held == total. At the end every accepted request
+has finished (or was aborted) and every block and slot is free (or the block cached).
 """
 
 from __future__ import annotations
@@ -28,14 +29,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         num_blocks=st.integers(4, 24), block_size=st.sampled_from([1, 2, 4]), max_batch_tokens=st.integers(1, 32),
         max_batch_seqs=st.integers(1, 8), chunk=st.integers(1, 16), prefix_caching=st.booleans(),
         seed=st.integers(0, 2**16), overlap=st.booleans(), prefill_cap=st.integers(0, 6),
+        state_slots=st.sampled_from([0, 0, 1, 2, 3]),
     )
     def setup(self, num_blocks, block_size, max_batch_tokens, max_batch_seqs, chunk, prefix_caching, seed,
-              overlap, prefill_cap):
+              overlap, prefill_cap, state_slots):
         self.engine = Engine(num_blocks=num_blocks, block_size=block_size, max_model_len=48,
                              max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
                              chunked_prefill_size=chunk, enable_prefix_caching=prefix_caching,
-                             prefill_tokens_while_decoding=prefill_cap, max_inflight_steps=2 if overlap else 1)
-        self.worker = SimWorker(num_blocks, block_size, vocab_size=8, rng=random.Random(seed))
+                             prefill_tokens_while_decoding=prefill_cap, max_inflight_steps=2 if overlap else 1,
+                             num_state_slots=state_slots)
+        self.worker = SimWorker(num_blocks, block_size, vocab_size=8, rng=random.Random(seed),
+                                num_state_slots=state_slots)
         self.held: deque = deque()  # results the worker computed that the engine has not seen yet
         self.prefixes = [[5, 6, 7, 4, 5, 6, 7, 4], [4, 4, 5, 5, 6, 6, 7, 7]]
         self.accepted: set[str] = set()
@@ -100,6 +104,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert e.kv.num_free + len(cached) + in_use == e.kv.num_blocks
         st_ = e.stats()
         assert st_.num_free_blocks + st_.num_cached_blocks <= st_.num_total_blocks
+        if e.kv.slots is not None:
+            assert e.kv.cache is None  # prefix caching is off with state slots
+            held = [r.state_slot for r in e.running]
+            assert 0 not in held and len(set(held)) == len(held)
+            assert e.kv.slots.num_free + len(held) == e.kv.slots.num_slots
 
     def teardown(self):
         if not hasattr(self, "engine"):
@@ -109,6 +118,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert set(self.ended) == self.accepted, self.accepted - set(self.ended)
         assert not e.requests and not e.running and not e.waiting
         assert e.kv.num_free + e.kv.num_cached == e.kv.num_blocks
+        assert e.kv.slots is None or e.kv.slots.num_free == e.kv.slots.num_slots
         e.check_invariants()
 
 
@@ -121,7 +131,8 @@ TestSchedulerProperties = SchedulerMachine.TestCase
 
 def _serve(subs, arrivals, **kw) -> tuple[dict[str, list[int]], Engine]:
     e = Engine(max_model_len=64, **kw)
-    w = SimWorker(kw["num_blocks"], kw["block_size"], vocab_size=8)  # the deterministic "greedy model"
+    # the deterministic "greedy model"
+    w = SimWorker(kw["num_blocks"], kw["block_size"], vocab_size=8, num_state_slots=kw.get("num_state_slots", 0))
     toks: dict[str, list[int]] = {}
     pending = sorted(zip(arrivals, range(len(subs)), strict=True))
     step = 0
@@ -146,9 +157,12 @@ def _serve(subs, arrivals, **kw) -> tuple[dict[str, list[int]], Engine]:
                             st.integers(1, 10), st.integers(0, 6)), min_size=1, max_size=10),
     block_size=st.sampled_from([1, 2, 4]), spare=st.integers(0, 6), chunk=st.integers(1, 8),
     max_batch_tokens=st.integers(2, 24), prefix_caching=st.booleans(), overlap=st.booleans(),
+    state_slots=st.sampled_from([0, 0, 1, 2, 3]),
 )
 def test_outputs_do_not_depend_on_caching_chunking_preemption_or_overlap(reqs, block_size, spare, chunk,
-                                                                         max_batch_tokens, prefix_caching, overlap):
+                                                                         max_batch_tokens, prefix_caching, overlap,
+                                                                         state_slots):
+    """(state_slots: a hybrid model's, few enough that they, not the blocks, often bound the running set)"""
     shared = [5, 6, 7, 4, 5, 6, 7, 4, 6, 6, 5, 5]
     subs = [make_submit(shared[:p] + tail, max_tokens=m, rid=f"e{i}") for i, (p, tail, m, _) in enumerate(reqs)]
     arrivals = [a for *_, a in reqs]
@@ -157,6 +171,6 @@ def test_outputs_do_not_depend_on_caching_chunking_preemption_or_overlap(reqs, b
     ref, _ = _serve(subs, arrivals, num_blocks=512, block_size=block_size, enable_prefix_caching=False)
     got, e = _serve(subs, arrivals, num_blocks=need + spare, block_size=block_size, chunked_prefill_size=chunk,
                     max_batch_tokens=max_batch_tokens, enable_prefix_caching=prefix_caching,
-                    max_inflight_steps=2 if overlap else 1)
+                    max_inflight_steps=2 if overlap else 1, num_state_slots=state_slots)
     assert got == ref
     assert all(len(ref[s.request_id]) == s.max_tokens for s in subs)

@@ -103,6 +103,7 @@ AWQ_CONFIG = {
     "max_position_embeddings": 256,
     "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True},
 }
+OTHER_CONFIG = {**QWEN3_5_CONFIG, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next"}
 GPTQ_CONFIG = {**AWQ_CONFIG, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
 
 
@@ -116,11 +117,12 @@ def _config_only(path: Path, config: dict) -> Path:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    (QWEN3_5_CONFIG, "model architecture Qwen3_5ForConditionalGeneration (model_type qwen3_5) is not supported; "
-                     "supported: LlamaForCausalLM, Qwen3ForCausalLM"),
+    (QWEN3_5_CONFIG, "config.json of Qwen3_5ForConditionalGeneration lacks intermediate_size"),
+    (OTHER_CONFIG, "model architecture Qwen3NextForCausalLM (model_type qwen3_next) is not supported; "
+                   "supported: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration"),
     (GPTQ_CONFIG, "unsupported quantization_config.quant_method 'gptq'; supported: 'awq'"),
     (AWQ_CONFIG, "model.layers.0.self_attn.q_proj: quantization_config.group_size 128 does not divide"),
-], ids=["qwen3_5", "gptq", "awq_group_that_does_not_divide"])
+], ids=["qwen3_5_text_config_read", "unknown_architecture", "gptq", "awq_group_that_does_not_divide"])
 def test_unservable_checkpoints_are_refused_from_config_json(tmp_path: Path, config: dict, message: str) -> None:
     model_dir = _config_only(tmp_path / "model", config)
     with pytest.raises((StartupError, ValueError)) as err:  # both end the worker with "start-up failed: <message>"

@@ -154,5 +154,5 @@ def test_prompt_positions_beyond_the_cos_sin_table_are_refused_not_read(checkpoi
     seq = Sequence(1, prompt_of(too_long), 0, list(range(MAX_BLOCKS + 1)), GREEDY)
     with pytest.raises(ValueError, match=f"may have at most {MAX_BLOCKS}"):
         runner.execute([ScheduledSeq(seq, too_long)])
-    assert torch.is_tensor(runner.model.layers[0].attention.cos_sin_cache)
-    assert runner.model.layers[0].attention.cos_sin_cache.shape[0] == MAX_MODEL_LEN
+    assert torch.is_tensor(runner.model.layers[0].mixer.cos_sin_cache)
+    assert runner.model.layers[0].mixer.cos_sin_cache.shape[0] == MAX_MODEL_LEN

@@ -140,7 +140,7 @@ def test_dummy_weights_in_the_quantized_layout(quant: dict, tmp_path: Path) -> N
     config = {**llama_config().to_dict(), "quantization_config": quant}
     (tmp_path / "config.json").write_text(json.dumps(config))
     model, _ = load_model(tmp_path, CpuBackend(), "float32", "dummy", 0)
-    qkv = model.layers[0].attention.qkv_proj
+    qkv = model.layers[0].mixer.qkv_proj
     assert qkv.scheme.method.value == {"awq": "awq", "fp8": "fp8-block"}[quant["quant_method"]]
     hidden = model.embed_tokens(torch.tensor([1, 2, 3]))
     out = qkv(hidden)
@@ -234,9 +234,9 @@ def test_bench_configs_build_in_their_layout(name: str, method: str) -> None:
     spec = ModelSpec.from_hf_config(json.loads((root / "bench" / "models" / name / "config.json").read_text()))
     model = LlamaForCausalLM(spec, CpuBackend().ops, torch.bfloat16, "meta")
     layer = model.layers[0]
-    assert {layer.attention.qkv_proj.scheme.method.value, layer.mlp.down_proj.scheme.method.value} == {method}
+    assert {layer.mixer.qkv_proj.scheme.method.value, layer.mlp.down_proj.scheme.method.value} == {method}
     assert model.lm_head.scheme.method.value == "dense"
     if method == "awq":
         assert tuple(layer.mlp.down_proj.params.tensors["qweight"].shape) == (9728, 2560 // 8)
     else:
-        assert tuple(layer.attention.qkv_proj.params.tensors["weight_scale_inv"].shape) == ((4096 + 2048) // 128, 20)
+        assert tuple(layer.mixer.qkv_proj.params.tensors["weight_scale_inv"].shape) == ((4096 + 2048) // 128, 20)

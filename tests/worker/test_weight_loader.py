@@ -100,7 +100,7 @@ def test_fused_projections_hold_each_checkpoint_tensor(tmp_path: Path) -> None:
     model = _fresh_llama(_spec())
     model.load_weights(iter_safetensors(tmp_path))
     weights = _state_dict(hf)
-    attention = model.layers[1].attention
+    attention = model.layers[1].mixer
     expected_qkv = torch.cat([weights[f"model.layers.1.self_attn.{p}_proj.weight"] for p in "qkv"])
     assert torch.equal(attention.qkv_proj.weight, expected_qkv)
     mlp = model.layers[0].mlp
@@ -117,7 +117,7 @@ def test_tied_head_is_the_embedding_and_a_stray_head_copy_is_accepted(tmp_path: 
     model = Qwen3ForCausalLM(spec, BACKEND.ops, torch.float32, "cpu")
     model.load_weights([*weights.items(), ("lm_head.weight", weights["model.embed_tokens.weight"])])
     assert model.lm_head.weight is model.embed_tokens.weight
-    assert model.layers[0].attention.q_norm_weight is not None
+    assert model.layers[0].mixer.q_norm_weight is not None
 
 
 def test_untied_checkpoint_needs_its_head(tmp_path: Path) -> None:

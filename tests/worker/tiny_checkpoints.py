@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Co
 from infer_backend_cpu import CpuBackend
 from infer_core.dtypes import DType
 from infer_core.ports.fused_ops import AttentionBatch
+from infer_worker.application.cache_layout import allocate_caches
 from infer_worker.application.model_runner import HostStep, ModelRunner, prepare_step
 from infer_worker.domain.sequence import GREEDY, Sampling, ScheduledSeq, Sequence
 from infer_worker.infrastructure.model_loader import load_model
@@ -33,7 +34,12 @@ def forward_step(runner: ModelRunner, step: HostStep) -> torch.Tensor:
                            query_start_loc=dev(step.query_start_loc), seq_lens=dev(step.seq_lens),
                            block_tables=dev(step.block_tables), max_query_len=step.max_query_len,
                            max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=runner.block_size)
-    return runner.model.forward(dev(step.input_ids), batch, runner.kv_caches)
+    state_slots = None
+    if runner.state_pools:  # a hybrid model: fresh sequences start from zeroed state slots, as in the runner
+        assert step.state_slots is not None and step.fresh_slots is not None
+        runner.backend.ops.gdn.reset_slots(runner.state_pools, dev(step.fresh_slots))
+        state_slots = dev(step.state_slots)
+    return runner.model.forward(dev(step.input_ids), batch, runner.kv_caches, state_slots)
 
 
 _COMMON: dict[str, Any] = dict(
@@ -112,19 +118,26 @@ class Engine:
     runner: ModelRunner
     block_size: int
     free_blocks: list[int]
+    free_state_slots: list[int]
 
     @classmethod
-    def open(cls, model_dir: Path, block_size: int = 4, num_blocks: int = 96, dtype: DType = DType.FLOAT32) -> "Engine":
+    def open(cls, model_dir: Path, block_size: int = 4, num_blocks: int = 96, dtype: DType = DType.FLOAT32,
+             max_blocks_per_seq: int = 32, num_state_slots: int = 8) -> "Engine":
         backend = CpuBackend(device="cpu")
         model, spec = load_model(model_dir, backend, dtype, "auto", 0)
-        caches = backend.allocate_kv_cache(spec.num_layers, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype)
-        runner = ModelRunner(model, backend, caches, block_size, max_blocks_per_seq=32, device="cpu")
+        caches = allocate_caches(backend, spec, num_blocks, block_size, dtype, num_state_slots)
+        runner = ModelRunner(model, backend, caches.per_layer, block_size, max_blocks_per_seq=max_blocks_per_seq,
+                             device="cpu", state_pools=caches.state_pools)
         # Pages in a scrambled order, so that a sequence's pages are never contiguous in the cache.
         free = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(1)).tolist()
-        return cls(model, spec, runner, block_size, free)
+        return cls(model, spec, runner, block_size, free, list(range(num_state_slots, 0, -1)))
 
     def new_seq(self, seq_id: int, prompt: list[int], sampling: Sampling | None = None) -> Sequence:
-        return Sequence(seq_id, list(prompt), 0, [], sampling or GREEDY)
+        """A sequence with its own state slot (used by hybrid models only)."""
+        seq = Sequence(seq_id, list(prompt), 0, [], sampling or GREEDY)
+        if self.runner.state_pools:
+            seq.state_slot = self.free_state_slots.pop()
+        return seq
 
     def step(self, work: list[tuple[Sequence, int]]) -> dict[int, int]:
         """Compute `num_new` tokens of each sequence; returns seq_id -> sampled token (applied to the seq)."""

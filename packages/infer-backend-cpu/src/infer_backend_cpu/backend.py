@@ -12,6 +12,7 @@ from infer_core.ports.backend import GraphRunner, MemoryInfo
 from infer_core.ports.op_ports import OpPorts
 from infer_backend_cpu.collective import SingleProcessCollective
 from infer_backend_cpu.fused_ops import CpuFusedOps
+from infer_backend_cpu.gated_delta import CpuGatedDeltaOps
 from infer_backend_cpu.host_memory import host_memory_info
 from infer_backend_cpu.linear_ops import CpuLinears
 from infer_backend_cpu.math_ops import CpuMathOps
@@ -56,7 +57,7 @@ class CpuBackend:
         fused = CpuFusedOps()
         self.ops = OpPorts(
             math=CpuMathOps(), fused=fused, sampler=CpuSampler(), collective=SingleProcessCollective(),
-            linears=CpuLinears(fused),
+            linears=CpuLinears(fused), gdn=CpuGatedDeltaOps(device),
         )
 
     @staticmethod

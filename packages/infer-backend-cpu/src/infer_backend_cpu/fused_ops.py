@@ -26,6 +26,15 @@ def _rope_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+def _rope_partial(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """NeoX rotation of the first `rotary_dim = 2 * cos.shape[-1]` dims of each head; the rest pass unchanged
+    (partial rotary: the table's width says how many dims rotate)."""
+    rotary_dim = 2 * cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return _rope_neox(x, cos, sin)
+    return torch.cat((_rope_neox(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]), dim=-1)
+
+
 def _store_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
@@ -112,8 +121,8 @@ class CpuFusedOps:
         if k_norm_weight is not None:
             k = _rms_norm(k, k_norm_weight, eps)
         cos, sin = cos_sin_cache[positions].to(torch.float32)[:, None, :].chunk(2, dim=-1)
-        q = _rope_neox(q, cos, sin)
-        k = _rope_neox(k, cos, sin)
+        q = _rope_partial(q, cos, sin)
+        k = _rope_partial(k, cos, sin)
         _store_kv(k, v, k_cache, v_cache, slot_mapping)
         return q, k
 

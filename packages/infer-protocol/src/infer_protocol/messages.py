@@ -19,8 +19,9 @@ import msgspec
 # 6: StepFailed (a step that failed on the worker without harming it: its requests fail, the engine goes on)
 # 7: SchedulerStats.worker_restarts (workers adopted after the first)
 # 8: structured outputs (SamplingParams.structured, StructuredOutput; StepResult.seq_errors, SeqError)
-# 9: images (ImageInput; Submit.images, NewSeq.images)
-PROTOCOL_VERSION = 9
+# 9: state slots of hybrid models (NewSeq.state_slot, Ready.num_state_slots)
+# 10: images (ImageInput; Submit.images, NewSeq.images)
+PROTOCOL_VERSION = 10
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -184,6 +185,9 @@ class NewSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the ids sampling.min_tokens masks until that many tokens are generated (sent only when min_tokens > 0), and
     # the stop tokens that end a sampling.structured grammar (always sent with one)
     stop_token_ids: list[int] = []
+    # the sequence's state slot (1..Ready.num_state_slots) for a hybrid model's linear-attention layers, which
+    # the worker zeroes on admission; 0 (the worker's scratch slot) when the model has none
+    state_slot: int = 0
     # the prompt's images (every NewSeq of the sequence carries them: a recompute after preemption needs them too)
     images: list[ImageInput] = []
 
@@ -248,6 +252,9 @@ class Ready(_Msg, tag="ready"):
     block_size: int
     model: ModelInfo
     version: int = PROTOCOL_VERSION
+    # state slots of a hybrid model's linear-attention layers (slot 0, the worker's scratch, not counted); 0 = the
+    # model has none. The scheduler admits at most this many sequences at once and turns prefix caching off.
+    num_state_slots: int = 0
 
 
 class Progress(_Msg, tag="progress"):

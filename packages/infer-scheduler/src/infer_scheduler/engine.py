@@ -39,7 +39,7 @@ from infer_protocol.messages import (
 from infer_scheduler.kv_manager import KvCacheManager
 from infer_scheduler.planner import Counters, Planner, Schedule
 from infer_scheduler.policy import FcfsPolicy
-from infer_scheduler.request import Request, RequestStatus
+from infer_scheduler.request import NO_STATE_SLOT, Request, RequestStatus
 
 log = logging.getLogger("infer_scheduler.engine")
 
@@ -80,14 +80,21 @@ class Engine:
         enable_prefix_caching: bool = True,
         vocab_size: int = 0,
         max_inflight_steps: int = 1,
+        num_state_slots: int = 0,
     ) -> None:
+        """`num_state_slots`: the worker's state slots (a hybrid model's; 0 = none). With any, prefix caching is
+        off whatever `enable_prefix_caching` says (logged)."""
         if max_model_len <= 1:
             raise ValueError(f"max_model_len must be > 1, got {max_model_len}")
         if max_inflight_steps not in (1, 2):
             raise ValueError(f"max_inflight_steps must be 1 or 2, got {max_inflight_steps}")
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching)
+        if num_state_slots and enable_prefix_caching:
+            log.warning("prefix caching is off: the model has linear-attention layers, whose per-sequence state is "
+                        "valid only at the exact end of a prefix (%d state slots)", num_state_slots)
+            enable_prefix_caching = False
+        self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching, num_state_slots)
         self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size,
                                  prefill_tokens_while_decoding)
         self.counters = Counters()
@@ -112,7 +119,8 @@ class Engine:
                    chunked_prefill_size=config.chunked_prefill_size,
                    prefill_tokens_while_decoding=config.prefill_tokens_while_decoding,
                    enable_prefix_caching=config.enable_prefix_caching,
-                   vocab_size=ready.model.vocab_size, max_inflight_steps=2 if config.enable_overlap else 1)
+                   vocab_size=ready.model.vocab_size, max_inflight_steps=2 if config.enable_overlap else 1,
+                   num_state_slots=ready.num_state_slots)
 
     # ------------------------------------------------------------------ requests in
 
@@ -383,9 +391,11 @@ class Engine:
         self.kv.check(self.running + list(self.waiting))
         for req in self.waiting:
             assert req.status is RequestStatus.WAITING and not req.block_ids and req.num_computed == 0, req
+            assert req.state_slot == NO_STATE_SLOT, req
         bs = self.kv.block_size
         for req in self.running:
             assert req.status is RequestStatus.RUNNING, req
             assert len(req.block_ids) >= blocks_needed(req.num_computed, bs), req
+            assert (req.state_slot != NO_STATE_SLOT) == (self.kv.slots is not None), req
         assert len(self.running) <= self.policy.max_running
         assert set(self.requests) == {r.request_id for r in self.running} | {r.request_id for r in self.waiting}

@@ -4,6 +4,10 @@ A request holds one reference on every block of its block table (shared prefix b
 the radix node that ends its cached prefix locked. Allocation takes free blocks first and evicts unlocked
 cache leaves (LRU) only when the free list is short. With `enable_prefix_caching = false` there is no tree:
 nothing is matched, nothing is kept, released blocks go straight back to the free list.
+
+A hybrid model (linear-attention layers) also gives each running request one state slot (`state_slots.py`):
+taken at admission (`take_slot`), given back by `release` with the blocks. Its prefix caching is off: a state is
+valid only at the exact end of the tokens it has seen, which a page-aligned prefix match does not respect.
 """
 
 from __future__ import annotations
@@ -12,14 +16,20 @@ import numpy as np
 
 from infer_scheduler.block_allocator import BlockAllocator
 from infer_scheduler.radix_cache import RadixCache, RadixNode
-from infer_scheduler.request import Request
+from infer_scheduler.request import NO_STATE_SLOT, Request
+from infer_scheduler.state_slots import StateSlotPool
 
 
 class KvCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 num_state_slots: int = 0) -> None:
+        """`num_state_slots` > 0: the model has state layers, with that many slots (prefix caching must be off)."""
+        if num_state_slots and enable_prefix_caching:
+            raise ValueError("prefix caching cannot serve a model with state slots (linear-attention layers)")
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         self.cache: RadixCache | None = RadixCache(self.allocator, block_size) if enable_prefix_caching else None
+        self.slots: StateSlotPool | None = StateSlotPool(num_state_slots) if num_state_slots else None
         # An eviction sorts every evictable leaf by last access (the cache keeps them in a set: no tree walk), so it
         # frees at least this many blocks at once, amortising that sort over them.
         self.evict_batch = max(1, num_blocks // 64)
@@ -62,6 +72,16 @@ class KvCacheManager:
         req.block_ids = blocks
         req.cache_len = n = len(blocks) * self.block_size
         return n
+
+    def take_slot(self, req: Request) -> bool:
+        """Give an admitted request its state slot (a no-op without state layers); False when none is free."""
+        if self.slots is None:
+            return True
+        if not self.slots.num_free:
+            return False
+        assert req.state_slot == NO_STATE_SLOT, req
+        req.state_slot = self.slots.take()
+        return True
 
     # ------------------------------------------------------------------ growth
 
@@ -118,6 +138,10 @@ class KvCacheManager:
         req.block_ids = []
         req.cache_node = None
         req.cache_len = 0
+        if req.state_slot != NO_STATE_SLOT:
+            assert self.slots is not None
+            self.slots.free(req.state_slot)
+            req.state_slot = NO_STATE_SLOT
 
     # ------------------------------------------------------------------ invariants (tests)
 
@@ -133,6 +157,10 @@ class KvCacheManager:
         for req in holders:
             assert len(set(req.block_ids)) == len(req.block_ids), f"{req} holds a block twice"
             np.add.at(expected, np.asarray(req.block_ids, dtype=np.int64), 1)
+        if self.slots is not None:
+            self.slots.check([req.state_slot for req in holders if req.state_slot != NO_STATE_SLOT])
+        else:
+            assert all(req.state_slot == NO_STATE_SLOT for req in holders), "a state slot without state layers"
         got = self.allocator.refcounts()
         bad = np.flatnonzero(got != expected)
         assert len(bad) == 0, f"counts off for blocks {bad[:10].tolist()}: {got[bad[:10]]} != {expected[bad[:10]]}"

@@ -166,7 +166,7 @@ class Planner:
             num_cached = 0 if req.prompt_lps is not None else kv.match(req)  # prompt logprobs: compute it all
             n = min(len(req.token_ids) - num_cached, self.policy.chunk_size, budget)
             need = -(-(num_cached + n) // bs) - len(req.block_ids)
-            if need > kv.num_available:
+            if need > kv.num_available or not kv.take_slot(req):
                 kv.release(req, keep_in_cache=False)
                 break
             kv.grow(req, need)
@@ -188,7 +188,7 @@ class Planner:
             out.new_seqs.append(NewSeq(
                 seq_id=req.seq_id, token_ids=list(req.token_ids), num_computed=num_cached, num_tokens=n,
                 block_ids=list(req.block_ids), sampling=req.sampling, num_generated=num_generated,
-                stop_token_ids=masked, images=req.images))
+                stop_token_ids=masked, state_slot=req.state_slot, images=req.images))
             req.num_computed = num_cached + n
             req.scheduled_step = step
             out.prefilling.append(req)

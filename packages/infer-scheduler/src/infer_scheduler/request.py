@@ -39,6 +39,9 @@ def image_keyed(prompt: list[int], images: list[ImageInput]) -> list[int]:
     return key
 
 
+NO_STATE_SLOT = 0  # (the worker's scratch slot: never a request's own)
+
+
 class RequestStatus(str, Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -54,7 +57,7 @@ class Request:
         "request_id", "seq_id", "token_ids", "num_prompt_tokens", "sampling", "max_tokens", "stop_token_ids",
         "min_tokens", "max_len", "min_len", "want_logprobs", "status", "num_computed", "block_ids", "cache_node",
         "cache_len", "num_cached_tokens", "num_preemptions", "scheduled_step", "on_worker", "finish_reason",
-        "decode_msg", "num_pending", "prompt_lps", "prompt_top", "images", "key_prompt",
+        "decode_msg", "num_pending", "prompt_lps", "prompt_top", "state_slot", "images", "key_prompt",
     )
 
     def __init__(self, msg: Submit, seq_id: int, max_model_len: int) -> None:
@@ -75,6 +78,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_computed = 0
         self.block_ids: list[int] = []
+        self.state_slot = NO_STATE_SLOT  # its state slot while admitted (hybrid models; kv_manager.py)
         self.cache_node: object | None = None  # the radix node this request holds locked (None = none)
         self.cache_len = 0  # tokens covered by cache_node (the request's prefix already in the radix cache)
         self.num_cached_tokens = -1  # prefix-cache hit at the first admission (-1 = not admitted yet)

@@ -40,7 +40,8 @@ def serve(config: Config, stop: threading.Event) -> int:
         transport.send(WorkerError(fatal=True, message=f"worker start-up failed: {exc}"))
         transport.close()
         return 1
-    transport.send(Ready(num_blocks=ready.num_blocks, block_size=ready.block_size, model=ready.model))
+    transport.send(Ready(num_blocks=ready.num_blocks, block_size=ready.block_size, model=ready.model,
+                         num_state_slots=ready.num_state_slots))
     code = 0
     try:
         run_steps(ready.service, transport, stop)

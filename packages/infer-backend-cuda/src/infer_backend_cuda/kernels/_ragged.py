@@ -7,15 +7,16 @@ import triton.language as tl
 
 
 @triton.jit
-def batch_block(cu_ptr, n_seq, pid, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr):
-    """(sequence, block within it) of the batch's `pid`-th block of `BLOCK` tokens, from a prefix sum of the
-    sequences' block counts over `cu_ptr` (`[n_seq + 1]`), in registers. A grid of `cdiv(T, BLOCK) + n_seq`
-    programs covers every block (all of a sequence's blocks but its last are full); programs past the last get
-    `n_seq` as their sequence."""
+def batch_block(cu_ptr, n_seq, pid, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr, ROWS_PER_TOKEN: tl.constexpr):
+    """(sequence, block within it) of the batch's `pid`-th block of `BLOCK` rows, each token `ROWS_PER_TOKEN`
+    rows (prefill attention packs a KV head's query heads), from a prefix sum of the sequences' block counts over
+    `cu_ptr` (`[n_seq + 1]`), in registers. A grid of `cdiv(T * ROWS_PER_TOKEN, BLOCK) + n_seq` programs covers
+    every block (all of a sequence's blocks but its last are full); programs past the last get `n_seq` as their
+    sequence."""
     offs_b = tl.arange(0, BLOCK_B)
     b_mask = offs_b < n_seq
     lens = tl.load(cu_ptr + offs_b + 1, mask=b_mask, other=0) - tl.load(cu_ptr + offs_b, mask=b_mask, other=0)
-    blocks = (lens + BLOCK - 1) // BLOCK
+    blocks = (lens * ROWS_PER_TOKEN + BLOCK - 1) // BLOCK
     ends = tl.cumsum(blocks, axis=0)  # inclusive: sequence i's blocks are [ends[i] - blocks[i], ends[i])
     seq = tl.sum((ends <= pid).to(tl.int32), axis=0)
     return seq, pid - tl.sum(tl.where(offs_b == seq, ends - blocks, 0), axis=0)

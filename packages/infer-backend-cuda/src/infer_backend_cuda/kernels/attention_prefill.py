@@ -32,6 +32,7 @@ from infer_backend_cuda.kernels._common import (
     next_pow2,
     pdl_launch,
 )
+from infer_backend_cuda.kernels._ragged import batch_block
 
 
 @triton.jit
@@ -71,16 +72,9 @@ def _prefill_kernel(
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     kvh = tl.program_id(1).to(tl.int64)
-    # This program's sequence b and its tile mt within b, from the batch's tile counts (a prefix sum).
-    offs_b = tl.arange(0, BLOCK_B)
-    b_mask = offs_b < n_seq
-    lens = tl.load(qsl_ptr + offs_b + 1, mask=b_mask, other=0) - tl.load(qsl_ptr + offs_b, mask=b_mask, other=0)
-    tiles = (lens * GROUP + BLOCK_M - 1) // BLOCK_M
-    ends = tl.cumsum(tiles, axis=0)  # inclusive: sequence i's tiles are [ends[i] - tiles[i], ends[i])
-    b = tl.sum((ends <= pid).to(tl.int32), axis=0)
+    b, mt = batch_block(qsl_ptr, n_seq, pid, BLOCK_M, BLOCK_B, GROUP)
     if b >= n_seq:
         return  # past the batch's last tile (the grid is an upper bound)
-    mt = pid - tl.sum(tl.where(offs_b == b, ends - tiles, 0), axis=0)
     q_start = tl.load(qsl_ptr + b).to(tl.int64)
     q_len = (tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)).to(tl.int32)
     ctx = tl.load(seq_lens_ptr + b).to(tl.int32)

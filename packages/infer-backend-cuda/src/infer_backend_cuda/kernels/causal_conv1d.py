@@ -30,7 +30,7 @@ def _causal_conv1d_kernel(
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     cb = tl.program_id(1)
-    seq, tb = batch_block(cu_ptr, n_seq, pid, BT, BLOCK_B)
+    seq, tb = batch_block(cu_ptr, n_seq, pid, BT, BLOCK_B, 1)
     if seq < n_seq:  # else past the batch's last block (the grid is an upper bound)
         bos = tl.load(cu_ptr + seq).to(tl.int64)
         n = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos

@@ -51,7 +51,7 @@ def _gdn_chunk_wy_kernel(
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    seq, chunk = batch_block(cu_ptr, n_seq, pid, CH, BLOCK_B)
+    seq, chunk = batch_block(cu_ptr, n_seq, pid, CH, BLOCK_B, 1)
     if seq < n_seq:  # else past the batch's last chunk (the grid is an upper bound)
         c0 = chunk * CH
         bos = tl.load(cu_ptr + seq).to(tl.int64)

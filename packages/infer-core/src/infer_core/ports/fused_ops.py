@@ -68,8 +68,12 @@ class FusedOps(Protocol):
         """Per-head RMSNorm of q and k (when the weights are given, as in Qwen3), NeoX-style RoPE on q and k,
         then store k and v into the paged cache at `slot_mapping` (slot -1 writes nothing).
 
-        q `[T, Hq, D]`, k/v `[T, Hkv, D]`, `cos_sin_cache` `[max_pos, D]` (cos in the first half, sin in the
+        q `[T, Hq, D]`, k/v `[T, Hkv, D]`, `cos_sin_cache` `[max_pos, R]` (cos in the first half, sin in the
         second), caches `[num_blocks, block_size, Hkv, D]`. Returns the rotated (q, k).
+
+        Partial rotary is the table's width: with `R = rotary_dim < D` only the first R dims of each head rotate
+        (NeoX halves within them, as HF's `apply_rotary_pos_emb` on `q[..., :R]`), dims R.. pass unchanged
+        (Qwen3.5: R = 64 of D = 256). The q/k norm still covers all D dims.
         """
         ...
 

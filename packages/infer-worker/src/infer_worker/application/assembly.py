@@ -20,6 +20,7 @@ from infer_core.ports.backend import LlmBackend
 from infer_protocol.config import Config
 from infer_protocol.messages import ModelInfo
 
+from infer_worker.application.cache_layout import allocate_caches, state_geometry
 from infer_worker.application.fault_injection import FAULT_ENV, with_fault_injection
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
@@ -45,6 +46,7 @@ class ReadyWorker:
     num_blocks: int
     block_size: int
     model: ModelInfo
+    num_state_slots: int = 0  # a hybrid model's state slots (1..n; 0 = the model has none)
 
 
 def _profile_sequences(num_tokens: int, max_model_len: int, block_size: int) -> list[ScheduledSeq]:
@@ -62,37 +64,51 @@ def _profile_sequences(num_tokens: int, max_model_len: int, block_size: int) -> 
     return scheduled
 
 
+def num_state_slots(config: Config, spec: ModelSpec) -> int:
+    """One state slot per sequence the scheduler may run at once (0 for a model without state layers)."""
+    return config.max_batch_seqs if spec.num_state_layers else 0
+
+
+def state_bytes(config: Config, spec: ModelSpec, dtype: DType) -> int:
+    """The state pools' bytes (every slot and the scratch slot), taken from the KV budget before the blocks."""
+    geometry = state_geometry(spec, dtype)
+    return 0 if geometry is None else (num_state_slots(config, spec) + 1) * geometry.bytes_per_slot
+
+
 def choose_num_blocks(config: Config, backend: LlmBackend, model: CausalLM, dtype: DType, geometry: KvGeometry,
                       max_model_len: int, progress: Progress) -> int:
     if config.num_blocks:
         return config.num_blocks
     max_blocks_per_seq = math.ceil(max_model_len / config.block_size)
     useful = max_blocks_per_seq * config.max_batch_seqs
+    states = state_bytes(config, model.spec, dtype)
     if backend.host_memory:
-        return min(useful, blocks_for_budget(geometry, config.cpu_kv_cache_bytes))
+        return min(useful, blocks_for_budget(geometry, config.cpu_kv_cache_bytes, states))
     progress("profiling memory with a worst-case forward")
-    return profile_num_blocks(config, backend, model, dtype, geometry, max_model_len, useful)
+    return profile_num_blocks(config, backend, model, dtype, geometry, max_model_len, useful, states)
 
 
 def profile_num_blocks(config: Config, backend: LlmBackend, model: CausalLM, dtype: DType, geometry: KvGeometry,
-                       max_model_len: int, useful: int) -> int:
+                       max_model_len: int, useful: int, states: int = 0) -> int:
     """Run the worst-case step on a scratch cache, then give the KV cache what the peak leaves of
     `mem_fraction_static` of the device."""
     tokens = min(config.max_batch_tokens, max_model_len * config.max_batch_seqs)
     scratch_blocks = math.ceil(tokens / config.block_size) + config.max_batch_seqs
     backend.reset_peak_memory()
-    caches = backend.allocate_kv_cache(geometry.num_layers, scratch_blocks, config.block_size, geometry.num_kv_heads,
-                                       geometry.head_dim, dtype)
-    runner = ModelRunner(model, backend, caches, config.block_size, scratch_blocks, backend.device)
+    # (a hybrid model's profile sequences all run in the scratch state slot: what they compute is not read)
+    caches = allocate_caches(backend, model.spec, scratch_blocks, config.block_size, dtype, 0)
+    runner = ModelRunner(model, backend, caches.per_layer, config.block_size, scratch_blocks, backend.device,
+                         state_pools=caches.state_pools)
     runner.execute(_profile_sequences(tokens, max_model_len, config.block_size))
     backend.synchronize()
     peak = backend.peak_memory_bytes()
     del runner, caches
     total = backend.memory_info().total_bytes
     budget = profiled_budget(total, config.mem_fraction_static, peak)
-    num_blocks = min(useful, blocks_for_budget(geometry, budget))
-    log.info("memory profile: total %.2f GiB, peak after worst-case forward %.2f GiB, KV budget %.2f GiB -> %d blocks",
-             total / 2**30, peak / 2**30, budget / 2**30, num_blocks)
+    num_blocks = min(useful, blocks_for_budget(geometry, budget, states))
+    log.info("memory profile: total %.2f GiB, peak after worst-case forward %.2f GiB, KV budget %.2f GiB "
+             "(state slots %.2f GiB) -> %d blocks", total / 2**30, peak / 2**30, budget / 2**30, states / 2**30,
+             num_blocks)
     return num_blocks
 
 
@@ -138,16 +154,18 @@ def fit_context_to_cache(config: Config, max_model_len: int, num_blocks: int, pr
 
 
 def build_runner(config: Config, backend: LlmBackend, model: CausalLM, caches: list, max_model_len: int,
-                 progress: Progress) -> ModelRunner:
+                 progress: Progress, state_pools: list | None = None) -> ModelRunner:
     """The graph runner when the backend captures graphs and the config wants them (graphs captured here), else
-    the eager one."""
+    the eager one. `state_pools`: a hybrid model's (its decode steps replay graphs, its mixed steps run eagerly)."""
     max_blocks_per_seq = math.ceil(max_model_len / config.block_size)
     sizes = [size for size in config.capture_sizes if size <= config.max_batch_seqs]
+    pools = state_pools or []
     if not (backend.supports_graphs and config.enable_cuda_graphs and sizes):
-        return ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device)
+        return ModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device,
+                           state_pools=pools)
     tokens = [t for t in config.capture_tokens if t <= config.max_batch_tokens]
     runner = GraphModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device,
-                              capture_sizes=sizes, capture_tokens=tokens)
+                              state_pools=pools, capture_sizes=sizes, capture_tokens=tokens)
     progress(f"capturing CUDA graphs for decode batch sizes {sizes} and mixed steps of up to "
              f"{max(tokens, default=0)} tokens")
     runner.capture()
@@ -162,15 +180,20 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     fault injection's environment values (`application/fault_injection.py`); `tokenizer_info`: xgrammar's view of
     the model's tokenizer, made on the first structured-output request (without it such requests fail alone)."""
     spec, dtype = model.spec, backend.default_dtype()
-    geometry = KvGeometry(spec.num_layers, spec.num_kv_heads, spec.head_dim, config.block_size, dtype.itemsize)
+    geometry = KvGeometry(spec.num_attention_layers, spec.num_kv_heads, spec.head_dim, config.block_size,
+                          dtype.itemsize)
     num_blocks = choose_num_blocks(config, backend, model, dtype, geometry, max_model_len, progress)
     if num_blocks * config.block_size < 2 * config.block_size:
-        raise StartupError(f"KV cache too small: {num_blocks} blocks of {config.block_size} tokens")
+        states = state_bytes(config, spec, dtype)
+        hint = (f" (the state slots of max_batch_seqs = {config.max_batch_seqs} sequences take {states / 2**30:.2f} "
+                f"GiB of the budget first: lower max_batch_seqs)" if states and not config.num_blocks else "")
+        raise StartupError(f"KV cache too small: {num_blocks} blocks of {config.block_size} tokens{hint}")
     max_model_len = fit_context_to_cache(config, max_model_len, num_blocks, progress)
-    progress(f"allocating the KV cache: {num_blocks} blocks x {config.block_size} tokens")
-    caches = backend.allocate_kv_cache(spec.num_layers, num_blocks, config.block_size, spec.num_kv_heads,
-                                       spec.head_dim, dtype)
-    runner = build_runner(config, backend, model, caches, max_model_len, progress)
+    slots = num_state_slots(config, spec)
+    progress(f"allocating the KV cache: {num_blocks} blocks x {config.block_size} tokens"
+             + (f", {slots} state slots" if slots else ""))
+    caches = allocate_caches(backend, spec, num_blocks, config.block_size, dtype, slots)
+    runner = build_runner(config, backend, model, caches.per_layer, max_model_len, progress, caches.state_pools)
     progress("self-check: prefill + decode")
     self_check(runner, spec.vocab_size, config.block_size)
     info = ModelInfo(
@@ -181,7 +204,8 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
         device=backend.device,
         dtype=dtype.value,
     )
-    log.info("ready: %s, %d KV blocks x %d, max_model_len %d", info, num_blocks, config.block_size, max_model_len)
+    log.info("ready: %s, %d KV blocks x %d, %d state slots, max_model_len %d", info, num_blocks, config.block_size,
+             slots, max_model_len)
     if fault:
         log.warning("test-only fault injection is on: a step fails when a prompt holds token %s (%s)", fault, FAULT_ENV)
     try:
@@ -190,4 +214,4 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
         raise StartupError(str(exc)) from None
     runner.grammars = GrammarBook(tokenizer_info, spec.vocab_size)
     service = WorkerService(executor, is_fatal=backend.is_fatal_error, grammars=runner.grammars)
-    return ReadyWorker(service, num_blocks, config.block_size, info)
+    return ReadyWorker(service, num_blocks, config.block_size, info, slots)

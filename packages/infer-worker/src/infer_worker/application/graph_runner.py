@@ -13,7 +13,12 @@ logprobs) — a decode batch with such a row runs a mixed graph too. Without the
 eager launch cost of every layer.
 
 PENDING input ids are gathered into the input buffer from the previous launch's sampled tokens just before a
-replay. Larger steps run on the eager path of ModelRunner."""
+replay. Larger steps run on the eager path of ModelRunner.
+
+A hybrid model (linear-attention layers) replays decode graphs too: each row's state slot is a static input
+(padding rows read and write scratch slot 0), and the slots of sequences that start at position 0 are zeroed
+before the replay, outside the graph. Its mixed steps run eagerly: `GatedDeltaOps` promises graph-safe kernels
+for decode steps only (`StateBatch.is_decode`)."""
 
 from __future__ import annotations
 
@@ -42,16 +47,17 @@ log = logging.getLogger("rustinfer.worker")
 # sampling row. The sampling rows are a prefix of the sequences (those that sample, in step order).
 _TOKEN_FIELDS: tuple[tuple[str, type, float], ...] = (
     ("input_ids", np.int64, 0), ("positions", np.int64, 0), ("slot_mapping", np.int64, -1))
-_SEQ_FIELDS: tuple[tuple[str, type, float], ...] = (("seq_lens", np.int32, 0),)
+_SEQ_FIELDS: tuple[tuple[str, type, float], ...] = (("seq_lens", np.int32, 0), ("state_slots", np.int32, 0))
 _SAMPLE_FIELDS: tuple[tuple[str, type, float], ...] = (
     ("temperature", np.float32, 0), ("top_p", np.float32, 1), ("top_k", np.int32, 0), ("min_p", np.float32, 0),
     ("seeds", np.int64, 0), ("sample_positions", np.int64, 0), ("sample_rows", np.int64, 0))
 # Also uploaded: the PENDING inputs' token rows and source rows (a prefix of them is used), query_start_loc
 # (S + 1 entries; padding sequences are empty), and with a persistent block table the step's rows of it
-# (`table_slots`) and the rows the device copy lacks (`stale_slots`, their contents where the block table goes).
+# (`table_slots`) and the rows the device copy lacks (`stale_slots`, their contents where the block table goes);
+# for a hybrid model the state slots to zero before the replay (`fresh_slots`, a prefix is used).
 _OTHER_FIELDS: tuple[tuple[str, type], ...] = (
     ("pending_pos", np.int64), ("pending_rows", np.int64), ("query_start_loc", np.int32),
-    ("table_slots", np.int64), ("stale_slots", np.int64))
+    ("table_slots", np.int64), ("stale_slots", np.int64), ("fresh_slots", np.int32))
 
 
 class _DeviceBlockTable:
@@ -136,7 +142,8 @@ class _StaticBuffers:
         host = self.host[i]
         num_tokens, num_seqs, num_samples = len(step.input_ids), len(step.seq_lens), len(step.sample_rows)
         values = {"input_ids": step.input_ids, "positions": step.positions, "slot_mapping": step.slot_mapping,
-                  "seq_lens": step.seq_lens, "temperature": arrays["temperature"], "top_p": arrays["top_p"],
+                  "seq_lens": step.seq_lens, "state_slots": step.state_slots,
+                  "temperature": arrays["temperature"], "top_p": arrays["top_p"],
                   "top_k": arrays["top_k"], "min_p": arrays["min_p"], "seeds": arrays["seeds"],
                   "sample_positions": arrays["positions"], "sample_rows": step.sample_rows}
         for group, n, size in ((_TOKEN_FIELDS, num_tokens, tokens), (_SEQ_FIELDS, num_seqs, seqs),
@@ -148,6 +155,8 @@ class _StaticBuffers:
         p = len(step.pending_pos)
         host["pending_pos"][:p] = step.pending_pos
         host["pending_rows"][:p] = step.pending_rows
+        fresh = step.fresh_slots if step.fresh_slots is not None else np.zeros(0, dtype=np.int32)
+        host["fresh_slots"][:len(fresh)] = fresh
         qsl = host["query_start_loc"]
         qsl[:num_seqs + 1] = step.query_start_loc
         qsl[num_seqs + 1:seqs + 1] = num_tokens
@@ -237,6 +246,9 @@ class GraphModelRunner(ModelRunner):
         log.info("captured CUDA graphs for decode batch sizes %s", self.capture_sizes)
         if not self.capture_tokens:
             return
+        if self.state_pools:
+            log.info("mixed steps of a model with linear-attention layers run eagerly (no mixed graphs)")
+            return
         buf = self._buf
         buf.logits = torch.empty((self.capture_sizes[-1], self.model.spec.vocab_size), dtype=torch.float32,
                                  device=self.device)
@@ -249,9 +261,10 @@ class GraphModelRunner(ModelRunner):
         buf = self._buf
         batch = buf.attention_batch(size, size, self.block_size, max_seq_len, decode=True)
         sampling = buf.sampling_batch(size, greedy)
+        state_slots = buf.state_slots[:size] if self.state_pools else None
 
         def step() -> None:
-            hidden = self.model.forward(buf.input_ids[:size], batch, self.kv_caches)
+            hidden = self.model.forward(buf.input_ids[:size], batch, self.kv_caches, state_slots)
             out = self._sampler.sample(self.model.compute_logits(hidden), sampling)
             buf.out_tokens[:size].copy_(out.token_ids)
             buf.out_logprobs[:size].copy_(out.logprobs)
@@ -307,6 +320,9 @@ class GraphModelRunner(ModelRunner):
             buf.load(step, arrays, tokens, seqs)
             p = len(step.pending_pos)
             self._fill_pending(buf.input_ids, step, buf.pending_pos[:p], buf.pending_rows[:p])
+            fresh = 0 if step.fresh_slots is None else len(step.fresh_slots)
+            if self.state_pools and fresh:
+                self.backend.ops.gdn.reset_slots(self.state_pools, buf.fresh_slots[:fresh])  # type: ignore[union-attr]
         num_samples = len(step.sampling_seqs)
         if decode:
             with trace(f"graph_replay_{seqs}"):

@@ -5,6 +5,9 @@ back through an asynchronous device-to-host copy (`LaunchedStep.result()` waits 
 the next step while this one runs. A decode input that is still PENDING (sampled by the previous launch, not
 collected yet) is gathered on the device from that launch's sampled-token tensor. The runner never mutates
 sequences; the caller appends the sampled tokens and advances `num_computed`.
+
+A hybrid model's linear-attention layers read each sequence's state slot (`Sequence.state_slot`); a sequence
+whose step starts at position 0 (first admission, or recompute after preemption) starts from a zeroed slot.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class HostStep(NamedTuple):
     table: BlockTable | None = None
     slots: np.ndarray | None = None  # [B] int64
     max_blocks_per_seq: int = 0  # the block tables' width (the persistent table is wider only after an error)
+    state_slots: np.ndarray | None = None  # [B] int32, each sequence's state slot (hybrid models)
+    fresh_slots: np.ndarray | None = None  # [F] int32, the state slots of sequences that start at position 0
 
     def host_block_tables(self) -> np.ndarray:
         if self.block_tables is not None:
@@ -129,6 +134,7 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         pages = table.blocks[slots[seq_index], positions // block_size].astype(np.int64)
     slot_mapping = pages * block_size + positions % block_size
 
+    state_slots = np.fromiter((s.seq.state_slot for s in scheduled), dtype=np.int32, count=num_seqs)
     samples = ends == known
     sampling_seqs = [s.seq for s, flag in zip(scheduled, samples) if flag]
     pending_pos = np.flatnonzero(input_ids == PENDING)
@@ -160,6 +166,8 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         table=table,
         slots=slots,
         max_blocks_per_seq=max_blocks_per_seq,
+        state_slots=state_slots,
+        fresh_slots=state_slots[starts == 0],
     )
 
 
@@ -216,10 +224,13 @@ class ModelRunner:
         block_size: int,
         max_blocks_per_seq: int,
         device: str,
+        state_pools: KvCaches = (),
     ) -> None:
+        """`state_pools`: the linear-attention layers' slot pools among `kv_caches` (none for other models)."""
         self.model = model
         self.backend = backend
         self.kv_caches = kv_caches
+        self.state_pools = list(state_pools)
         self.block_size = block_size
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = device
@@ -255,11 +266,15 @@ class ModelRunner:
 
     def _upload(self, step: HostStep, sampling: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], AttentionBatch,
                                                                               SamplingBatch | None]:
-        """Every input of the step in one copy: [input_ids, sample_rows, pending_pos, pending_rows], the attention
-        batch and (when a row samples) the sampling batch."""
+        """Every input of the step in one copy: [input_ids, sample_rows, pending_pos, pending_rows] (+ [state_slots,
+        fresh_slots] for a model with state layers), the attention batch and (when a row samples) the sampling
+        batch."""
         attention = [step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens, step.host_block_tables()]
+        states = [step.state_slots, step.fresh_slots] if self.state_pools else []
         dev = self._uploader.upload([step.input_ids, step.sample_rows, step.pending_pos, step.pending_rows,
-                                     *attention, *sampling.values()])
+                                     *attention, *states, *sampling.values()])
+        inputs = dev[:4] + dev[9:9 + len(states)]
+        dev = dev[:9] + dev[9 + len(states):]
         positions, slot_mapping, query_start_loc, seq_lens, block_tables = dev[4:9]
         batch = AttentionBatch(positions=positions, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
                                seq_lens=seq_lens, block_tables=block_tables, max_query_len=step.max_query_len,
@@ -268,7 +283,7 @@ class ModelRunner:
         if sampling:
             sampling_batch = SamplingBatch(**dict(zip(sampling, dev[9:])),
                                            all_greedy=bool((sampling["temperature"] == 0).all()))
-        return dev[:4], batch, sampling_batch
+        return inputs, batch, sampling_batch
 
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
         """Launch a step and wait for its tokens."""
@@ -282,11 +297,16 @@ class ModelRunner:
         with trace("prepare"):
             step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
             seqs = step.sampling_seqs
-            (input_ids, sample_rows, pending_pos, pending_rows), batch, sampling = self._upload(
-                step, sampling_arrays(seqs) if seqs else {})
+            inputs, batch, sampling = self._upload(step, sampling_arrays(seqs) if seqs else {})
+            input_ids, sample_rows, pending_pos, pending_rows = inputs[:4]
             self._fill_pending(input_ids, step, pending_pos, pending_rows)
+            state_slots = None
+            if self.state_pools:
+                state_slots, fresh_slots = inputs[4:]
+                if step.fresh_slots is not None and step.fresh_slots.size:
+                    self.backend.ops.gdn.reset_slots(self.state_pools, fresh_slots)  # type: ignore[union-attr]
         with trace("forward"):
-            hidden = self.model.forward(input_ids, batch, self.kv_caches)
+            hidden = self.model.forward(input_ids, batch, self.kv_caches, state_slots)
         prompt_lps = []
         if needs_prompt_logprobs(scheduled):  # waits for the forward: only requests that ask pay for it
             prompt_lps = compute_prompt_logprobs(scheduled, step.query_start_loc, hidden, self.model.compute_logits)
@@ -330,7 +350,8 @@ class ModelRunner:
         sequence holds KV."""
         vocab = self.model.spec.vocab_size
         lengths = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
-        cache_blocks = int(self.kv_caches[0][0].shape[0])
+        paged = [cache for cache in self.kv_caches if all(cache is not pool for pool in self.state_pools)]
+        cache_blocks = int(paged[0][0].shape[0])
         scheduled, next_block = [], 0
         for i, length in enumerate(lengths):
             if length == 0:

@@ -227,6 +227,7 @@ class WorkerService:
             sampling=to_sampling(new.sampling),
             prompt_len=len(new.token_ids) - new.num_generated,
             stop_token_ids=tuple(new.stop_token_ids),
+            state_slot=new.state_slot,  # (the runner zeroes it: the sequence starts at position 0)
         )
         self._forget(new.seq_id)  # (a plan re-admits a preempted sequence only after naming it preempted)
         if new.sampling.structured is not None:

@@ -1,11 +1,16 @@
 """Self-attention over the paged KV cache: fused qkv GEMM -> (qk-norm) + RoPE + KV store -> paged attention
--> o_proj. Qk-norm is present exactly when its weights are (Qwen3); nothing here knows model names."""
+-> (output gate) -> o_proj. Qk-norm is present exactly when its weights are (Qwen3); nothing here knows model names.
+
+With `output_gate` (Qwen3.5) q_proj holds `[query | gate]` per head (`2 * head_dim` rows each) and the attention
+output is multiplied by `sigmoid(gate)` before o_proj. Partial rotary is the RoPE table's width (see
+`FusedOps.qk_norm_rope_store`)."""
 
 from __future__ import annotations
 
 import torch
 
 from infer_core.ports.fused_ops import AttentionBatch
+from infer_core.ports.linear_attention import StateBatch
 from infer_core.ports.op_ports import OpPorts
 from infer_core.quant import DENSE_CONFIG, ModuleQuant
 from infer_worker.components.linear import Linear, MergedLinear
@@ -29,6 +34,8 @@ class Attention:
         dtype: torch.dtype,
         device: str,
         quant: ModuleQuant = ModuleQuant(DENSE_CONFIG),
+        output_gate: bool = False,
+        norm_offset: float = 0.0,
     ) -> None:
         """`quant` is the checkpoint's quantization seen from this module (`model.layers.N.self_attn.`)."""
         if num_heads % num_kv_heads:
@@ -40,8 +47,10 @@ class Attention:
         self.scale = head_dim**-0.5
         self.cos_sin_cache = cos_sin_cache
         self.norm_eps = norm_eps
+        self.output_gate = output_gate
+        self.norm_offset = norm_offset
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
-        qkv = (("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size))
+        qkv = (("q_proj", 2 * q_size if output_gate else q_size), ("k_proj", kv_size), ("v_proj", kv_size))
         self.qkv_proj = MergedLinear(
             ops, hidden_size, qkv, bias, dtype, device, quant.fused_scheme(tuple(n for n, _ in qkv)), quant.name("")
         )
@@ -51,13 +60,28 @@ class Attention:
         self.q_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None
         self.k_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None
 
+    checkpoint_name = "self_attn"
+
+    @property
+    def in_proj(self) -> Linear:
+        return self.qkv_proj
+
     def __call__(self, hidden: torch.Tensor, batch: AttentionBatch, kv_cache: KvCache) -> torch.Tensor:
         return self.attend(self.qkv_proj(hidden), batch, kv_cache)
+
+    def mix(self, projected: torch.Tensor, batch: AttentionBatch, cache: KvCache,
+            states: StateBatch | None) -> torch.Tensor:
+        """The token mixer of a decoder layer (`components/mixer.py`): no per-sequence state of its own."""
+        return self.attend(projected, batch, cache)
 
     def attend(self, qkv: torch.Tensor, batch: AttentionBatch, kv_cache: KvCache) -> torch.Tensor:
         """Everything after the qkv GEMM (which the decoder layer fuses with the norm before it)."""
         num_tokens = qkv.shape[0]
         q, k, v = qkv.split(self.qkv_proj.part_sizes, dim=-1)
+        gate = None
+        if self.output_gate:
+            q, gate = q.reshape(num_tokens, self.num_heads, 2, self.head_dim).unbind(dim=2)
+            q = q.contiguous()  # (a strided view: kernels read heads densely)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -67,11 +91,13 @@ class Attention:
             k_cache, v_cache, batch.slot_mapping,
         )
         out = self._fused.paged_attention(q, k_cache, v_cache, batch, self.scale)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def weight_slots(self) -> WeightSlots:
         slots = {**self.qkv_proj.weight_slots(), **prefixed("o_proj.", self.o_proj.weight_slots())}
         if self.q_norm_weight is not None and self.k_norm_weight is not None:
-            slots["q_norm.weight"] = WeightSlot(self.q_norm_weight, WeightInit.ONES)
-            slots["k_norm.weight"] = WeightSlot(self.k_norm_weight, WeightInit.ONES)
+            slots["q_norm.weight"] = WeightSlot(self.q_norm_weight, WeightInit.ONES, self.norm_offset)
+            slots["k_norm.weight"] = WeightSlot(self.k_norm_weight, WeightInit.ONES, self.norm_offset)
         return slots

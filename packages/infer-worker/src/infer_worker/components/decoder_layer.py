@@ -1,4 +1,5 @@
-"""The pre-norm transformer block shared by the Llama family: norm -> attention -> add+norm -> MLP.
+"""The pre-norm transformer block shared by the Llama family and the hybrids: norm -> token mixer -> add+norm ->
+MLP. The mixer (full attention, or a Gated DeltaNet) is an attribute (`components/mixer.py`).
 
 The residual stream is carried separately so that every residual addition fuses into the next norm, and each
 norm is one op with the projection after it (`FusedOps.add_rms_norm_linear`), as is SiLU with the down GEMM."""
@@ -8,26 +9,28 @@ from __future__ import annotations
 import torch
 
 from infer_core.ports.fused_ops import AttentionBatch
-from infer_worker.components.attention import Attention, KvCache
+from infer_core.ports.linear_attention import StateBatch
+from infer_worker.components.mixer import LayerCache, TokenMixer
 from infer_worker.components.mlp import GatedMlp
 from infer_worker.components.norm import RMSNorm
 from infer_worker.components.weights import WeightSlots, prefixed
 
 
 class DecoderLayer:
-    def __init__(self, input_norm: RMSNorm, attention: Attention, post_attention_norm: RMSNorm, mlp: GatedMlp) -> None:
+    def __init__(self, input_norm: RMSNorm, mixer: TokenMixer, post_attention_norm: RMSNorm, mlp: GatedMlp) -> None:
         self.input_norm = input_norm
-        self.attention = attention
+        self.mixer = mixer
         self.post_attention_norm = post_attention_norm
         self.mlp = mlp
 
     def __call__(
-        self, hidden: torch.Tensor, residual: torch.Tensor | None, batch: AttentionBatch, kv_cache: KvCache
+        self, hidden: torch.Tensor, residual: torch.Tensor | None, batch: AttentionBatch, cache: LayerCache,
+        states: StateBatch | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns the block's output and the residual stream *before* that output is added to it.
         `residual` is None at the first layer, where the embedding is the residual stream."""
-        qkv, residual = self.input_norm.project(hidden, residual, self.attention.qkv_proj)
-        hidden = self.attention.attend(qkv, batch, kv_cache)
+        projected, residual = self.input_norm.project(hidden, residual, self.mixer.in_proj)
+        hidden = self.mixer.mix(projected, batch, cache, states)
         gate_up, residual = self.post_attention_norm.project(hidden, residual, self.mlp.gate_up_proj)
         return self.mlp.down(gate_up), residual
 
@@ -35,7 +38,7 @@ class DecoderLayer:
         """HF names relative to `model.layers.N.`."""
         return {
             **prefixed("input_layernorm.", self.input_norm.weight_slots()),
-            **prefixed("self_attn.", self.attention.weight_slots()),
+            **prefixed(f"{self.mixer.checkpoint_name}.", self.mixer.weight_slots()),
             **prefixed("post_attention_layernorm.", self.post_attention_norm.weight_slots()),
             **prefixed("mlp.", self.mlp.weight_slots()),
         }

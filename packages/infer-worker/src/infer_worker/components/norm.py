@@ -1,4 +1,7 @@
-"""RMSNorm; `add` fuses the residual addition that precedes every norm after the first."""
+"""RMSNorm; `add` fuses the residual addition that precedes every norm after the first.
+
+`offset` is the checkpoint's convention for the scale: 0 for `w * x` (Llama), 1 for `(1 + w) * x` (Qwen3.5), whose
+weights are loaded as `1 + w` so that one op serves both."""
 
 from __future__ import annotations
 
@@ -10,10 +13,12 @@ from infer_worker.components.weights import WeightInit, WeightSlot, WeightSlots,
 
 
 class RMSNorm:
-    def __init__(self, ops: OpPorts, size: int, eps: float, dtype: torch.dtype, device: str) -> None:
+    def __init__(self, ops: OpPorts, size: int, eps: float, dtype: torch.dtype, device: str,
+                 offset: float = 0.0) -> None:
         self._fused = ops.fused
         self.weight = empty((size,), dtype, device)
         self.eps = eps
+        self.offset = offset
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._fused.rms_norm(x, self.weight, self.eps)
@@ -29,4 +34,4 @@ class RMSNorm:
         return linear.add_rms_norm_linear(x, residual, self.weight, self.eps)
 
     def weight_slots(self) -> WeightSlots:
-        return {"weight": WeightSlot(self.weight, WeightInit.ONES)}
+        return {"weight": WeightSlot(self.weight, WeightInit.ONES, self.offset)}

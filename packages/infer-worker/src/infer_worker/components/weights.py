@@ -34,6 +34,9 @@ class WeightInit(Enum):
 class WeightSlot(NamedTuple):
     tensor: torch.Tensor  # the destination; a view into the parameter it belongs to
     init: WeightInit
+    # Added to the checkpoint value at load (a load-time transform declared by the model's data): a (1 + w) norm
+    # stores w, and the ordinary RMSNorm op then scales by the sum. Dummy weights are already the sum.
+    offset: float = 0.0
 
     def load(self, name: str, value: torch.Tensor) -> None:
         if tuple(value.shape) != tuple(self.tensor.shape):
@@ -46,6 +49,8 @@ class WeightSlot(NamedTuple):
                 f"weight {name!r} has dtype {value.dtype}, the quantized layout stores {self.tensor.dtype}"
             )
         self.tensor.copy_(value)
+        if self.offset:
+            self.tensor.add_(self.offset)
 
     def init_dummy(self, generator: torch.Generator) -> None:
         t, init = self.tensor, self.init

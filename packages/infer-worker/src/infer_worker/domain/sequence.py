@@ -66,6 +66,9 @@ class Sequence:
     # This sequence's row in the worker's persistent block table (application/block_table.py); -1: none, and
     # prepare_step then builds the step's table from block_ids (sequences made outside the worker service).
     slot: int = -1
+    # The sequence's state slot of a hybrid model's linear-attention layers (scheduler-assigned, 1..); 0 is the
+    # scratch slot, which sequences made outside the worker service (start-up runs) share.
+    state_slot: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:

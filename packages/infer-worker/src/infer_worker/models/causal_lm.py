@@ -10,6 +10,8 @@ from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.op_ports import OpPorts
 from infer_worker.models.spec import ModelSpec
 
+# One pair per layer: (k_cache, v_cache) pages for a full-attention layer, (conv_states, recurrent_states) slot
+# pools for a linear-attention one (`application/cache_layout.py` allocates them in layer order).
 KvCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -24,8 +26,10 @@ class CausalLM(Protocol):
         """Random weights of the right shapes and scale (load_format = "dummy")."""
         ...
 
-    def forward(self, input_ids: torch.Tensor, batch: AttentionBatch, kv_caches: KvCaches) -> torch.Tensor:
-        """Ragged batch of `T` tokens -> final hidden states `[T, hidden]`; writes this step's KV."""
+    def forward(self, input_ids: torch.Tensor, batch: AttentionBatch, kv_caches: KvCaches,
+                state_slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Ragged batch of `T` tokens -> final hidden states `[T, hidden]`; writes this step's KV and states.
+        `state_slots` `[B]` int32: each sequence's state slot, needed when the model has linear-attention layers."""
         ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

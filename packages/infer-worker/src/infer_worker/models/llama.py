@@ -1,7 +1,10 @@
-"""The Llama-family decoder (Llama 2/3.x, SmolLM2, and with q/k norms present Qwen3).
+"""The Llama-family decoder (Llama 2/3.x, SmolLM2, and with q/k norms present Qwen3; with Gated DeltaNet layers
+and gated attention, Qwen3.5).
 
 This module owns the checkpoint layout: which HF tensor name lands in which component slot. What varies
-between members of the family is data in the spec (qk-norm, tied embeddings, biases, rope scaling).
+between members of the family is data in the spec (qk-norm, tied embeddings, biases, rope scaling, each layer's
+token mixer, partial rotary, the attention output gate, the norms' offset) and in the class attributes below
+(where the text model sits in the checkpoint, what else the checkpoint holds).
 """
 
 from __future__ import annotations
@@ -12,34 +15,41 @@ from typing import Iterable
 import torch
 
 from infer_core.ports.fused_ops import AttentionBatch
+from infer_core.ports.linear_attention import StateBatch
 from infer_core.ports.op_ports import OpPorts
 from infer_core.quant import ModuleQuant
 from infer_worker.components.attention import Attention
 from infer_worker.components.decoder_layer import DecoderLayer
 from infer_worker.components.embedding import Embedding
+from infer_worker.components.gated_delta_net import GatedDeltaNet
 from infer_worker.components.linear import Linear
 from infer_worker.components.linear_weight import LinearWeight
+from infer_worker.components.mixer import TokenMixer
 from infer_worker.components.mlp import GatedMlp
 from infer_worker.components.norm import RMSNorm
 from infer_worker.components.rotary import cos_sin_cache
 from infer_worker.components.weights import WeightSlots, prefixed
 from infer_worker.models.causal_lm import KvCaches
-from infer_worker.models.spec import ModelSpec
+from infer_worker.models.spec import FULL_ATTENTION, LINEAR_ATTENTION, ModelSpec
 
-# Buffers some old checkpoints saved although they are recomputed from the config.
-_DERIVED_BUFFERS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
 _LM_HEAD = "lm_head.weight"
 
 
 class LlamaForCausalLM:
+    # Where the text model's tensors sit in the checkpoint, and what else it may hold that is not ours to load
+    # (buffers some old checkpoints saved although they are recomputed from the config).
+    checkpoint_prefix = "model."
+    foreign_weights = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
     def __init__(self, spec: ModelSpec, ops: OpPorts, dtype: torch.dtype, device: str) -> None:
         self.spec = spec
         self.dtype = dtype
         self.device = device
-        rope = cos_sin_cache(spec.head_dim, spec.max_position_embeddings, spec.rope_theta, spec.rope_scaling, device)
+        rope = cos_sin_cache(spec.rotary_dim or spec.head_dim, spec.max_position_embeddings, spec.rope_theta,
+                             spec.rope_scaling, device)
         self.embed_tokens = Embedding(ops, spec.vocab_size, spec.hidden_size, dtype, device)
         self.layers = [self._layer(ops, rope, i) for i in range(spec.num_layers)]
-        self.norm = RMSNorm(ops, spec.hidden_size, spec.rms_norm_eps, dtype, device)
+        self.norm = self._norm(ops, spec.hidden_size)
         # Tied embeddings: the head *is* the embedding tensor, so there is nothing separate to load. The head and
         # the embedding stay dense in every quantized format.
         self.lm_head = (
@@ -49,38 +59,51 @@ class LlamaForCausalLM:
         )
         self._slots = self.weight_slots()
 
-    def _layer(self, ops: OpPorts, rope: torch.Tensor, index: int) -> DecoderLayer:
+    def _norm(self, ops: OpPorts, size: int) -> RMSNorm:
+        return RMSNorm(ops, size, self.spec.rms_norm_eps, self.dtype, self.device, self.spec.norm_offset)
+
+    def _mixer(self, ops: OpPorts, rope: torch.Tensor, kind: str, quant: ModuleQuant) -> TokenMixer:
         spec, dtype, device = self.spec, self.dtype, self.device
-        quant = ModuleQuant(spec.quantization, f"model.layers.{index}.")
-        attention = Attention(
+        if kind == LINEAR_ATTENTION:
+            assert spec.linear_attention is not None  # the spec parses it whenever a layer is linear
+            return GatedDeltaNet(ops, spec.hidden_size, spec.linear_attention, spec.rms_norm_eps, dtype, device,
+                                 quant.within("linear_attn."))
+        assert kind == FULL_ATTENTION, kind
+        return Attention(
             ops, spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, rope,
             qk_norm=spec.qk_norm, bias=spec.attention_bias, norm_eps=spec.rms_norm_eps, dtype=dtype, device=device,
-            quant=quant.within("self_attn."),
+            quant=quant.within("self_attn."), output_gate=spec.attention_output_gate, norm_offset=spec.norm_offset,
         )
+
+    def _layer(self, ops: OpPorts, rope: torch.Tensor, index: int) -> DecoderLayer:
+        spec = self.spec
+        quant = ModuleQuant(spec.quantization, f"{self.checkpoint_prefix}layers.{index}.")
         return DecoderLayer(
-            RMSNorm(ops, spec.hidden_size, spec.rms_norm_eps, dtype, device),
-            attention,
-            RMSNorm(ops, spec.hidden_size, spec.rms_norm_eps, dtype, device),
-            GatedMlp(ops, spec.hidden_size, spec.intermediate_size, spec.mlp_bias, dtype, device, quant.within("mlp.")),
+            self._norm(ops, spec.hidden_size),
+            self._mixer(ops, rope, spec.mixers[index], quant),
+            self._norm(ops, spec.hidden_size),
+            GatedMlp(ops, spec.hidden_size, spec.intermediate_size, spec.mlp_bias, self.dtype, self.device,
+                     quant.within("mlp.")),
         )
 
     # ------------------------------------------------------------------ weights
 
     def weight_slots(self) -> WeightSlots:
         """Every HF tensor name this model expects, and where it goes."""
+        prefix = self.checkpoint_prefix
         slots = {
-            **prefixed("model.embed_tokens.", self.embed_tokens.weight_slots()),
-            **prefixed("model.norm.", self.norm.weight_slots()),
+            **prefixed(f"{prefix}embed_tokens.", self.embed_tokens.weight_slots()),
+            **prefixed(f"{prefix}norm.", self.norm.weight_slots()),
         }
         for i, layer in enumerate(self.layers):
-            slots.update(prefixed(f"model.layers.{i}.", layer.weight_slots()))
+            slots.update(prefixed(f"{prefix}layers.{i}.", layer.weight_slots()))
         if not self.spec.tie_word_embeddings:
             slots.update(prefixed("lm_head.", self.lm_head.weight_slots()))
         return slots
 
     def _ignored(self, name: str) -> bool:
         # A tied checkpoint may still carry a copy of the head; HF ignores it, and so do we.
-        return bool(_DERIVED_BUFFERS.match(name)) or (self.spec.tie_word_embeddings and name == _LM_HEAD)
+        return bool(self.foreign_weights.match(name)) or (self.spec.tie_word_embeddings and name == _LM_HEAD)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         loaded: set[str] = set()
@@ -108,16 +131,24 @@ class LlamaForCausalLM:
     # ------------------------------------------------------------------ compute
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, batch: AttentionBatch, kv_caches: KvCaches) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, batch: AttentionBatch, kv_caches: KvCaches,
+                state_slots: torch.Tensor | None = None) -> torch.Tensor:
         if len(kv_caches) != len(self.layers):
             raise ValueError(f"{len(kv_caches)} KV caches for {len(self.layers)} layers")
-        hidden = self.embed_tokens(input_ids)
+        states = None if state_slots is None else StateBatch(batch.query_start_loc, state_slots, batch.max_query_len,
+                                                             batch.is_decode)
+        hidden = self.embed(input_ids)
         residual: torch.Tensor | None = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(hidden, residual, batch, kv_cache)
+        for layer, cache in zip(self.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, batch, cache, states)
         assert residual is not None  # num_layers >= 1
         hidden, _ = self.norm.add(hidden, residual)
         return hidden
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The input embeddings `[T, hidden]` of a step: where rows may be replaced by other embeddings (image
+        features) before the first layer."""
+        return self.embed_tokens(input_ids)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -7,11 +7,14 @@ from typing import Any, Mapping
 from infer_worker.models.causal_lm import CausalLMClass
 from infer_worker.models.llama import LlamaForCausalLM
 from infer_worker.models.qwen3 import Qwen3ForCausalLM
+from infer_worker.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration
 from infer_worker.models.spec import architecture_of
 
 MODEL_CLASSES: dict[str, CausalLMClass] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3_5ForCausalLM,
+    "Qwen3_5ForConditionalGeneration": Qwen3_5ForConditionalGeneration,
 }
 
 
