@@ -103,8 +103,8 @@ def vision_tok(vision_dir: Path) -> Tokenizer:
 def make_vision_server(vision_dir: Path, vision_tok: Tokenizer) -> Iterator[Any]:
     made: list[ServerHarness] = []
 
-    def make(**overrides: Any) -> ServerHarness:
-        h = ServerHarness(vision_dir, vision_tok, **overrides)
+    def make(images: bool = True, **overrides: Any) -> ServerHarness:
+        h = ServerHarness(vision_dir, vision_tok, images=images, **overrides)
         made.append(h)
         h.wait_ready()
         return h
@@ -292,7 +292,17 @@ def test_content_cannot_write_the_image_placeholder(make_vision_server: Any) -> 
 def test_a_model_without_vision_refuses_image_parts(server: ServerHarness) -> None:
     r = server.http.post("/v1/chat/completions", json={"messages": user(TEXT, image_part(data_url(image_bytes(8, 8))))})
     assert_400(r, "messages[0].content[1]", "unsupported_parameter")
-    assert "no vision tower" in r.json()["error"]["message"]
+    assert "declares no vision_config" in r.json()["error"]["message"]
+
+
+def test_a_worker_without_the_vision_tower_refuses_image_parts(make_vision_server: Any) -> None:
+    """A vision model whose worker does not run the tower (ModelInfo.images false) takes no images: they would
+    reach the text model as bare placeholder tokens."""
+    h = make_vision_server(images=False)
+    r = chat(h, user(TEXT, image_part(data_url(image_bytes(8, 8)))))
+    assert_400(r, "messages[0].content[1]", "unsupported_parameter")
+    assert "the worker does not run its vision tower" in r.json()["error"]["message"]
+    assert chat(h, user(TEXT)).status_code == 200
 
 
 # ------------------------------------------------------------------ http(s) URLs, when allowed

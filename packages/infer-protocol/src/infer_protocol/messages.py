@@ -20,7 +20,7 @@ import msgspec
 # 7: SchedulerStats.worker_restarts (workers adopted after the first)
 # 8: structured outputs (SamplingParams.structured, StructuredOutput; StepResult.seq_errors, SeqError)
 # 9: state slots of hybrid models (NewSeq.state_slot, Ready.num_state_slots)
-# 10: images (ImageInput; Submit.images, NewSeq.images)
+# 10: images (ImageInput; Submit.images, NewSeq.images, ModelInfo.images)
 PROTOCOL_VERSION = 10
 
 
@@ -155,6 +155,7 @@ class ModelInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     backend: str
     device: str
     dtype: str
+    images: bool = False  # the worker runs the model's vision tower: the server may send it images
 
 
 class Pong(_Msg, tag="pong"):

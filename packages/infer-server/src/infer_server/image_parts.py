@@ -39,8 +39,9 @@ class ImagePart:
     url: str
 
 
-def collect_image_parts(messages: Sequence[ChatMessage], vision: VisionSpec | None,
-                        config: Config) -> list[ImagePart]:
+def collect_image_parts(messages: Sequence[ChatMessage], vision: VisionSpec | None, config: Config, *,
+                        no_vision: str = "") -> list[ImagePart]:
+    """`no_vision`: why `vision` is None (the 400's message)."""
     parts: list[ImagePart] = []
     for i, message in enumerate(messages):
         if not isinstance(message.content, list):
@@ -50,8 +51,7 @@ def collect_image_parts(messages: Sequence[ChatMessage], vision: VisionSpec | No
                 continue
             where = f"messages[{i}].content[{j}]"
             if vision is None:
-                raise unsupported(where, "this model has no vision tower (its config.json declares no vision_config),"
-                                         " so image parts are not served")
+                raise unsupported(where, f"this model takes no images ({no_vision}), so image parts are not served")
             if part.image_url is None:
                 raise invalid_request(f"Missing required parameter: '{where}.image_url' (an image_url part needs its "
                                       "image_url).", param=where, code="missing_required_parameter")

@@ -45,6 +45,7 @@ class ModelAssets:
     # request field -> value for requests that leave it unset (from generation_config.json; empty = OpenAI's)
     sampling_defaults: dict[str, float] = field(default_factory=dict)
     vision: VisionSpec | None = None  # the image processor's settings; None: the model takes no images
+    no_vision: str = "its config.json declares no vision_config"  # why `vision` is None
 
     @property
     def model_dir(self) -> str:
@@ -151,8 +152,15 @@ def load_model_assets(info: ModelInfo, config: Config) -> ModelAssets:
         eos_token_ids=tuple(read_eos_token_ids(model_dir, tokenizer)),
         aliases=frozenset(a for a in aliases if a),
         sampling_defaults=read_generation_defaults(model_dir) if config.generation_config == "auto" else {},
-        vision=read_vision_spec(model_dir, tokenizer),
+        **_vision(info, read_vision_spec(model_dir, tokenizer)),
     )
+
+
+def _vision(info: ModelInfo, spec: VisionSpec | None) -> dict[str, Any]:
+    """Images are served when the model has a vision config and the worker runs its tower (ModelInfo.images)."""
+    if spec is not None and not info.images:
+        return {"vision": None, "no_vision": "the worker does not run its vision tower"}
+    return {"vision": spec}
 
 
 class ModelAssetsLoader:

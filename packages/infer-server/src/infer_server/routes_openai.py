@@ -39,7 +39,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     check_model(body.model, assets)
     check_chat_request(body)
     vision = assets.vision
-    parts = collect_image_parts(body.messages, vision, state.config)
+    parts = collect_image_parts(body.messages, vision, state.config, no_vision=assets.no_vision)
     images = await load_images(parts, vision, state.config) if parts and vision is not None else []
     prompt_ids = await off_loop(messages_size(body.messages), chat_prompt_ids, assets, body.messages,
                                 body.add_generation_prompt,
