@@ -4,7 +4,9 @@ Workloads (`--workload`): `chat`, short chats of 40-500 characters (the referenc
 message of about `--prompt-tokens` tokens (default 3,000) each; `shared-prefix`, one fixed system prompt of about
 `--prompt-tokens` tokens (default 1,500) shared by every request, then a short chat question. Prompt sizes are
 set in characters from the server's own /tokenize count of a sample (4 characters a token if it has none); the
-result records the prompt tokens the server reported in `usage`.
+result records the prompt tokens the server reported in `usage`. `--image-fraction` (e.g. 0.25) puts an image
+(`--image-side` pixels square, a JPEG data URL, one of a few distinct ones) before the question of that fraction of
+the requests, for a vision model; their TTFT is also reported apart (`ttft_image_ms`).
 
 Metrics use vLLM's definitions: TTFT = time to the first content chunk; ITL = gaps between successive content
 chunks; TPOT = (E2E - TTFT) / (output tokens - 1); E2E = request latency. Reported as mean/p50/p90/p99 with
@@ -17,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
+import functools
+import io
 import json
 import multiprocessing
 import random
@@ -29,6 +34,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -46,6 +52,7 @@ class RequestRecord:
     output_tokens: int = 0
     error: str = ""
     prompt_tokens: int = 0
+    image: bool = False  # the request carried an image
 
 
 def make_prompt(rng: random.Random, target: int = 0) -> str:
@@ -63,15 +70,44 @@ class Workload:
 
     kind: str = "chat"
     prompt_chars: int = 0  # `long`: the user message; `shared-prefix`: the system prompt
+    image_fraction: float = 0.0  # this share of the requests carries an image before its question
+    image_side: int = 1024
 
-    def messages(self, rng: random.Random) -> list[dict[str, str]]:
+    def messages(self, rng: random.Random) -> list[dict[str, Any]]:
         if self.kind == "long":
             jitter = rng.uniform(0.9, 1.1)  # lengths differ, as real prompts do
-            return [{"role": "user", "content": make_prompt(rng, int(self.prompt_chars * jitter))}]
-        question = [{"role": "user", "content": make_prompt(rng)}]
-        if self.kind == "shared-prefix":
-            return [{"role": "system", "content": make_prompt(random.Random(12345), self.prompt_chars)}, *question]
-        return question
+            messages = [{"role": "user", "content": make_prompt(rng, int(self.prompt_chars * jitter))}]
+        else:
+            messages = [{"role": "user", "content": make_prompt(rng)}]
+            if self.kind == "shared-prefix":
+                messages.insert(0, {"role": "system", "content": make_prompt(random.Random(12345), self.prompt_chars)})
+        if self.image_fraction and rng.random() < self.image_fraction:
+            url = rng.choice(image_data_urls(self.image_side))
+            question = messages[-1]["content"]
+            messages[-1]["content"] = [{"type": "image_url", "image_url": {"url": url}},
+                                       {"type": "text", "text": question}]
+        return messages
+
+
+IMAGE_POOL = 8  # distinct images: repeats share their prefix-cache pages, as a popular image would
+
+
+@functools.cache
+def image_data_urls(side: int) -> tuple[str, ...]:
+    """`IMAGE_POOL` distinct JPEG images of `side` x `side` (smooth colour gradients: small bodies, the token count
+    of any image of that size), as data URLs."""
+    from PIL import Image
+
+    urls = []
+    for i in range(IMAGE_POOL):
+        rows = Image.linear_gradient("L").resize((side, side))
+        cols = rows.transpose(Image.Transpose.ROTATE_90)
+        tint = Image.new("L", (side, side), (37 * i) % 256)
+        image = Image.merge("RGB", (rows, cols, tint))
+        buf = io.BytesIO()
+        image.save(buf, format="JPEG", quality=85)
+        urls.append("data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode())
+    return tuple(urls)
 
 
 WORKLOADS = {"chat": 0, "long": 3000, "shared-prefix": 1500}  # default prompt tokens
@@ -91,7 +127,7 @@ def chars_per_token(url: str, model: str) -> float:
 IGNORE_EOS = {"ignore_eos": True}  # the default extra body fields (`--no-ignore-eos` drops them: HF serve refuses it)
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, messages: list[dict[str, str]],
+async def one_request(client: httpx.AsyncClient, url: str, model: str, messages: list[dict[str, Any]],
                       max_tokens: int, extra: dict[str, object] | None = None) -> RequestRecord:
     body = {
         "model": model, "messages": messages, "max_tokens": max_tokens,
@@ -99,7 +135,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, messages:
     } | (IGNORE_EOS if extra is None else extra)
     start = time.perf_counter()
     last = start
-    rec = RequestRecord(ok=False)
+    rec = RequestRecord(ok=False, image=any(isinstance(m["content"], list) for m in messages))
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -209,7 +245,16 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
         "tpot_ms": {k: v * ms for k, v in summarize(tpot).items()},
         "itl_ms": {k: v * ms for k, v in summarize([g for r in ok for g in r.itl]).items()},
         "e2e_ms": {k: v * ms for k, v in summarize([r.e2e for r in ok]).items()},
-    } | ({"host_budget": budget.report} if isinstance(budget, HostBudget) else {})
+    } | ({"host_budget": budget.report} if isinstance(budget, HostBudget) else {}) | _image_stats(records)
+
+
+def _image_stats(records: list[RequestRecord]) -> dict[str, object]:
+    """The image requests' count and TTFT (nothing for a workload without images)."""
+    with_image = [r for r in records if r.image]
+    if not with_image:
+        return {}
+    ttft = summarize([r.ttft for r in with_image if r.ok])
+    return {"image_requests": len(with_image), "ttft_image_ms": {k: v * 1e3 for k, v in ttft.items()}}
 
 
 def commit() -> str:
@@ -237,11 +282,15 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=1, help="client processes sharing the load (one Python "
                     "process streams ~10k chunks/s at most)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
+    ap.add_argument("--image-fraction", type=float, default=0.0,
+                    help="share of the requests with an image before the question (a vision model), e.g. 0.25")
+    ap.add_argument("--image-side", type=int, default=1024, help="the images' side in pixels")
     ap.add_argument("--prompt-tokens", type=int, default=0,
                     help="long / shared-prefix: prompt (system prompt) size in tokens; 0 = the workload's default")
     args = ap.parse_args()
     tokens = args.prompt_tokens or WORKLOADS[args.workload]
-    workload = Workload(args.workload, int(tokens * chars_per_token(args.url, args.model)) if tokens else 0)
+    workload = Workload(args.workload, int(tokens * chars_per_token(args.url, args.model)) if tokens else 0,
+                        args.image_fraction, args.image_side)
     levels = []
     for qps in (float(q) for q in args.qps.split(",")):
         level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed,
@@ -253,11 +302,15 @@ def main() -> None:
               f"p99 {level['ttft_ms']['p99']:.1f} ms | out {level['output_throughput']:.0f} tok/s | "
               f"prompt {level['prompt_tokens_mean']:.0f} tok | "
               f"failed {level['failed']}", flush=True)
+        if "ttft_image_ms" in level:
+            print(f"           {level['image_requests']} with an image: TTFT p50 {level['ttft_image_ms']['p50']:.1f} "
+                  f"p99 {level['ttft_image_ms']['p99']:.1f} ms", flush=True)
         if "host_budget" in level:
             print(f"           {describe(level['host_budget'])}", flush=True)
     args.out.write_text(json.dumps({"label": args.label, "commit": args.commit or commit(), "model": args.model,
                                     "max_tokens": args.max_tokens, "workload": args.workload,
-                                    "prompt_tokens": tokens, "levels": levels}, indent=2))
+                                    "prompt_tokens": tokens, "image_fraction": args.image_fraction,
+                                    "image_side": args.image_side, "levels": levels}, indent=2))
 
 
 if __name__ == "__main__":

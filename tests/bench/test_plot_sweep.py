@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import functools
 import importlib.util
+import io
 import json
 import random
 import subprocess
@@ -130,6 +132,27 @@ def test_workloads_shape_their_prompts() -> None:
     assert len({m[1]["content"] for m in shared}) == 5 and all(m[1]["role"] == "user" for m in shared)
     chat = serve_sweep.Workload().messages(rng)
     assert len(chat) == 1 and 40 <= len(chat[0]["content"]) <= 500
+
+
+def test_an_image_fraction_puts_images_before_the_question() -> None:
+    """About a quarter of the requests carry one of the few distinct images (a decodable JPEG data URL) before their
+    question; the level reports those requests' TTFT apart."""
+    rng = random.Random(5)
+    requests = [serve_sweep.Workload(image_fraction=0.25, image_side=64).messages(rng) for _ in range(400)]
+    with_image = [m for m in requests if isinstance(m[-1]["content"], list)]
+    assert 70 <= len(with_image) <= 130
+    parts = with_image[0][-1]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "text"] and 40 <= len(parts[1]["text"]) <= 500
+    urls = {m[-1]["content"][0]["image_url"]["url"] for m in with_image}
+    assert 2 <= len(urls) <= serve_sweep.IMAGE_POOL
+    from PIL import Image
+    header, data = next(iter(urls)).split(",", 1)
+    assert header == "data:image/jpeg;base64"
+    assert Image.open(io.BytesIO(base64.b64decode(data))).size == (64, 64)
+    records = [serve_sweep.RequestRecord(ok=True, ttft=0.5, image=True), serve_sweep.RequestRecord(ok=True, ttft=0.1)]
+    assert serve_sweep._image_stats(records) == {
+        "image_requests": 1, "ttft_image_ms": {"mean": 500.0, "p50": 500.0, "p90": 500.0, "p99": 500.0}}
+    assert serve_sweep._image_stats(records[1:]) == {}
 
 
 def test_prompt_size_comes_from_the_servers_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,7 +4,8 @@ It keeps the persistent batch of sequences keyed by seq_id and a fake paged KV c
 holds a hash of the token prefix `token_ids[:p + 1]` (what real KV depends on). Every step it checks the plan's
 diff semantics (forget first, NewSeq / ContinueSeq shapes, page-aligned num_computed, block coverage) and that
 every position a sequence attends to still holds its own prefix hash — so a block freed while in use, a wrong
-prefix-cache hit or a block shared by two different prefixes is caught. Sampling is a deterministic "greedy
+prefix-cache hit or a block shared by two different prefixes is caught. An image's placeholder positions hash their
+image's content too (as real KV depends on the image), so KV shared across different images is caught as well. Sampling is a deterministic "greedy
 model" of the prefix (the same tokens whatever the batching, caching or preemption), or random with `rng`.
 With `num_state_slots` (a hybrid model) it also checks that every sequence it holds owns a state slot no other
 live sequence has, and starts from position 0 (a state is never resumed from a cached prefix).
@@ -16,14 +17,23 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from infer_protocol.messages import StepPlan, StepResult
+from infer_protocol.messages import ImageInput, StepPlan, StepResult
 
 
-def extend_hashes(hashes: list[int], tokens: list[int]) -> None:
+def extend_hashes(hashes: list[int], tokens: list[int] | list[object]) -> None:
     h = hashes[-1] if hashes else 0
     for t in tokens[len(hashes):]:
         h = hash((h, t))
         hashes.append(h)
+
+
+def with_images(tokens: list[int], images: list[ImageInput]) -> list[object]:
+    """The tokens as the KV sees them: each image placeholder is the token and its image's content."""
+    out: list[object] = list(tokens)
+    for image in images:
+        for p in range(image.offset, image.offset + image.num_tokens):
+            out[p] = (tokens[p], image.content_hash)
+    return out
 
 
 @dataclass
@@ -79,7 +89,7 @@ class SimWorker:
             else:
                 assert ns.state_slot == 0, ns
             seq = SimSeq(ns.seq_id, list(ns.token_ids), ns.num_computed, list(ns.block_ids), state_slot=ns.state_slot)
-            extend_hashes(seq.hashes, seq.token_ids)
+            extend_hashes(seq.hashes, with_images(seq.token_ids, ns.images))
             self.seqs[ns.seq_id] = seq
             work.append((seq, ns.num_tokens))
         for c in plan.continuing:

@@ -70,7 +70,7 @@ def marker_responder(tok: Tokenizer) -> Callable[[Submit], Reply]:
 
 class ServerHarness:
     def __init__(self, model_dir: Path, tok: Tokenizer, *, start_scheduler: bool = True, ready: bool = True,
-                 step_interval: float = 0.002, **overrides: Any) -> None:
+                 step_interval: float = 0.002, images: bool = False, **overrides: Any) -> None:
         self.ipc_dir = tempfile.mkdtemp(prefix="ri-")  # short: unix socket paths are limited to ~107 bytes
         base: dict[str, Any] = {
             "cluster_id": f"t{uuid.uuid4().hex[:10]}",
@@ -83,7 +83,7 @@ class ServerHarness:
         base.update(overrides)
         self.config: Config = load_config(overrides=base, environ={})
         self.fake = FakeScheduler(self.config, str(model_dir), marker_responder(tok), max_model_len=MAX_MODEL_LEN,
-                                  vocab_size=tok.vocab_size, step_interval=step_interval, ready=ready)
+                                  vocab_size=tok.vocab_size, step_interval=step_interval, ready=ready, images=images)
         self.app = create_app(self.config)
         self.server = uvicorn.Server(uvicorn.Config(
             self.app, host="127.0.0.1", port=self.config.port, log_level="warning", lifespan="on",

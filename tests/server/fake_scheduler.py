@@ -80,6 +80,7 @@ class FakeScheduler:
     step_interval: float = 0.002
     ready: bool = True
     silent: bool = False
+    images: bool = False  # ModelInfo.images: the "worker" runs a vision tower
     stats: SchedulerStats = field(default_factory=lambda: SchedulerStats(
         num_running=3, num_waiting=2, num_total_blocks=100, num_free_blocks=60, num_cached_blocks=15,
         prefix_cache_queries_tokens=1000, prefix_cache_hits_tokens=250, num_preemptions=4, num_steps=77,
@@ -128,7 +129,7 @@ class FakeScheduler:
 
     def _info(self) -> ModelInfo:
         return ModelInfo(model_dir=self.model_dir, max_model_len=self.max_model_len, vocab_size=self.vocab_size,
-                         backend="fake", device="cpu", dtype="float32")
+                         backend="fake", device="cpu", dtype="float32", images=self.images)
 
     def _run(self) -> None:
         ctx = zmq.Context()

@@ -66,6 +66,19 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         description="with api_key: /metrics and /metrics/system need the key too")] = False
     allow_special_tokens_in_content: Annotated[bool, Meta(
         description="chat content may write control tokens such as <|im_end|> (unsafe: forged turns)")] = False
+    # images (chat content parts of type image_url, for a model whose config.json declares a vision_config)
+    max_images_per_request: Annotated[int, Meta(
+        description="chat requests with more image parts are answered 400")] = 8
+    max_image_bytes: Annotated[int, Meta(
+        description="an image's encoded size limit (a data URL's decoded bytes, or a fetched body); larger: 400")] = \
+        10 * 1024 * 1024
+    max_image_pixels: Annotated[int, Meta(
+        description="an image's decoded width x height limit (decompression bombs); larger: 400")] = 4096 * 4096
+    allow_image_urls: Annotated[bool, Meta(
+        description="fetch http(s) image URLs (off by default: no server-side requests, so no SSRF); "
+                    "else only data: URLs are served")] = False
+    image_url_timeout_secs: Annotated[float, Meta(
+        description="with allow_image_urls: the time limit of one image fetch (connect to last byte)")] = 10.0
     # scheduling
     max_batch_tokens: Annotated[int, Meta(
         description="token budget of one step (decode tokens + prefill chunk tokens)")] = 8192
@@ -150,7 +163,8 @@ def _validate(c: Config) -> None:
     for name in ("max_batch_tokens", "max_batch_seqs", "chunked_prefill_size", "block_size", "tensor_parallel_size",
                  "max_inflight_requests", "max_request_body_bytes", "request_timeout_secs", "ready_timeout_secs",
                  "heartbeat_interval_secs", "worker_timeout_secs", "scheduler_timeout_secs", "cpu_kv_cache_bytes",
-                 "worker_restart_window_secs"):
+                 "worker_restart_window_secs", "max_images_per_request", "max_image_bytes",
+                 "max_image_pixels", "image_url_timeout_secs"):
         _positive(name, getattr(c, name))
     _positive("request_body_timeout_secs", c.request_body_timeout_secs)
     for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs",

@@ -20,7 +20,8 @@ import msgspec
 # 7: SchedulerStats.worker_restarts (workers adopted after the first)
 # 8: structured outputs (SamplingParams.structured, StructuredOutput; StepResult.seq_errors, SeqError)
 # 9: state slots of hybrid models (NewSeq.state_slot, Ready.num_state_slots)
-PROTOCOL_VERSION = 9
+# 10: images (ImageInput; Submit.images, NewSeq.images, ModelInfo.images)
+PROTOCOL_VERSION = 10
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -53,6 +54,21 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     structured: StructuredOutput | None = None  # response_format: the output follows this grammar
 
 
+class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One image of a prompt, preprocessed by the server as the model's own image processor does: its flattened
+    patches, and where its placeholder tokens lie in the prompt. The vision tower turns the patches into
+    `num_tokens` embeddings that replace the placeholders' (the worker); the prefix cache keys those positions on
+    `content_hash`, so equal placeholder ids never share KV across different images (the scheduler)."""
+
+    offset: int  # index in prompt_token_ids of the first placeholder token
+    num_tokens: int  # contiguous placeholder tokens from offset: grid_t * grid_h * grid_w / merge_size**2
+    grid_thw: tuple[int, int, int]  # the image's patch grid (temporal, height, width)
+    pixel_values: bytes  # the patches, C order: shape[0] = t * h * w patches of shape[1] = C * T * P * P values
+    dtype: str  # numpy dtype name of pixel_values, e.g. "float32"
+    shape: tuple[int, int]
+    content_hash: str  # hex digest of what determines pixel_values (the resized image and the processor settings)
+
+
 # ---------------------------------------------------------------- server <-> scheduler
 
 
@@ -64,6 +80,7 @@ class Submit(_Msg, tag="submit"):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     min_tokens: int = 0
+    images: list[ImageInput] = []  # in prompt order, placeholder spans disjoint
 
 
 class Abort(_Msg, tag="abort"):
@@ -138,6 +155,7 @@ class ModelInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     backend: str
     device: str
     dtype: str
+    images: bool = False  # the worker runs the model's vision tower: the server may send it images
 
 
 class Pong(_Msg, tag="pong"):
@@ -171,6 +189,8 @@ class NewSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the sequence's state slot (1..Ready.num_state_slots) for a hybrid model's linear-attention layers, which
     # the worker zeroes on admission; 0 (the worker's scratch slot) when the model has none
     state_slot: int = 0
+    # the prompt's images (every NewSeq of the sequence carries them: a recompute after preemption needs them too)
+    images: list[ImageInput] = []
 
 
 class ContinueSeq(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):

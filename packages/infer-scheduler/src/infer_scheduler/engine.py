@@ -51,6 +51,17 @@ class EngineError(RuntimeError):
     """The engine was driven out of order (a step planned while another is in flight, a foreign result)."""
 
 
+def _image_span_error(msg: Submit) -> str | None:
+    """Why the images' placeholder spans do not fit the prompt (in order, disjoint, inside it), or None."""
+    end = 0
+    for i, image in enumerate(msg.images):
+        if image.offset < end or image.num_tokens < 1 or image.offset + image.num_tokens > len(msg.prompt_token_ids):
+            return (f"image {i}'s placeholders [{image.offset}, {image.offset + image.num_tokens}) do not lie in the "
+                    f"prompt of {len(msg.prompt_token_ids)} tokens after those of the image before it")
+        end = image.offset + image.num_tokens
+    return None
+
+
 class ResultMismatch(EngineError):
     """A result does not match its step's sampling sequences; the step stays in flight for `fail_step`."""
 
@@ -130,6 +141,8 @@ class Engine:
                    f"{p} tokens, which leaves no room to generate.")
         elif self.vocab_size and (min(msg.prompt_token_ids) < 0 or max(msg.prompt_token_ids) >= self.vocab_size):
             err = ("invalid_request", f"prompt token ids must be in [0, {self.vocab_size})")
+        elif (bad := _image_span_error(msg)) is not None:
+            err = ("invalid_request", bad)
         else:
             kv_tokens = min(p + msg.max_tokens, self.max_model_len) - 1
             need = blocks_needed(kv_tokens, self.kv.block_size)

@@ -65,7 +65,7 @@ class KvCacheManager:
         assert not req.block_ids and req.cache_node is None, req
         if self.cache is None:
             return 0
-        blocks, node = self.cache.match(req.token_ids, len(req.token_ids) - 1)
+        blocks, node = self.cache.match(req.cache_tokens, len(req.token_ids) - 1)
         self.cache.lock(node)
         self.allocator.incref(blocks)
         req.cache_node = node
@@ -117,7 +117,7 @@ class KvCacheManager:
         pages = min(min(computed, req.num_known) // ps, len(req.block_ids))  # never a PENDING token
         if pages * ps <= req.cache_len:
             return
-        node = cache.insert(req.token_ids, req.block_ids[:pages], own_only=not final)
+        node = cache.insert(req.cache_tokens, req.block_ids[:pages], own_only=not final)
         if final or node is None:
             return
         cache.lock(node)

@@ -188,7 +188,7 @@ class Planner:
             out.new_seqs.append(NewSeq(
                 seq_id=req.seq_id, token_ids=list(req.token_ids), num_computed=num_cached, num_tokens=n,
                 block_ids=list(req.block_ids), sampling=req.sampling, num_generated=num_generated,
-                stop_token_ids=masked, state_slot=req.state_slot))
+                stop_token_ids=masked, state_slot=req.state_slot, images=req.images))
             req.num_computed = num_cached + n
             req.scheduled_step = step
             out.prefilling.append(req)

@@ -11,6 +11,11 @@ and the engine writes each one in place when its step's result arrives. `num_com
 whose KV is (or, once the steps in flight complete, will be) in the cache; the tokens still to compute are
 `token_ids[num_computed:]`. A step that reaches the end of `token_ids` samples one token. Prefill and decode are
 the same thing seen from here: a decode is simply a request with one token left to compute.
+
+**Images.** An image's placeholder tokens all carry the same token id, whatever the image: the KV they lead to
+depends on the image. So the prefix cache keys a request on `cache_tokens`, where each image's placeholders are
+replaced by an id derived from its content hash (negative: never a token id, nor PENDING). Two prompts with equal
+text and different images part at the first page holding an image token; the same image in the same place shares.
 """
 
 from __future__ import annotations
@@ -19,7 +24,19 @@ import math
 from enum import Enum
 
 from infer_core.plan import PENDING, FinishReason
-from infer_protocol.messages import ContinueSeq, PromptLogprobs, SamplingParams, Submit
+from infer_protocol.messages import ContinueSeq, ImageInput, PromptLogprobs, SamplingParams, Submit
+
+
+def image_key_id(content_hash: str) -> int:
+    """The radix-key id of an image's placeholders: 60 bits of its content hash, as a negative int below PENDING."""
+    return PENDING - 1 - int(content_hash[:15], 16)
+
+
+def image_keyed(prompt: list[int], images: list[ImageInput]) -> list[int]:
+    key = list(prompt)
+    for image in images:
+        key[image.offset:image.offset + image.num_tokens] = [image_key_id(image.content_hash)] * image.num_tokens
+    return key
 
 
 NO_STATE_SLOT = 0  # (the worker's scratch slot: never a request's own)
@@ -40,7 +57,7 @@ class Request:
         "request_id", "seq_id", "token_ids", "num_prompt_tokens", "sampling", "max_tokens", "stop_token_ids",
         "min_tokens", "max_len", "min_len", "want_logprobs", "status", "num_computed", "block_ids", "cache_node",
         "cache_len", "num_cached_tokens", "num_preemptions", "scheduled_step", "on_worker", "finish_reason",
-        "decode_msg", "num_pending", "prompt_lps", "prompt_top", "state_slot",
+        "decode_msg", "num_pending", "prompt_lps", "prompt_top", "state_slot", "images", "key_prompt",
     )
 
     def __init__(self, msg: Submit, seq_id: int, max_model_len: int) -> None:
@@ -76,6 +93,9 @@ class Request:
         # carries them (None: not asked, or sent). Until then no prefix-cache hit may skip a prompt token.
         self.prompt_lps: list[float] | None = [math.nan] * (p - 1) if msg.sampling.prompt_logprobs else None
         self.prompt_top: list[list[tuple[int, float]]] = [[] for _ in range(p - 1)] if self.prompt_lps else []
+        self.images: list[ImageInput] = msg.images
+        # the prompt as the prefix cache keys it (None: no images, the prompt itself)
+        self.key_prompt: list[int] | None = image_keyed(msg.prompt_token_ids, msg.images) if msg.images else None
 
     # ------------------------------------------------------------------ prompt logprobs
 
@@ -97,6 +117,13 @@ class Request:
         return out
 
     # ------------------------------------------------------------------ views
+
+    @property
+    def cache_tokens(self) -> list[int]:
+        """`token_ids` as the prefix cache keys them: each image's placeholders replaced by its content's key."""
+        if self.key_prompt is None:
+            return self.token_ids
+        return self.key_prompt + self.token_ids[self.num_prompt_tokens:]
 
     @property
     def num_tokens(self) -> int:

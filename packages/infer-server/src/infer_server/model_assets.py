@@ -24,6 +24,7 @@ from infer_protocol.messages import ModelInfo, Pong
 from infer_server.chat_template import ChatTemplate, ChatTemplateError
 from infer_server.openai_models import GenerationFields
 from infer_server.tokenizer import Tokenizer
+from infer_server.vision_spec import VisionSpec, read_vision_spec
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class ModelAssets:
     aliases: frozenset[str]  # names a request's `model` may use for this model
     # request field -> value for requests that leave it unset (from generation_config.json; empty = OpenAI's)
     sampling_defaults: dict[str, float] = field(default_factory=dict)
+    vision: VisionSpec | None = None  # the image processor's settings; None: the model takes no images
+    no_vision: str = "its config.json declares no vision_config"  # why `vision` is None
 
     @property
     def model_dir(self) -> str:
@@ -149,7 +152,15 @@ def load_model_assets(info: ModelInfo, config: Config) -> ModelAssets:
         eos_token_ids=tuple(read_eos_token_ids(model_dir, tokenizer)),
         aliases=frozenset(a for a in aliases if a),
         sampling_defaults=read_generation_defaults(model_dir) if config.generation_config == "auto" else {},
+        **_vision(info, read_vision_spec(model_dir, tokenizer)),
     )
+
+
+def _vision(info: ModelInfo, spec: VisionSpec | None) -> dict[str, Any]:
+    """Images are served when the model has a vision config and the worker runs its tower (ModelInfo.images)."""
+    if spec is not None and not info.images:
+        return {"vision": None, "no_vision": "the worker does not run its vision tower"}
+    return {"vision": spec}
 
 
 class ModelAssetsLoader:
@@ -189,9 +200,9 @@ class ModelAssetsLoader:
             self._failed_dir = None
             self.error = None
             log.info(
-                "model assets loaded: %s (max_model_len %d, eos ids %s, chat template %s)",
+                "model assets loaded: %s (max_model_len %d, eos ids %s, chat template %s, images %s)",
                 assets.served_name, assets.max_model_len, list(assets.eos_token_ids),
-                "yes" if assets.chat_template else "no",
+                "yes" if assets.chat_template else "no", "yes" if assets.vision else "no",
             )
             if assets.sampling_defaults:
                 log.info("generation defaults from generation_config.json: %s",

@@ -27,12 +27,22 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
+class ImageUrl(_Strict):
+    """OpenAI's `image_url` of a content part: a data URL (or, where the server allows it, an http(s) URL).
+    `detail` is accepted and has no effect: the model's image processor decides the resolution."""
+
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ContentPart(BaseModel):
-    """One part of a list-form message content; only `{"type": "text", "text": ...}` is served."""
+    """One part of a list-form message content: `{"type": "text", "text": ...}`, or `{"type": "image_url",
+    "image_url": {"url": ...}}` for a model with a vision tower."""
 
     model_config = ConfigDict(extra="allow", strict=True)
     type: str
     text: str | None = None
+    image_url: ImageUrl | None = None
 
 
 class ChatMessage(_Strict):

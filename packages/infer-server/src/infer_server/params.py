@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from infer_protocol.config import Config
-from infer_protocol.messages import SamplingParams, StructuredOutput, Submit
+from infer_protocol.messages import ImageInput, SamplingParams, StructuredOutput, Submit
 
 from infer_server.errors import ApiError, invalid_request, model_not_found, unsupported
 from infer_server.model_assets import ModelAssets
@@ -54,6 +54,7 @@ class GenerationParams:
     skip_special_tokens: bool
     first_choice: bool = True  # the first of its prompt's n choices (the one its usage's cached tokens come from)
     score_only: bool = False  # completions' max_tokens 0 with echo: one token is generated, none is shown
+    images: tuple[ImageInput, ...] = ()  # the prompt's images (their placeholders are in prompt_token_ids)
 
     def submit(self, request_id: str) -> Submit:
         return Submit(
@@ -64,6 +65,7 @@ class GenerationParams:
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
+            images=list(self.images),
         )
 
 
@@ -114,25 +116,34 @@ def usage_reporting(options: StreamOptions | None) -> UsageReporting:
 # ------------------------------------------------------------------ prompts
 
 
-def _message_text(message: ChatMessage, index: int) -> str:
+def _message_content(message: ChatMessage, index: int, images: bool) -> str | list[dict[str, str]]:
+    """The content the template gets: a string (text parts joined with newlines), or, when the message holds an
+    image and `images` allows them, the parts as HF's multimodal templates take them: `{"type": "image"}` (the
+    template writes the image's placeholder) and `{"type": "text", "text": ...}`."""
     content = message.content
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    texts = []
+    parts: list[dict[str, str]] = []
     for j, part in enumerate(content):
+        if part.type == "image_url" and images:
+            parts.append({"type": "image"})
+            continue
         if part.type != "text":
             raise unsupported(f"messages[{index}].content[{j}]", f"content part type '{part.type}' (only 'text')")
         if part.text is None:
             raise invalid_request(f"Missing required parameter: 'messages[{index}].content[{j}].text' (a text part "
                                   "needs its text).", param="messages", code="missing_required_parameter")
-        texts.append(part.text)
-    return "\n".join(texts)
+        parts.append({"type": "text", "text": part.text})
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "\n".join(p["text"] for p in parts)
 
 
-def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Chat messages as the dicts a HF chat template expects (content always a string)."""
+def template_messages(messages: Sequence[ChatMessage], *, images: bool = False) -> list[dict[str, Any]]:
+    """Chat messages as the dicts a HF chat template expects (content a string, or with `images` a list of parts
+    for a message that holds an image)."""
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
         if message.role == "tool" or message.tool_call_id is not None:
@@ -140,7 +151,7 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         if message.tool_calls:
             raise unsupported(f"messages[{i}].tool_calls")
         role = "system" if message.role == "developer" else message.role  # OpenAI's newer name for it
-        item: dict[str, Any] = {"role": role, "content": _message_text(message, i)}
+        item: dict[str, Any] = {"role": role, "content": _message_content(message, i, images)}
         if message.name is not None:
             item["name"] = message.name
         out.append(item)

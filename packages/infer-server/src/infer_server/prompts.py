@@ -72,12 +72,13 @@ def _render(template: ChatTemplate, msgs: list[dict[str, Any]], add_generation_p
 
 def chat_prompt_ids(assets: ModelAssets, messages: list[ChatMessage], add_generation_prompt: bool, *,
                     add_special_tokens: bool = False, literal_content: bool = True,
-                    check_fits: bool = True) -> list[int]:
+                    check_fits: bool = True, images: bool = False) -> list[int]:
     """Chat messages -> prompt token ids through the model's template (400 when it has none or it refuses).
     `literal_content`: special-token text in content stays text; `check_fits`: refuse a text certain to exceed the
-    context before tokenizing it (not for /tokenize, which counts the tokens of any text)."""
+    context before tokenizing it (not for /tokenize, which counts the tokens of any text); `images`: image parts go
+    to the template, which writes one placeholder token for each (else they are refused)."""
     template = _template(assets)
-    msgs = template_messages(messages)
+    msgs = template_messages(messages, images=images)
     text = _render(template, msgs, add_generation_prompt)
     if check_fits:
         check_text_fits(text, assets, what="messages", param="messages")
@@ -90,7 +91,7 @@ def chat_prompt_ids(assets: ModelAssets, messages: list[ChatMessage], add_genera
         if isinstance(name, str) and pattern.search(name):
             raise invalid_request(f"'messages[{i}].name' holds the special token text "
                                   f"{pattern.search(name).group()!r}", param="messages")  # type: ignore[union-attr]
-    if not any(pattern.search(m["content"]) for m in msgs):
+    if not any(pattern.search(piece) for m in msgs for piece in _texts(m["content"])):
         return tok.encode(text, add_special_tokens=add_special_tokens)
     ids = literal_content_ids(tok, template, msgs, add_generation_prompt, text)
     return _with_added_special_tokens(tok, ids) if add_special_tokens else ids
@@ -142,7 +143,7 @@ def _content_spans(template: ChatTemplate, msgs: list[dict[str, Any]], add_gener
     located with certainty, and its special-token text is refused rather than guessed at."""
     nonce = secrets.token_hex(8)
     opening, closing = f"\ue000{nonce}\ue001", f"\ue002{nonce}\ue003"
-    marked_msgs = [{**m, "content": opening + m["content"] + closing} for m in msgs]
+    marked_msgs = [{**m, "content": _marked(m["content"], opening, closing)} for m in msgs]
     refusal = invalid_request(
         "The messages hold special-token text (e.g. '<|im_end|>'), which is kept as plain text, but this model's "
         "chat template transforms the content so that it cannot be located in the prompt. Remove the special-token "
@@ -170,6 +171,17 @@ def _content_spans(template: ChatTemplate, msgs: list[dict[str, Any]], add_gener
     if inside or "".join(plain) != text:
         raise refusal
     return spans
+
+
+def _texts(content: str | list[dict[str, str]]) -> list[str]:
+    """The text of a template message's content (a string, or the text parts of a multimodal part list)."""
+    return [content] if isinstance(content, str) else [p["text"] for p in content if p["type"] == "text"]
+
+
+def _marked(content: str | list[dict[str, str]], opening: str, closing: str) -> str | list[dict[str, str]]:
+    if isinstance(content, str):
+        return opening + content + closing
+    return [{**p, "text": opening + p["text"] + closing} if p["type"] == "text" else p for p in content]
 
 
 def _with_added_special_tokens(tok: Tokenizer, ids: list[int]) -> list[int]:

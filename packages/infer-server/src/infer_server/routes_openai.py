@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import msgspec
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
+from infer_protocol.messages import ImageInput
+
 from infer_server.errors import ApiError, not_ready, require_json_content_type
+from infer_server.image_parts import collect_image_parts, load_images, place_images
 from infer_server.model_assets import served_model_name
 from infer_server.openai_models import ChatCompletionRequest, CompletionRequest
 from infer_server.params import (
@@ -34,13 +38,22 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     assets = state.require_assets()
     check_model(body.model, assets)
     check_chat_request(body)
+    vision = assets.vision
+    parts = collect_image_parts(body.messages, vision, state.config, no_vision=assets.no_vision)
+    images = await load_images(parts, vision, state.config) if parts and vision is not None else []
     prompt_ids = await off_loop(messages_size(body.messages), chat_prompt_ids, assets, body.messages,
                                 body.add_generation_prompt,
-                                literal_content=not state.config.allow_special_tokens_in_content)
+                                literal_content=not state.config.allow_special_tokens_in_content,
+                                images=vision is not None)
+    image_inputs: list[ImageInput] = []
+    if vision is not None:
+        prompt_ids, image_inputs = place_images(prompt_ids, images, vision)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages",
                           logprobs=logprobs)
+    if image_inputs:
+        params = [replace(p, images=tuple(image_inputs)) for p in params]
     return await serve_generation(state, request, kind="chat", params=params, model=assets.served_name,
                                   stream=body.stream, prompt_tokens=len(prompt_ids),
                                   usage_reporting=usage_reporting(body.stream_options),

@@ -1,0 +1,107 @@
+"""The image embeddings of a step: the vision tower's output for the image placeholders the step computes.
+
+An image goes through the tower once, in the first step whose chunk reaches one of its placeholders; all the images a
+step reaches first go through together (one tower call, each image attending to itself). Its embeddings are kept
+for the sequence while later chunks of its prefill still need some of them (chunked prefill never recomputes an
+image), and dropped once a step has consumed its last placeholder. A sequence admitted again (after preemption)
+starts over. The model scatters the step's embeddings into its input embeddings at the rows returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from infer_protocol.messages import ImageInput
+from infer_worker.components.vision import VisionTower
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class StepChunk(NamedTuple):
+    """Tokens `[start, end)` of a sequence that a step computes; `row`: the step row of token `start`."""
+
+    seq_id: int
+    start: int
+    end: int
+    row: int
+
+
+@dataclass
+class _SeqImages:
+    images: list[ImageInput]
+    embeddings: dict[int, torch.Tensor] = field(default_factory=dict)  # image index -> [num_tokens, out_hidden]
+
+
+def _pixels(image: ImageInput, device: str) -> torch.Tensor:
+    if image.dtype not in _DTYPES:
+        raise ValueError(f"image pixel dtype {image.dtype!r} is not one of {sorted(_DTYPES)}")
+    flat = torch.frombuffer(bytearray(image.pixel_values), dtype=_DTYPES[image.dtype])
+    return flat.view(image.shape).to(device, non_blocking=True)
+
+
+class ImageEmbeddings:
+    def __init__(self, tower: VisionTower) -> None:
+        self.tower = tower
+        self._seqs: dict[int, _SeqImages] = {}
+
+    @property
+    def num_cached(self) -> int:
+        """Images whose embeddings are held (computed, not yet fully consumed)."""
+        return sum(len(s.embeddings) for s in self._seqs.values())
+
+    def admit(self, seq_id: int, images: Sequence[ImageInput]) -> None:
+        """A sequence arrives (or comes back after preemption: everything is recomputed)."""
+        for i, image in enumerate(images):
+            if self.tower.num_tokens(image.grid_thw) != image.num_tokens or image.shape[0] != (
+                    image.grid_thw[0] * image.grid_thw[1] * image.grid_thw[2]):
+                raise ValueError(f"image {i} of sequence {seq_id}: grid {image.grid_thw} does not give its "
+                                 f"{image.num_tokens} tokens and {image.shape[0]} patches")
+        if images:
+            self._seqs[seq_id] = _SeqImages(list(images))
+        else:
+            self._seqs.pop(seq_id, None)
+
+    def forget(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id, None)
+
+    def step_embeddings(self, chunks: Sequence[StepChunk]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rows `[K]` int64, embeddings `[K, out_hidden]`) of every image placeholder the step computes, or None
+        when it computes none."""
+        wanted: list[tuple[StepChunk, _SeqImages, int, int, int]] = []
+        first: list[tuple[_SeqImages, int]] = []
+        for chunk in chunks:
+            state = self._seqs.get(chunk.seq_id)
+            if state is None:
+                continue
+            for i, image in enumerate(state.images):
+                lo, hi = max(chunk.start, image.offset), min(chunk.end, image.offset + image.num_tokens)
+                if lo >= hi:
+                    continue
+                wanted.append((chunk, state, i, lo, hi))
+                if i not in state.embeddings:
+                    first.append((state, i))
+        if not wanted:
+            return None
+        if first:
+            self._encode(first)
+        device = self.tower.device
+        rows, embeddings = [], []
+        for chunk, state, i, lo, hi in wanted:
+            image = state.images[i]
+            rows.append(torch.arange(chunk.row + lo - chunk.start, chunk.row + hi - chunk.start, device=device))
+            embeddings.append(state.embeddings[i][lo - image.offset:hi - image.offset])
+            if hi == image.offset + image.num_tokens:
+                del state.embeddings[i]  # its last placeholder is consumed now
+        return torch.cat(rows), torch.cat(embeddings)
+
+    def _encode(self, images: list[tuple[_SeqImages, int]]) -> None:
+        device = self.tower.device
+        pixels = torch.cat([_pixels(state.images[i], device) for state, i in images])
+        out = self.tower(pixels, [state.images[i].grid_thw for state, i in images])
+        for (state, i), part in zip(images, out.split([state.images[i].num_tokens for state, i in images]),
+                                    strict=True):
+            state.embeddings[i] = part

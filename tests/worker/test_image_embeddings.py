@@ -1,0 +1,89 @@
+"""The image embeddings of a step: each image through the vision tower once, in the first step that reaches it
+(the images a step reaches first together), its rows at the right step rows, kept across chunks until consumed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from infer_backend_cpu import CpuBackend
+from infer_protocol.messages import ImageInput
+from infer_worker.application.image_embeddings import ImageEmbeddings, StepChunk
+from infer_worker.components.vision import VisionConfig, VisionTower
+
+CONFIG = VisionConfig(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, in_channels=3, patch_size=2,
+                      temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=24, num_position_embeddings=16)
+
+
+class RecordingTower(VisionTower):
+    """The real tower, recording the grids of each call."""
+
+    def __init__(self) -> None:
+        super().__init__(CpuBackend().ops, CONFIG, torch.float32, "cpu")
+        self.calls: list[list[tuple[int, int, int]]] = []
+        generator = torch.Generator().manual_seed(0)
+        for _, slot in sorted(self.weight_slots().items()):
+            slot.init_dummy(generator)
+            slot.tensor.add_(torch.randn(slot.tensor.shape, generator=generator) * 0.3)
+
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: Sequence[tuple[int, int, int]]) -> torch.Tensor:
+        self.calls.append(list(grid_thw))
+        return super().__call__(pixel_values, grid_thw)
+
+
+def image(offset: int, grid: tuple[int, int, int], seed: int) -> ImageInput:
+    patches = np.random.default_rng(seed).standard_normal((grid[1] * grid[2], CONFIG.patch_dim)).astype(np.float32)
+    return ImageInput(offset=offset, num_tokens=grid[1] * grid[2] // 4, grid_thw=grid, pixel_values=patches.tobytes(),
+                      dtype="float32", shape=patches.shape, content_hash=f"{seed:032x}")
+
+
+def alone(tower: VisionTower, im: ImageInput) -> torch.Tensor:
+    pixels = torch.from_numpy(np.frombuffer(im.pixel_values, dtype=np.float32).reshape(im.shape).copy())
+    return VisionTower.__call__(tower, pixels, [im.grid_thw])
+
+
+def test_chunked_prefill_encodes_each_image_once() -> None:
+    tower = RecordingTower()
+    cache = ImageEmbeddings(tower)
+    a0, a1 = image(3, (1, 4, 4), 1), image(10, (1, 2, 4), 2)  # 4 and 2 tokens
+    b0 = image(1, (1, 4, 6), 3)  # 6 tokens
+    cache.admit(1, [a0, a1])
+    cache.admit(2, [b0])
+    cache.admit(3, [])  # text only
+
+    rows, emb = cache.step_embeddings([StepChunk(1, 0, 5, 0), StepChunk(3, 0, 4, 5), StepChunk(2, 0, 8, 9)])
+    assert tower.calls == [[(1, 4, 4), (1, 4, 6)]]  # the two images first reached, in one call
+    assert rows.tolist() == [3, 4] + list(range(10, 16))
+    torch.testing.assert_close(emb, torch.cat([alone(tower, a0)[:2], alone(tower, b0)]))
+    assert cache.num_cached == 1  # b0 is consumed; a0 waits for its last two tokens
+
+    rows, emb = cache.step_embeddings([StepChunk(2, 8, 9, 0), StepChunk(1, 5, 12, 1)])
+    assert tower.calls[1:] == [[(1, 2, 4)]]  # a0 from the cache, a1 new
+    assert rows.tolist() == [1, 2, 6, 7]
+    torch.testing.assert_close(emb, torch.cat([alone(tower, a0)[2:], alone(tower, a1)]))
+    assert cache.num_cached == 0
+    assert cache.step_embeddings([StepChunk(1, 12, 13, 0), StepChunk(2, 9, 10, 1)]) is None  # decodes
+
+
+def test_readmission_after_preemption_encodes_again() -> None:
+    tower = RecordingTower()
+    cache = ImageEmbeddings(tower)
+    im = image(2, (1, 4, 4), 1)
+    cache.admit(7, [im])
+    cache.step_embeddings([StepChunk(7, 0, 3, 0)])
+    cache.forget(7)  # preempted
+    assert cache.num_cached == 0
+    cache.admit(7, [im])
+    rows, emb = cache.step_embeddings([StepChunk(7, 0, 8, 0)])
+    assert len(tower.calls) == 2 and rows.tolist() == [2, 3, 4, 5]
+    torch.testing.assert_close(emb, alone(tower, im))
+
+
+def test_an_image_whose_grid_does_not_give_its_tokens_is_refused() -> None:
+    cache = ImageEmbeddings(RecordingTower())
+    bad = image(0, (1, 4, 4), 1)
+    with pytest.raises(ValueError, match="does not give"):
+        cache.admit(1, [ImageInput(**{**{f: getattr(bad, f) for f in bad.__struct_fields__}, "num_tokens": 3})])
