@@ -42,7 +42,10 @@ def test_the_benchmark_config_is_qwen3_5_4b() -> None:
 @pytest.fixture()
 def tiny_dir(tmp_path: Path) -> Path:
     config = json.loads((BENCH / "config.json").read_text())
-    config["text_config"] = {**config["text_config"], **TINY, "layer_types": config["text_config"]["layer_types"][:4]}
+    text = config["text_config"]
+    # (a head of 32 dims rotates 8: 4 frequencies, split over the three multimodal axes as 2, 1, 1)
+    rope = {**text["rope_parameters"], "mrope_section": [2, 1, 1]}
+    config["text_config"] = {**text, **TINY, "layer_types": text["layer_types"][:4], "rope_parameters": rope}
     (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path
 

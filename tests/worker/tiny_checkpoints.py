@@ -21,12 +21,13 @@ from infer_worker.application.cache_layout import allocate_caches
 from infer_worker.application.model_runner import HostStep, ModelRunner, prepare_step
 from infer_worker.domain.sequence import GREEDY, Sampling, ScheduledSeq, Sequence
 from infer_worker.infrastructure.model_loader import load_model
-from infer_worker.models.causal_lm import CausalLM
+from infer_worker.models.causal_lm import CausalLM, StepImages
 from infer_worker.models.spec import ModelSpec
 
-def forward_step(runner: ModelRunner, step: HostStep) -> torch.Tensor:
+def forward_step(runner: ModelRunner, step: HostStep, images: StepImages | None = None) -> torch.Tensor:
     """The hidden states of every position of a prepared step, by one direct `model.forward` on the runner's model
-    and cache (the runner itself keeps only the sampling rows' logits); its inputs copied one by one."""
+    and cache (the runner itself keeps only the sampling rows' logits); its inputs copied one by one. `images`:
+    the step's image inputs (`ImageInputs.step`), for a prompt with images."""
     def dev(array: Any) -> torch.Tensor:
         return torch.from_numpy(array).to(runner.device)
 
@@ -39,6 +40,8 @@ def forward_step(runner: ModelRunner, step: HostStep) -> torch.Tensor:
         assert step.state_slots is not None and step.fresh_slots is not None
         runner.backend.ops.gdn.reset_slots(runner.state_pools, dev(step.fresh_slots))
         state_slots = dev(step.state_slots)
+    if images is not None:
+        return runner.model.forward(dev(step.input_ids), batch, runner.kv_caches, state_slots, images)
     return runner.model.forward(dev(step.input_ids), batch, runner.kv_caches, state_slots)
 
 

@@ -23,6 +23,9 @@ class AttentionBatch(NamedTuple):
     max_seq_len: int
     is_decode: bool  # every sequence has exactly one new token (CUDA-graph eligible)
     block_size: int
+    # [T, rotary_dim] float32 rotary rows `[cos | sin]` of this step's tokens, when they are not rows of the
+    # model's table at `positions` (multimodal RoPE: 3-D positions of image prompts); None: the table's rows.
+    rope_cos_sin: Tensor | None = None
 
 
 class FusedOps(Protocol):

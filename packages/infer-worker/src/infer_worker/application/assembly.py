@@ -23,6 +23,7 @@ from infer_protocol.messages import ModelInfo
 from infer_worker.application.cache_layout import allocate_caches, state_geometry
 from infer_worker.application.fault_injection import FAULT_ENV, with_fault_injection
 from infer_worker.application.graph_runner import GraphModelRunner
+from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
 from infer_worker.application.structured_output import GrammarBook, TokenizerInfoFactory
@@ -203,6 +204,7 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
         backend=backend.name,
         device=backend.device,
         dtype=dtype.value,
+        images=model.visual is not None,  # the server accepts image parts only then
     )
     log.info("ready: %s, %d KV blocks x %d, %d state slots, max_model_len %d", info, num_blocks, config.block_size,
              slots, max_model_len)
@@ -213,5 +215,8 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     except ValueError as exc:
         raise StartupError(str(exc)) from None
     runner.grammars = GrammarBook(tokenizer_info, spec.vocab_size)
-    service = WorkerService(executor, is_fatal=backend.is_fatal_error, grammars=runner.grammars)
+    if model.visual is not None:
+        runner.images = ImageInputs(model.visual, multimodal_rope=bool(spec.mrope_section))
+    service = WorkerService(executor, is_fatal=backend.is_fatal_error, grammars=runner.grammars,
+                            images=runner.images)
     return ReadyWorker(service, num_blocks, config.block_size, info, slots)

@@ -292,6 +292,9 @@ class GraphModelRunner(ModelRunner):
         # which samples inside; a mixed graph stops at the logits, so it serves such a batch too. Prompt
         # logprobs (which count as processing until the prompt is done) read the hidden rows of every prompt
         # token, which a graph drops: eager.
+        # The image inputs of a prompt (tower embeddings scattered in, 3-D rotary rows) are eager work.
+        if any(s.seq.num_computed < s.seq.multimodal_until for s in scheduled):
+            return None
         processing = any(s.seq.needs_processing for s in scheduled)
         if processing and needs_prompt_logprobs(scheduled):
             return None

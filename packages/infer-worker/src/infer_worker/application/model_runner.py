@@ -24,6 +24,7 @@ from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.sampler import SamplingBatch
 from infer_protocol.messages import PromptLogprobs, SeqError
 from infer_worker.application.block_table import BlockTable, ScheduledBatch, contiguous_start
+from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.input_upload import InputUploader
 from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
 from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
@@ -41,7 +42,7 @@ class HostStep(NamedTuple):
     """A step's inputs as numpy arrays (the host side, before one device copy per field)."""
 
     input_ids: np.ndarray  # [T] int64
-    positions: np.ndarray  # [T] int64
+    positions: np.ndarray  # [T] int64, each token's rotary position (its index, shifted after a prompt with images)
     slot_mapping: np.ndarray  # [T] int64
     query_start_loc: np.ndarray  # [B + 1] int32
     seq_lens: np.ndarray  # [B] int32
@@ -133,6 +134,11 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
     else:
         pages = table.blocks[slots[seq_index], positions // block_size].astype(np.int64)
     slot_mapping = pages * block_size + positions % block_size
+    rotary = positions
+    deltas = np.fromiter((s.seq.rope_delta for s in scheduled), dtype=np.int64, count=num_seqs)
+    if deltas.any():  # tokens after a prompt with images rotate where its 3-D positions left off
+        after = np.fromiter((s.seq.multimodal_until for s in scheduled), dtype=np.int64, count=num_seqs)
+        rotary = positions + np.where(positions >= after[seq_index], deltas[seq_index], 0)
 
     state_slots = np.fromiter((s.seq.state_slot for s in scheduled), dtype=np.int32, count=num_seqs)
     samples = ends == known
@@ -150,7 +156,7 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         pending_rows = np.fromiter((seq.sampled_row for seq in owners), dtype=np.int64, count=len(owners))
     return HostStep(
         input_ids=input_ids,
-        positions=positions,
+        positions=rotary,
         slot_mapping=slot_mapping,
         query_start_loc=query_start_loc.astype(np.int32),
         seq_lens=ends.astype(np.int32),
@@ -241,6 +247,8 @@ class ModelRunner:
         # Grammars of structured outputs (shared with the worker service, which admits and forgets sequences);
         # without one a constrained row fails on its own.
         self.grammars: GrammarBook | None = None
+        # The sequences' images (shared with the worker service likewise); None: the model has no vision tower.
+        self.images: ImageInputs | None = None
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
         """One array to the device (the logits-processing path, which runs synchronously anyway)."""
@@ -305,8 +313,12 @@ class ModelRunner:
                 state_slots, fresh_slots = inputs[4:]
                 if step.fresh_slots is not None and step.fresh_slots.size:
                     self.backend.ops.gdn.reset_slots(self.state_pools, fresh_slots)  # type: ignore[union-attr]
+            images = None if self.images is None else self.images.step(scheduled, step.query_start_loc)
         with trace("forward"):
-            hidden = self.model.forward(input_ids, batch, self.kv_caches, state_slots)
+            if images is None:
+                hidden = self.model.forward(input_ids, batch, self.kv_caches, state_slots)
+            else:
+                hidden = self.model.forward(input_ids, batch, self.kv_caches, state_slots, images)
         prompt_lps = []
         if needs_prompt_logprobs(scheduled):  # waits for the forward: only requests that ask pay for it
             prompt_lps = compute_prompt_logprobs(scheduled, step.query_start_loc, hidden, self.model.compute_logits)

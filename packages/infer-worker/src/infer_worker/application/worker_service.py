@@ -25,6 +25,7 @@ from typing import NamedTuple, Protocol
 from infer_protocol.messages import NewSeq, SamplingParams, StepFailed, StepPlan, StepResult
 
 from infer_worker.application.block_table import BlockTable, ScheduledBatch
+from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.sampled_tokens import SampledTokens
 from infer_worker.application.structured_output import GrammarBook, constrain
 from infer_worker.domain.sequence import PENDING, Grammar, Sampling, ScheduledSeq, Sequence
@@ -81,10 +82,11 @@ class WorkerService:
     diff into one launched step."""
 
     def __init__(self, executor: StepExecutor, is_fatal: Callable[[BaseException], bool] = _never_fatal,
-                 grammars: GrammarBook | None = None) -> None:
+                 grammars: GrammarBook | None = None, images: ImageInputs | None = None) -> None:
         self._executor = executor
         self._is_fatal = is_fatal
         self._grammars = grammars  # the executor's (it masks the rows): here sequences enter and leave it
+        self._images = images  # the executor's too (None: no vision tower)
         self._seqs: dict[int, Sequence] = {}
         self._table = BlockTable()  # one row per live sequence; a diff writes only its new block ids
         self._inflight: deque[_InFlight] = deque()
@@ -235,6 +237,10 @@ class WorkerService:
                 self._grammars.admit(seq)
             else:
                 constrain(seq)  # the runner, with no grammar engine either, fails the request on its own
+        if new.images:
+            if self._images is None:
+                raise ValueError(f"sequence {new.seq_id} has images, but this worker's model has no vision tower")
+            self._images.admit(seq, new.images)
         self._seqs[new.seq_id] = seq
         self._table.add(seq)
         return ScheduledSeq(seq, new.num_tokens)
@@ -254,3 +260,5 @@ class WorkerService:
             self._table.remove(seq)
         if self._grammars is not None:
             self._grammars.forget(seq_id)
+        if self._images is not None:
+            self._images.forget(seq_id)

@@ -3,7 +3,8 @@
 
 With `output_gate` (Qwen3.5) q_proj holds `[query | gate]` per head (`2 * head_dim` rows each) and the attention
 output is multiplied by `sigmoid(gate)` before o_proj. Partial rotary is the RoPE table's width (see
-`FusedOps.qk_norm_rope_store`)."""
+`FusedOps.qk_norm_rope_store`). A step whose batch carries its own rotary rows (`AttentionBatch.rope_cos_sin`,
+multimodal RoPE) rotates token `i` by row `i` of those instead of the table's row at its position."""
 
 from __future__ import annotations
 
@@ -86,8 +87,11 @@ class Attention:
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
+        positions, table = batch.positions, self.cos_sin_cache
+        if batch.rope_cos_sin is not None:
+            positions, table = torch.arange(num_tokens, device=positions.device), batch.rope_cos_sin
         q, _ = self._fused.qk_norm_rope_store(
-            q, k, v, batch.positions, self.cos_sin_cache, self.q_norm_weight, self.k_norm_weight, self.norm_eps,
+            q, k, v, positions, table, self.q_norm_weight, self.k_norm_weight, self.norm_eps,
             k_cache, v_cache, batch.slot_mapping,
         )
         out = self._fused.paged_attention(q, k_cache, v_cache, batch, self.scale)

@@ -69,6 +69,11 @@ class Sequence:
     # The sequence's state slot of a hybrid model's linear-attention layers (scheduler-assigned, 1..); 0 is the
     # scratch slot, which sequences made outside the worker service (start-up runs) share.
     state_slot: int = 0
+    # A prompt with images: its tokens below `multimodal_until` (the prompt) need the step's image inputs (the
+    # tower's embeddings, 3-D positions: application/image_inputs.py); the tokens after it rotate at their index
+    # plus `rope_delta` (where the prompt's 3-D positions left off). 0 and 0 for a text prompt.
+    multimodal_until: int = 0
+    rope_delta: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:

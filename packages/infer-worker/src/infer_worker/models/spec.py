@@ -6,7 +6,8 @@ Anything the model code cannot honour (another activation, sliding windows, an u
 scaling) is refused here with a clear message instead of producing silently wrong text later.
 
 What varies between architectures is spelled out as data here (`qk_norm`, `attention_output_gate`,
-`norm_offset`, `layer_types`, `rotary_dim`, `linear_attention`), so the model code never asks which model it is.
+`norm_offset`, `layer_types`, `rotary_dim`, `linear_attention`, `mrope_section`, `vision`), so the model code never
+asks which model it is.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from infer_core.dtypes import DType
 from infer_core.quant import DENSE_CONFIG, QuantConfig
 from infer_worker.components.gated_delta_net import LinearAttentionSpec
 from infer_worker.components.rotary import SUPPORTED_ROPE_TYPES, RopeScaling
+from infer_worker.components.vision import VisionConfig
 from infer_worker.models.quantization import quant_config_from_hf
 
 # Architectures whose attention normalises q and k per head (their checkpoints carry q_norm/k_norm weights).
@@ -65,6 +67,10 @@ class ModelSpec:
     attention_output_gate: bool = False  # q_proj is [query | gate] per head; attention output * sigmoid(gate)
     norm_offset: float = 0.0  # added to every decoder / q-k norm weight at load: (1 + w) norms store w
     linear_attention: LinearAttentionSpec | None = None  # the Gated DeltaNet layers' geometry, when there are any
+    # Multimodal RoPE: the rotary frequencies' split over (temporal, height, width) positions, interleaved; () = 1-D
+    # RoPE only. Text tokens have three equal positions, which is ordinary RoPE.
+    mrope_section: tuple[int, ...] = ()
+    vision: VisionConfig | None = None  # the vision tower (config.json's `vision_config`), when the model has one
 
     @property
     def mixers(self) -> tuple[str, ...]:
@@ -88,6 +94,7 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelSpec":
         architecture = architecture_of(config)
+        vision = config.get("vision_config")
         config = _text_settings(config)
         missing = [key for key in _REQUIRED_KEYS if key not in config]
         if missing:  # e.g. a config trimmed by hand
@@ -125,6 +132,8 @@ class ModelSpec:
             attention_output_gate=architecture in _OUTPUT_GATE_ARCHITECTURES,
             norm_offset=_NORM_OFFSET.get(architecture, 0.0),
             linear_attention=_linear_attention(config) if LINEAR_ATTENTION in layer_types else None,
+            mrope_section=_mrope_section(config, _rotary_dim(config, head_dim)),
+            vision=VisionConfig.from_hf(vision) if isinstance(vision, Mapping) else None,
         )
 
 
@@ -178,6 +187,14 @@ def _rotary_dim(config: Mapping[str, Any], head_dim: int) -> int:
         raise ValueError(f"partial_rotary_factor {partial} gives {rotary_dim} of {head_dim} dims; an even number "
                          f"of dims from 2 to head_dim must rotate")
     return rotary_dim
+
+
+def _mrope_section(config: Mapping[str, Any], rotary_dim: int) -> tuple[int, ...]:
+    parameters: Mapping[str, Any] = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    section = tuple(int(n) for n in parameters.get("mrope_section") or ())
+    if section and (len(section) != 3 or sum(section) != rotary_dim // 2):
+        raise ValueError(f"mrope_section {list(section)} must split the {rotary_dim // 2} rotary frequencies in three")
+    return section
 
 
 def _linear_attention(config: Mapping[str, Any]) -> LinearAttentionSpec:

@@ -1,0 +1,164 @@
+"""Qwen3.5 with images against transformers on one tiny random checkpoint in the published layout (a vision tower
+under `model.visual.`), the patches and placeholders made by the server's own preprocessing: fp32 logits close
+and greedy tokens identical to `generate` with the same pixel values and grids, for one and two images, over
+prefill chunks that cut through an image, and in a batch next to text prompts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+from infer_protocol.messages import ImageInput
+from infer_server.image_processing import PreparedImage, preprocess
+from infer_server.vision_spec import VisionSpec
+from infer_worker.application.image_inputs import ImageInputs
+from infer_worker.application.model_runner import prepare_step
+from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from tests.worker.qwen3_5_checkpoints import TEXT, VISION, random_qwen3_5
+from tests.worker.tiny_checkpoints import Engine, forward_step
+
+IMAGE_PAD, VISION_START, VISION_END = 250, 251, 252
+SPEC = VisionSpec(image_token_id=IMAGE_PAD, patch_size=16, temporal_patch_size=2, merge_size=2,
+                  min_pixels=32 * 32, max_pixels=128 * 128, image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
+DECODE_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Qwen3_5ForConditionalGeneration]:
+    path = tmp_path_factory.mktemp("qwen3_5_vl")
+    config = Qwen3_5Config(text_config=TEXT, vision_config=VISION, tie_word_embeddings=True,
+                           image_token_id=IMAGE_PAD, vision_start_token_id=VISION_START,
+                           vision_end_token_id=VISION_END, video_token_id=253)
+    model = random_qwen3_5(config, seed=5)
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model
+
+
+def picture(width: int, height: int, seed: int) -> PreparedImage:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    return preprocess(Image.fromarray(pixels, "RGB"), SPEC)
+
+
+def text(length: int, seed: int) -> list[int]:
+    return torch.randint(0, IMAGE_PAD, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def image_prompt(parts: list[list[int] | PreparedImage]) -> tuple[list[int], list[ImageInput]]:
+    """Text and images in order; each image as the template writes it (start, placeholders, end)."""
+    ids: list[int] = []
+    images: list[ImageInput] = []
+    for part in parts:
+        if isinstance(part, list):
+            ids += part
+            continue
+        ids.append(VISION_START)
+        images.append(ImageInput(offset=len(ids), num_tokens=part.num_tokens, grid_thw=part.grid_thw,
+                                 pixel_values=part.patches.tobytes(), dtype="float32",
+                                 shape=part.patches.shape, content_hash=part.content_hash))
+        ids += [IMAGE_PAD] * part.num_tokens + [VISION_END]
+    return ids, images
+
+
+def hf_inputs(prompt: list[int], images: list[ImageInput]) -> dict[str, torch.Tensor]:
+    inputs = {"input_ids": torch.tensor([prompt])}
+    if images:
+        inputs["pixel_values"] = torch.cat([torch.from_numpy(
+            np.frombuffer(im.pixel_values, dtype=np.float32).reshape(im.shape).copy()) for im in images])
+        inputs["image_grid_thw"] = torch.tensor([im.grid_thw for im in images])
+        inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE_PAD).int()  # 1: an image's token
+    return inputs
+
+
+def hf_greedy(hf: Qwen3_5ForConditionalGeneration, prompt: list[int], images: list[ImageInput],
+              steps: int = DECODE_STEPS) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(**hf_inputs(prompt, images), max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def engine_with_images(path: Path) -> Engine:
+    engine = Engine.open(path, num_blocks=128, max_blocks_per_seq=48)
+    assert engine.model.visual is not None
+    engine.runner.images = ImageInputs(engine.model.visual, multimodal_rope=bool(engine.spec.mrope_section))
+    return engine
+
+
+def admit(engine: Engine, seq_id: int, prompt: list[int], images: list[ImageInput]) -> Sequence:
+    seq = engine.new_seq(seq_id, prompt)
+    assert engine.runner.images is not None
+    engine.runner.images.admit(seq, images)
+    return seq
+
+
+ONE = [text(5, 1), picture(64, 64, 1), text(6, 2)]
+TWO = [text(3, 3), picture(64, 96, 2), text(4, 4), picture(96, 64, 3), text(5, 5)]
+
+
+def test_the_checkpoint_loads_its_vision_tower_and_multimodal_rope(checkpoint) -> None:
+    path, _ = checkpoint
+    engine = Engine.open(path)
+    assert engine.spec.vision is not None and engine.spec.vision.depth == VISION["depth"]
+    assert engine.spec.mrope_section == (2, 1, 1)
+    assert engine.model.visual is not None
+
+
+@pytest.mark.parametrize("parts", [ONE, TWO], ids=["one_image", "two_images"])
+def test_logits_and_greedy_tokens_match_transformers(checkpoint, parts) -> None:
+    path, hf = checkpoint
+    prompt, images = image_prompt(parts)
+    with torch.no_grad():
+        expected = hf(**hf_inputs(prompt, images)).logits[0].float()
+    engine = engine_with_images(path)
+    seq = admit(engine, 0, prompt, images)
+    seq.block_ids = [engine.free_blocks.pop() for _ in range(-(-len(prompt) // engine.block_size))]
+    scheduled = [ScheduledSeq(seq, len(prompt))]
+    step = prepare_step(scheduled, engine.block_size, engine.runner.max_blocks_per_seq)
+    assert engine.runner.images is not None
+    inputs = engine.runner.images.step(scheduled, step.query_start_loc)
+    logits = engine.model.compute_logits(forward_step(engine.runner, step, inputs))
+    torch.testing.assert_close(logits, expected, atol=2e-4, rtol=2e-4)
+
+    engine = engine_with_images(path)
+    seq = admit(engine, 0, prompt, images)
+    engine.step([(seq, len(prompt))])
+    engine.decode([seq], DECODE_STEPS - 1)
+    assert seq.rope_delta < 0  # the images' positions are fewer than their tokens
+    assert seq.token_ids[len(prompt):] == hf_greedy(hf, prompt, images)
+
+
+def test_an_image_prompt_across_prefill_chunks_matches_transformers(checkpoint) -> None:
+    """Chunks of 4 tokens: both images' placeholders (6 tokens each) are cut by chunk ends; each image goes
+    through the tower once and its rows are consumed over two or three steps."""
+    path, hf = checkpoint
+    prompt, images = image_prompt(TWO)
+    engine = engine_with_images(path)
+    seq = admit(engine, 0, prompt, images)
+    assert engine.runner.images is not None
+    tower_calls = []
+    encode = engine.runner.images.embeddings._encode
+    engine.runner.images.embeddings._encode = lambda batch: (tower_calls.append(len(batch)), encode(batch))[1]
+    for start in range(0, len(prompt), 4):
+        engine.step([(seq, min(4, len(prompt) - start))])
+    engine.decode([seq], DECODE_STEPS - 1)
+    assert tower_calls == [1, 1]
+    assert engine.runner.images.embeddings.num_cached == 0
+    assert seq.token_ids[len(prompt):] == hf_greedy(hf, prompt, images)
+
+
+def test_a_batch_of_image_and_text_prompts_gives_each_its_solo_tokens(checkpoint) -> None:
+    path, hf = checkpoint
+    prompts = [image_prompt(ONE), (text(9, 7), []), image_prompt(TWO), (text(4, 8), [])]
+    engine = engine_with_images(path)
+    seqs = [admit(engine, i, prompt, images) for i, (prompt, images) in enumerate(prompts)]
+    engine.step([(seqs[0], 10), (seqs[1], 9), (seqs[2], 7)])
+    engine.step([(seqs[0], len(prompts[0][0]) - 10), (seqs[1], 1), (seqs[2], len(prompts[2][0]) - 7),
+                 (seqs[3], 4)])
+    engine.decode(seqs[:3], 1)
+    engine.decode(seqs, DECODE_STEPS - 2)
+    for seq, (prompt, images) in zip(seqs, prompts):
+        assert seq.token_ids[len(prompt):] == hf_greedy(hf, prompt, images, len(seq.token_ids) - len(prompt))
