@@ -133,20 +133,31 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint, parts) -> None:
 
 def test_an_image_prompt_across_prefill_chunks_matches_transformers(checkpoint) -> None:
     """Chunks of 4 tokens: both images' placeholders (6 tokens each) are cut by chunk ends; each image goes
-    through the tower once and its rows are consumed over two or three steps."""
+    through the tower once, when a chunk first reaches it, and its rows are consumed over two steps."""
     path, hf = checkpoint
     prompt, images = image_prompt(TWO)
+    with torch.no_grad():
+        expected = hf(**hf_inputs(prompt, images)).logits[0].float()
     engine = engine_with_images(path)
     seq = admit(engine, 0, prompt, images)
     assert engine.runner.images is not None
-    tower_calls = []
-    encode = engine.runner.images.embeddings._encode
-    engine.runner.images.embeddings._encode = lambda batch: (tower_calls.append(len(batch)), encode(batch))[1]
+    embeddings = engine.runner.images.embeddings
+    cached = []
     for start in range(0, len(prompt), 4):
-        engine.step([(seq, min(4, len(prompt) - start))])
+        num_new = min(4, len(prompt) - start)
+        while len(seq.block_ids) < -(-(start + num_new) // engine.block_size):
+            seq.block_ids.append(engine.free_blocks.pop())
+        scheduled = [ScheduledSeq(seq, num_new)]
+        step = prepare_step(scheduled, engine.block_size, engine.runner.max_blocks_per_seq)
+        logits = engine.model.compute_logits(
+            forward_step(engine.runner, step, engine.runner.images.step(scheduled, step.query_start_loc)))
+        torch.testing.assert_close(logits, expected[start:start + num_new], atol=2e-4, rtol=2e-4)
+        cached.append(embeddings.num_cached)
+        seq.num_computed += num_new
+    # images at [4, 10) and [16, 22): each held from the chunk that first reaches it to the one that ends it
+    assert cached == [0, 1, 0, 0, 1, 0, 0]
+    seq.token_ids.append(int(logits[-1].argmax()))
     engine.decode([seq], DECODE_STEPS - 1)
-    assert tower_calls == [1, 1]
-    assert engine.runner.images.embeddings.num_cached == 0
     assert seq.token_ids[len(prompt):] == hf_greedy(hf, prompt, images)
 
 
