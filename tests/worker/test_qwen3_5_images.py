@@ -13,11 +13,12 @@ import torch
 from PIL import Image
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-from infer_protocol.messages import ImageInput
+from infer_protocol.messages import ContinueSeq, ImageInput, NewSeq, SamplingParams, StepPlan
 from infer_server.image_processing import PreparedImage, preprocess
 from infer_server.vision_spec import VisionSpec
 from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.model_runner import prepare_step
+from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import ScheduledSeq, Sequence
 from tests.worker.qwen3_5_checkpoints import TEXT, VISION, random_qwen3_5
 from tests.worker.tiny_checkpoints import Engine, forward_step
@@ -173,3 +174,30 @@ def test_a_batch_of_image_and_text_prompts_gives_each_its_solo_tokens(checkpoint
     engine.decode(seqs, DECODE_STEPS - 2)
     for seq, (prompt, images) in zip(seqs, prompts):
         assert seq.token_ids[len(prompt):] == hf_greedy(hf, prompt, images, len(seq.token_ids) - len(prompt))
+
+
+def test_a_preempted_image_sequence_recomputes_from_its_new_seq(checkpoint) -> None:
+    """Through the worker service: admitted with its images, decoded, preempted (its images forgotten), admitted
+    again with prompt and generated tokens in one chunk: its tokens go on as transformers' do."""
+    path, hf = checkpoint
+    prompt, images = image_prompt(ONE)
+    engine = engine_with_images(path)
+    service = WorkerService(engine.runner, images=engine.runner.images)
+    blocks = [engine.free_blocks.pop() for _ in range(-(-(len(prompt) + DECODE_STEPS) // engine.block_size))]
+    greedy = SamplingParams(temperature=0.0)
+
+    def new_seq(step: int, tokens: list[int]) -> StepPlan:
+        return StepPlan(step=step, new_seqs=[NewSeq(
+            seq_id=1, token_ids=tokens, num_computed=0, num_tokens=len(tokens), block_ids=blocks, sampling=greedy,
+            num_generated=len(tokens) - len(prompt), state_slot=1, images=images)])
+
+    out = [service.step(new_seq(1, prompt)).token_ids[0]]
+    for step in range(2, 5):
+        out += service.step(StepPlan(step=step, continuing=[ContinueSeq(1, 1, [])])).token_ids
+    assert engine.runner.images is not None and engine.runner.images.num_sequences == 1
+    out += service.step(StepPlan(step=5, preempted=[1], new_seqs=new_seq(5, prompt + out).new_seqs)).token_ids
+    for step in range(6, 5 + DECODE_STEPS - len(out) + 1):
+        out += service.step(StepPlan(step=step, continuing=[ContinueSeq(1, 1, [])])).token_ids
+    assert out == hf_greedy(hf, prompt, images)
+    service.step(StepPlan(step=99, finished=[1]))
+    assert engine.runner.images.num_sequences == 0
