@@ -25,17 +25,14 @@ MAX_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedCluster, Any, Path]]:
-    from transformers import Qwen3_5Config
-
     from tests.server.test_images import write_vision_model_dir
-    from tests.worker.qwen3_5_checkpoints import TEXT, VISION, random_qwen3_5
+    from tests.worker.qwen3_5_checkpoints import qwen3_5_vl_config, random_qwen3_5
 
     model_dir = write_vision_model_dir(tmp_path_factory.mktemp("qwen3_5-vl-e2e") / "model")
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]  # the tokenizer's
     added = {t["content"]: t["id"] for t in json.loads((model_dir / "tokenizer.json").read_text())["added_tokens"]}
-    config = Qwen3_5Config(text_config={**TEXT, "vocab_size": vocab}, vision_config=VISION, tie_word_embeddings=True,
-                           image_token_id=added["<|image_pad|>"], vision_start_token_id=added["<|vision_start|>"],
-                           vision_end_token_id=added["<|vision_end|>"], video_token_id=added["<|vision_end|>"] + 1)
+    config = qwen3_5_vl_config(added["<|image_pad|>"], added["<|vision_start|>"], added["<|vision_end|>"],
+                               vocab_size=vocab)
     hf = random_qwen3_5(config, seed=9)
     generation = (model_dir / "generation_config.json").read_text()
     hf.save_pretrained(model_dir, safe_serialization=True)

@@ -14,7 +14,7 @@ from infer_core.dtypes import DType
 from infer_worker.application.model_runner import ModelRunner, prepare_step
 from infer_worker.domain.sequence import Sampling, ScheduledSeq, Sequence
 from tests.worker.qwen3_5_checkpoints import load_hybrid, write_qwen3_5
-from tests.worker.tiny_checkpoints import forward_step
+from tests.worker.tiny_checkpoints import forward_step, greedy_steps
 
 pytestmark = pytest.mark.gpu
 BLOCK, BLOCKS_PER_SEQ, SLOTS = 16, 8, 8
@@ -50,13 +50,7 @@ def _runner(model_dir: Path, backend_name: str, dtype: DType, graphs: bool = Fal
 def _greedy(runner: ModelRunner, steps: int = 16) -> list[list[int]]:
     seqs = [Sequence(i, list(p), 0, list(range(i * BLOCKS_PER_SEQ, (i + 1) * BLOCKS_PER_SEQ)),
                      Sampling(temperature=0.0), state_slot=i + 1) for i, p in enumerate(PROMPTS)]
-    scheduled = [ScheduledSeq(s, s.num_tokens) for s in seqs]
-    for _ in range(steps):
-        out = runner.execute(scheduled)
-        for item, tok in zip(scheduled, out.token_ids, strict=True):
-            item.seq.num_computed += item.num_new
-            item.seq.token_ids.append(tok)
-        scheduled = [ScheduledSeq(s, 1) for s in seqs]
+    greedy_steps(runner, seqs, steps)
     return [s.token_ids[len(p):] for s, p in zip(seqs, PROMPTS)]
 
 

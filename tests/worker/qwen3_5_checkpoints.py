@@ -45,6 +45,13 @@ def qwen3_5_config(**text: Any) -> Qwen3_5Config:
     return Qwen3_5Config(text_config={**TEXT, **text}, vision_config=VISION, tie_word_embeddings=True)
 
 
+def qwen3_5_vl_config(image_pad: int, vision_start: int, vision_end: int, **text: Any) -> Qwen3_5Config:
+    """The config with the vision tokens' ids (transformers finds an image by its start token and placeholders)."""
+    return Qwen3_5Config(text_config={**TEXT, **text}, vision_config=VISION, tie_word_embeddings=True,
+                         image_token_id=image_pad, vision_start_token_id=vision_start, vision_end_token_id=vision_end,
+                         video_token_id=max(image_pad, vision_start, vision_end) + 1)
+
+
 def random_qwen3_5(config: Qwen3_5Config, seed: int) -> Qwen3_5ForConditionalGeneration:
     """Random weights with every norm away from its identity ((1 + w) norms: w != 0; the gated norm: w != 1) and
     decays spread over their range, so a mis-mapped norm or gate cannot hide."""

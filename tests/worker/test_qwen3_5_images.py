@@ -10,59 +10,26 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+from transformers import Qwen3_5ForConditionalGeneration
 
 from infer_protocol.messages import ContinueSeq, ImageInput, NewSeq, SamplingParams, StepPlan
-from infer_server.image_processing import PreparedImage, preprocess
-from infer_server.vision_spec import VisionSpec
 from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.model_runner import prepare_step
 from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import ScheduledSeq, Sequence
-from tests.worker.qwen3_5_checkpoints import TEXT, VISION, random_qwen3_5
+from tests.worker.image_prompts import IMAGE_PAD, ONE, TWO, VISION_END, VISION_START, image_prompt, text
+from tests.worker.qwen3_5_checkpoints import VISION, qwen3_5_vl_config, random_qwen3_5
 from tests.worker.tiny_checkpoints import Engine, forward_step
 
-IMAGE_PAD, VISION_START, VISION_END = 250, 251, 252
-SPEC = VisionSpec(image_token_id=IMAGE_PAD, patch_size=16, temporal_patch_size=2, merge_size=2,
-                  min_pixels=32 * 32, max_pixels=128 * 128, image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
 DECODE_STEPS = 8
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Qwen3_5ForConditionalGeneration]:
     path = tmp_path_factory.mktemp("qwen3_5_vl")
-    config = Qwen3_5Config(text_config=TEXT, vision_config=VISION, tie_word_embeddings=True,
-                           image_token_id=IMAGE_PAD, vision_start_token_id=VISION_START,
-                           vision_end_token_id=VISION_END, video_token_id=253)
-    model = random_qwen3_5(config, seed=5)
+    model = random_qwen3_5(qwen3_5_vl_config(IMAGE_PAD, VISION_START, VISION_END), seed=5)
     model.save_pretrained(path, safe_serialization=True)
     return path, model
-
-
-def picture(width: int, height: int, seed: int) -> PreparedImage:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
-    return preprocess(Image.fromarray(pixels, "RGB"), SPEC)
-
-
-def text(length: int, seed: int) -> list[int]:
-    return torch.randint(0, IMAGE_PAD, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
-
-
-def image_prompt(parts: list[list[int] | PreparedImage]) -> tuple[list[int], list[ImageInput]]:
-    """Text and images in order; each image as the template writes it (start, placeholders, end)."""
-    ids: list[int] = []
-    images: list[ImageInput] = []
-    for part in parts:
-        if isinstance(part, list):
-            ids += part
-            continue
-        ids.append(VISION_START)
-        images.append(ImageInput(offset=len(ids), num_tokens=part.num_tokens, grid_thw=part.grid_thw,
-                                 pixel_values=part.patches.tobytes(), dtype="float32",
-                                 shape=part.patches.shape, content_hash=part.content_hash))
-        ids += [IMAGE_PAD] * part.num_tokens + [VISION_END]
-    return ids, images
 
 
 def hf_inputs(prompt: list[int], images: list[ImageInput]) -> dict[str, torch.Tensor]:
@@ -94,10 +61,6 @@ def admit(engine: Engine, seq_id: int, prompt: list[int], images: list[ImageInpu
     assert engine.runner.images is not None
     engine.runner.images.admit(seq, images)
     return seq
-
-
-ONE = [text(5, 1), picture(64, 64, 1), text(6, 2)]
-TWO = [text(3, 3), picture(64, 96, 2), text(4, 4), picture(96, 64, 3), text(5, 5)]
 
 
 def test_the_checkpoint_loads_its_vision_tower_and_multimodal_rope(checkpoint) -> None:

@@ -112,6 +112,17 @@ def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) ->
     return out[0, len(prompt):].tolist()
 
 
+def greedy_steps(runner: ModelRunner, seqs: list[Sequence], steps: int) -> None:
+    """Prefill every sequence whole in one step, then decode them together: `steps` tokens each, appended."""
+    scheduled = [ScheduledSeq(s, s.num_tokens) for s in seqs]
+    for _ in range(steps):
+        out = runner.execute(scheduled)
+        for item, tok in zip(scheduled, out.token_ids, strict=True):
+            item.seq.num_computed += item.num_new
+            item.seq.token_ids.append(tok)
+        scheduled = [ScheduledSeq(s, 1) for s in seqs]
+
+
 @dataclass
 class Engine:
     """A minimal stand-in for the scheduler: hands out pages, runs steps, appends sampled tokens."""
