@@ -17,6 +17,7 @@ from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.model_runner import prepare_step
 from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.models.spec import ModelSpec
 from tests.worker.image_prompts import IMAGE_PAD, ONE, TWO, VISION_END, VISION_START, image_prompt, text
 from tests.worker.qwen3_5_checkpoints import VISION, qwen3_5_vl_config, random_qwen3_5
 from tests.worker.tiny_checkpoints import Engine, forward_step
@@ -69,6 +70,14 @@ def test_the_checkpoint_loads_its_vision_tower_and_multimodal_rope(checkpoint) -
     assert engine.spec.vision is not None and engine.spec.vision.depth == VISION["depth"]
     assert engine.spec.mrope_section == (2, 1, 1)
     assert engine.model.visual is not None
+
+
+def test_the_spec_refuses_an_mrope_section_that_does_not_split_the_rotary_frequencies() -> None:
+    config = qwen3_5_vl_config(IMAGE_PAD, VISION_START, VISION_END).to_dict()
+    assert ModelSpec.from_hf_config(config).mrope_section == (2, 1, 1)
+    config["text_config"]["rope_parameters"]["mrope_section"] = [2, 2, 1]  # 5 of the 4 frequencies
+    with pytest.raises(ValueError, match=r"mrope_section \[2, 2, 1\] must split the 4 rotary frequencies"):
+        ModelSpec.from_hf_config(config)
 
 
 @pytest.mark.parametrize("parts", [ONE, TWO], ids=["one_image", "two_images"])
