@@ -53,6 +53,8 @@ class ImageInputs:
 
     def step(self, scheduled: Seq[ScheduledSeq], query_start_loc: np.ndarray) -> StepImages | None:
         """The step's image inputs, or None when none of its tokens lies in a prompt with images."""
+        if not self._positions:  # (the common case of a text-only batch costs no loop)
+            return None
         chunks: list[StepChunk] = []
         rope_rows: list[np.ndarray] = []
         rope_positions: list[np.ndarray] = []
