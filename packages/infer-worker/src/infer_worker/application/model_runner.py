@@ -313,7 +313,10 @@ class ModelRunner:
                 state_slots, fresh_slots = inputs[4:]
                 if step.fresh_slots is not None and step.fresh_slots.size:
                     self.backend.ops.gdn.reset_slots(self.state_pools, fresh_slots)  # type: ignore[union-attr]
-            images = None if self.images is None else self.images.step(scheduled, step.query_start_loc)
+        images = None
+        if self.images is not None:
+            with trace("vision"):  # the tower's time apart in a profile (it runs when a chunk first reaches an image)
+                images = self.images.step(scheduled, step.query_start_loc)
         with trace("forward"):
             if images is None:
                 hidden = self.model.forward(input_ids, batch, self.kv_caches, state_slots)
