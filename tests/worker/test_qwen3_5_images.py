@@ -1,7 +1,8 @@
 """Qwen3.5 with images against transformers on one tiny random checkpoint in the published layout (a vision tower
 under `model.visual.`), the patches and placeholders made by the server's own preprocessing: fp32 logits close
 and greedy tokens identical to `generate` with the same pixel values and grids, for one and two images, over
-prefill chunks that cut through an image, and in a batch next to text prompts."""
+prefill chunks that cut through an image, in a batch next to text prompts, after preemption, and with the graph
+runner (image prefill eager, decodes replayed)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ import torch
 from transformers import Qwen3_5ForConditionalGeneration
 
 from infer_protocol.messages import ContinueSeq, ImageInput, NewSeq, SamplingParams, StepPlan
+from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.model_runner import prepare_step
 from infer_worker.application.worker_service import WorkerService
-from infer_worker.domain.sequence import ScheduledSeq, Sequence
+from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 from infer_worker.models.spec import ModelSpec
 from tests.worker.image_prompts import IMAGE_PAD, ONE, TWO, VISION_END, VISION_START, image_prompt, text
-from tests.worker.qwen3_5_checkpoints import VISION, qwen3_5_vl_config, random_qwen3_5
-from tests.worker.tiny_checkpoints import Engine, forward_step
+from tests.worker.qwen3_5_checkpoints import VISION, load_hybrid, qwen3_5_vl_config, random_qwen3_5
+from tests.worker.test_graph_runner import ReplayingCpuBackend
+from tests.worker.tiny_checkpoints import Engine, forward_step, greedy_steps
 
 DECODE_STEPS = 8
 
@@ -173,3 +176,31 @@ def test_a_preempted_image_sequence_recomputes_from_its_new_seq(checkpoint) -> N
     assert out == hf_greedy(hf, prompt, images)
     service.step(StepPlan(step=99, finished=[1]))
     assert engine.runner.images.num_sequences == 0
+
+
+def test_image_prefill_runs_eagerly_and_its_decodes_replay_graphs(checkpoint) -> None:
+    """With the graph runner (a CPU backend whose graphs replay the captured step): steps with image prompt tokens
+    run eagerly, the one computing each prompt's last token too (decode-shaped, but that token's rotary row is a
+    3-D position's); every decode step after, the image sequences' positions shifted by their delta, replays a
+    graph."""
+    path, hf = checkpoint
+    backend = ReplayingCpuBackend()
+    model, caches = load_hybrid(path, backend, 48, 4, 4)
+    runner = GraphModelRunner(model, backend, caches.per_layer, 4, 12, "cpu", state_pools=caches.state_pools,
+                              capture_sizes=[1, 2, 4])
+    runner.capture()
+    assert model.visual is not None
+    runner.images = ImageInputs(model.visual, multimodal_rope=True)
+    prompts = [image_prompt(ONE), (text(9, 7), []), image_prompt(TWO)]
+    seqs = []
+    for i, (prompt, images) in enumerate(prompts):
+        seq = Sequence(i, list(prompt), 0, list(range(i * 12, (i + 1) * 12)), GREEDY, state_slot=i + 1)
+        runner.images.admit(seq, images)
+        seqs.append(seq)
+    runner.execute([ScheduledSeq(seq, seq.num_tokens - 1) for seq in seqs])
+    for seq in seqs:
+        seq.num_computed = seq.num_tokens - 1
+    greedy_steps(runner, seqs, DECODE_STEPS)
+    assert (runner.eager_steps, runner.graph_steps) == (2, DECODE_STEPS - 1)
+    for seq, (prompt, images) in zip(seqs, prompts):
+        assert seq.token_ids[len(prompt):] == hf_greedy(hf, prompt, images)

@@ -113,8 +113,8 @@ def hf_greedy(model: PreTrainedModel, prompt: list[int], max_new_tokens: int) ->
 
 
 def greedy_steps(runner: ModelRunner, seqs: list[Sequence], steps: int) -> None:
-    """Prefill every sequence whole in one step, then decode them together: `steps` tokens each, appended."""
-    scheduled = [ScheduledSeq(s, s.num_tokens) for s in seqs]
+    """Prefill what is left of every sequence in one step, then decode them together: `steps` tokens each."""
+    scheduled = [ScheduledSeq(s, s.num_tokens - s.num_computed) for s in seqs]
     for _ in range(steps):
         out = runner.execute(scheduled)
         for item, tok in zip(scheduled, out.token_ids, strict=True):
