@@ -22,9 +22,10 @@ class Shape(NamedTuple):
     tied: bool = False
     hidden: int = 64
     layers: int = 2
+    vocab: int = VOCAB
 
 
-def write_checkpoint(path: Path, tokenizer_dir: Path, shape: Shape, seed: int, files: int = 1,
+def write_checkpoint(path: Path, tokenizer_dir: Path | None, shape: Shape, seed: int, files: int = 1,
                      config_overrides: dict[str, Any] | None = None) -> Path:
     """N(0, 0.5) projections and non-unit norm scales: logits spread widely, so greedy picks are no near-ties
     that the ranks' different summation order could flip."""
@@ -40,9 +41,9 @@ def write_checkpoint(path: Path, tokenizer_dir: Path, shape: Shape, seed: int, f
     def scale(n: int) -> np.ndarray:
         return (1.0 + rng.normal(0.0, 0.2, size=n)).astype(np.float32)
 
-    tensors = {"model.embed_tokens.weight": normal(VOCAB, hidden), "model.norm.weight": scale(hidden)}
+    tensors = {"model.embed_tokens.weight": normal(shape.vocab, hidden), "model.norm.weight": scale(hidden)}
     if not shape.tied:
-        tensors["lm_head.weight"] = normal(VOCAB, hidden)
+        tensors["lm_head.weight"] = normal(shape.vocab, hidden)
     qwen3 = shape.architecture == "Qwen3ForCausalLM"
     for i in range(shape.layers):
         p = f"model.layers.{i}."
@@ -63,7 +64,7 @@ def write_checkpoint(path: Path, tokenizer_dir: Path, shape: Shape, seed: int, f
     path.mkdir(parents=True)
     _save(path, tensors, files, save_file)
     config = {
-        "architectures": [shape.architecture], "model_type": "qwen3" if qwen3 else "llama", "vocab_size": VOCAB,
+        "architectures": [shape.architecture], "model_type": "qwen3" if qwen3 else "llama", "vocab_size": shape.vocab,
         "hidden_size": hidden, "intermediate_size": shape.intermediate, "num_hidden_layers": shape.layers,
         "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
         "hidden_act": "silu", "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
@@ -71,7 +72,7 @@ def write_checkpoint(path: Path, tokenizer_dir: Path, shape: Shape, seed: int, f
         "eos_token_id": 2, "torch_dtype": "float32",
     } | (config_overrides or {})
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_FILES if tokenizer_dir is not None else ():
         shutil.copy(tokenizer_dir / name, path / name)
     return path
 
