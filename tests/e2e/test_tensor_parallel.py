@@ -13,13 +13,14 @@ supervisor restarts the whole group.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import functools
 import os
 import random
 import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -91,22 +92,34 @@ def _all(cluster: ServedCluster, **sampling: Any) -> list[list[int]]:
 
 
 CASES = [(name, tp) for name, degrees in DEGREES.items() for tp in degrees if tp > 1]
+Reference = Callable[[str, bool], list[list[int]]]
+
+
+@pytest.fixture(scope="module")
+def reference(clusters: dict[tuple[str, int], ServedCluster]) -> Reference:
+    """A model's tokens at TP = 1, greedy or seeded-sampled, generated once per module."""
+
+    @functools.cache
+    def tokens(name: str, sampled: bool) -> list[list[int]]:
+        return _all(clusters[name, 1], **(SAMPLED if sampled else {}))
+
+    return tokens
 
 
 @pytest.mark.parametrize(("name", "tp"), CASES, ids=[f"{n}-tp{t}" for n, t in CASES])
-def test_greedy_tokens_are_those_of_one_rank(clusters: dict[tuple[str, int], ServedCluster], name: str,
-                                             tp: int) -> None:
-    reference = _all(clusters[name, 1])
-    assert len({tuple(t) for t in reference}) == len(PROMPTS)  # four different continuations: a real comparison
-    assert _all(clusters[name, tp]) == reference
+def test_greedy_tokens_are_those_of_one_rank(clusters: dict[tuple[str, int], ServedCluster], reference: Reference,
+                                             name: str, tp: int) -> None:
+    expected = reference(name, False)
+    assert len({tuple(t) for t in expected}) == len(PROMPTS)  # four different continuations: a real comparison
+    assert _all(clusters[name, tp]) == expected
 
 
 @pytest.mark.parametrize(("name", "tp"), CASES, ids=[f"{n}-tp{t}" for n, t in CASES])
-def test_seeded_sampling_is_that_of_one_rank(clusters: dict[tuple[str, int], ServedCluster], name: str,
-                                             tp: int) -> None:
-    reference = _all(clusters[name, 1], **SAMPLED)
-    assert reference != _all(clusters[name, 1])  # sampling, not greedy decoding in disguise
-    assert _all(clusters[name, tp], **SAMPLED) == reference
+def test_seeded_sampling_is_that_of_one_rank(clusters: dict[tuple[str, int], ServedCluster], reference: Reference,
+                                             name: str, tp: int) -> None:
+    expected = reference(name, True)
+    assert expected != reference(name, False)  # sampling, not greedy decoding in disguise
+    assert _all(clusters[name, tp], **SAMPLED) == expected
 
 
 # ------------------------------------------------------------------ fail-stop

@@ -1,5 +1,5 @@
 """`rustinfer-worker --config FILE [--<field> VALUE ...]`: load the model, report Ready, then execute step plans
-until told to stop. With `tensor_parallel_size > 1` this process is rank 0: it spawns the other ranks, which
+until told to stop. With `tensor_parallel_size > 1` this process is rank 0: it forks the other ranks, which
 run `follow` (`infrastructure/rank_group.py`)."""
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ from infer_protocol.config_cli import add_config_arguments, load_config_from_arg
 from infer_protocol.messages import Progress, Ready, Shutdown, StepPlan, WorkerError
 
 from infer_worker.application.worker_service import WorkerService
-from infer_worker.infrastructure.rank_group import RankGroup, follower_config, follower_rank
+from infer_worker.infrastructure.rank_group import RankGroup
 from infer_worker.infrastructure.transport import WorkerTransport
 
 log = logging.getLogger("rustinfer.worker")
 
 
 def serve(config: Config, stop: threading.Event) -> int:
+    # The other ranks are forked before any socket or thread exists, so they inherit neither.
+    group = RankGroup.fork(config, follow) if config.tensor_parallel_size > 1 else None
     transport = WorkerTransport(config)
     transport.start_heartbeat()
-    group = RankGroup(config) if config.tensor_parallel_size > 1 else None
 
     def progress(status: str) -> None:
         log.info("%s", status)
@@ -67,23 +68,30 @@ def serve(config: Config, stop: threading.Event) -> int:
     return code
 
 
-def follow(config: Config, rank: int) -> int:
-    """Ranks 1..N-1: start up in lockstep with rank 0, then run every plan it broadcasts, until Shutdown. Any
-    failure ends this process, which ends the group (rank 0's watchdog)."""
-    from infer_worker.infrastructure.bootstrap import bootstrap
+def follow(group: RankGroup) -> int:
+    """Ranks 1..N-1 (forked by rank 0): start up in lockstep with it, then run every plan it broadcasts, until
+    Shutdown; the exit code. Any failure ends this process, which ends the group (rank 0 watches its ranks)."""
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s worker rank {group.rank} %(levelname)s %(message)s"))
+    try:
+        from infer_worker.infrastructure.bootstrap import bootstrap
 
-    group = RankGroup(config, rank)
-    ready = bootstrap(config, lambda status: log.debug("%s", status), group)
-    service = ready.service
-    while True:
-        msg = group.recv()
-        if isinstance(msg, Shutdown):
-            group.close(clean=True)
-            return 0
-        assert isinstance(msg, StepPlan)
-        service.launch(msg)
-        while service.num_inflight > 1 or service.oldest_ready():
-            service.collect()  # the tokens become the sequences' own, as on rank 0; the result goes nowhere
+        service = bootstrap(group.config, lambda status: log.debug("%s", status), group).service
+        while True:
+            msg = group.recv()
+            if isinstance(msg, Shutdown):
+                group.close(clean=True)
+                return 0
+            assert isinstance(msg, StepPlan)
+            service.launch(msg)
+            while service.num_inflight > 1 or service.oldest_ready():
+                service.collect()  # the tokens become the sequences' own, as on rank 0; the result goes nowhere
+    except Exception as exc:
+        log.error("rank %d failed, the rank group stops: %s", group.rank, (str(exc).strip().splitlines() or [""])[0])
+        log.debug("%s", traceback.format_exc())
+        return 1
+    finally:
+        logging.shutdown()
 
 
 class FatalStepError(RuntimeError):
@@ -149,9 +157,6 @@ def _send_oldest(service: WorkerService, transport: WorkerTransport) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    rank = follower_rank()
-    if rank is not None:
-        _follower_main(rank)
     parser = argparse.ArgumentParser(prog="rustinfer-worker", description="RustInfer model worker")
     add_config_arguments(parser)
     args = parser.parse_args(argv)
@@ -174,19 +179,3 @@ def main(argv: list[str] | None = None) -> None:
         os._exit(code)
     sys.exit(code)
 
-
-def _follower_main(rank: int) -> None:
-    config = follower_config()
-    logging.basicConfig(level=config.log_level.upper(),
-                        format=f"%(asctime)s worker rank {rank} %(levelname)s %(message)s")
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # rank 0 stops the group in order; it dies, this rank dies
-    try:
-        code = follow(config, rank)
-    except Exception as exc:
-        log.error("rank %d failed, the rank group stops: %s", rank, (str(exc).strip().splitlines() or [""])[0])
-        log.debug("%s", traceback.format_exc())
-        code = 1
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # no interpreter teardown: a broken group's collectives must not be waited for

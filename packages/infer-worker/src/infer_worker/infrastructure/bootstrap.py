@@ -38,7 +38,7 @@ def resolve_model_dir(config: Config) -> Path:
 
 
 def bootstrap(config: Config, progress: Progress, group: RankGroup | None = None) -> ReadyWorker:
-    """`group`: this process's rank when `tensor_parallel_size > 1` (rank 0 spawns the others from here)."""
+    """`group`: this process's rank when `tensor_parallel_size > 1` (the ranks join it once the model passed)."""
     progress("resolving the model directory")
     model_dir = resolve_model_dir(config)
     try:  # config.json alone: an unservable checkpoint is refused before the backend starts or a weight is read
@@ -50,7 +50,8 @@ def bootstrap(config: Config, progress: Progress, group: RankGroup | None = None
     device, agree_blocks = config.device, None
     if group is not None:
         progress(f"starting {group.world} tensor-parallel ranks")
-        group.start()
+        if not group.start():
+            raise StartupError("rank 0 stopped before the rank group started")
         device = rank_device(config.device, resolve_backend_class(config.backend)[0], group.rank)
         agree_blocks = group.min_int
     backend = create_backend(config.backend, device, config.dtype)
