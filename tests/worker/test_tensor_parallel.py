@@ -8,6 +8,9 @@ from __future__ import annotations
 import functools
 import json
 import multiprocessing as mp
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
@@ -181,3 +184,19 @@ def test_tp_config_fields_and_devices() -> None:
     assert [rank_device("cuda:2", "cuda", r) for r in range(3)] == ["cuda:2", "cuda:3", "cuda:4"]
     assert rank_device("", "cuda", 1) == "cuda:1"
     assert rank_device("cpu", "cpu", 3) == "cpu"
+
+
+def test_the_worker_refuses_an_unsplittable_model_and_leaves_no_rank_behind(tmp_path: Path) -> None:
+    """The real `rustinfer-worker` at TP = 4: it forks its ranks, refuses the model in one line (naming the field)
+    and exits 1, its ranks killed with it (none is left in its process group)."""
+    model_dir = write_checkpoint(tmp_path / "m", None, DENSE._replace(heads=6, kv_heads=6), seed=1)
+    config = tmp_path / "worker.toml"
+    config.write_text(f'model = "{model_dir}"\nbackend = "cpu"\ntensor_parallel_size = 4\n'
+                      f'ipc_dir = "{tmp_path}"\ncluster_id = "tp-refusal"\nlog_level = "warning"\n')
+    proc = subprocess.Popen([sys.executable, "-c", "from infer_worker.cli import main; main()", "--config",
+                             str(config)], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "start-up failed: config.json num_attention_heads = 6 does not divide by tensor_parallel_size 4" in stderr
+    with pytest.raises(ProcessLookupError):  # the session's group: the worker and every rank it forked
+        os.killpg(proc.pid, 0)
