@@ -15,7 +15,8 @@ from infer_core.ports.backend import LlmBackend
 from tests.e2e.tp_models import Shape, write_checkpoint
 from tests.worker.test_tensor_parallel import assert_like_one_rank, generate, generate_job, run_ranks
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")]
+pytestmark = pytest.mark.gpu
+TWO_GPUS = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 
 MODEL = Shape("LlamaForCausalLM", heads=8, kv_heads=4, head_dim=16, intermediate=128, vocab=256)
 
@@ -31,7 +32,7 @@ def _collectives(rank: int, backend: LlmBackend) -> dict[str, Any]:
     device = backend.device
     x = torch.full((4, 8), float(rank + 1), device=device)
     summed = torch.empty_like(x)
-    gathered = torch.empty((4, 16), device=device)
+    gathered = torch.empty((4, 8 * coll.world_size), device=device)
 
     def step() -> None:
         summed.copy_(coll.all_reduce(x.clone()))
@@ -46,17 +47,21 @@ def _collectives(rank: int, backend: LlmBackend) -> dict[str, Any]:
     return {"eager": eager, "replayed": (summed.cpu(), gathered.cpu()), "world": coll.world_size}
 
 
-def test_nccl_collectives_eager_and_in_cuda_graphs(tmp_path: Path) -> None:
-    for rank, result in enumerate(run_ranks(2, _cuda, _collectives, tmp_path)):
-        assert result["world"] == 2
-        summed, gathered = result["eager"]
-        assert torch.equal(summed, torch.full((4, 8), 3.0))
-        assert torch.equal(gathered, torch.cat([torch.full((4, 8), 1.0), torch.full((4, 8), 2.0)], dim=-1))
-        summed, gathered = result["replayed"]
-        assert torch.equal(summed, torch.full((4, 8), 30.0)), rank
-        assert torch.equal(gathered, torch.cat([torch.full((4, 8), 10.0), torch.full((4, 8), 20.0)], dim=-1))
+@pytest.mark.parametrize("world", [pytest.param(1), pytest.param(2, marks=TWO_GPUS)])
+def test_nccl_collectives_eager_and_in_cuda_graphs(tmp_path: Path, world: int) -> None:
+    def ranks_of(scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [torch.full((4, 8), scale * (r + 1)) for r in range(world)]
+        return sum(parts[1:], parts[0]), torch.cat(parts, dim=-1)
+
+    for rank, result in enumerate(run_ranks(world, _cuda, _collectives, tmp_path)):
+        assert result["world"] == world
+        for got, want in zip(result["eager"], ranks_of(1.0)):
+            assert torch.equal(got, want), rank
+        for got, want in zip(result["replayed"], ranks_of(10.0)):  # the captured collectives read the new inputs
+            assert torch.equal(got, want), rank
 
 
+@TWO_GPUS
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "cuda-graphs"])
 def test_two_gpu_ranks_give_the_tokens_of_one(tmp_path: Path, graphs: bool) -> None:
     model_dir = write_checkpoint(tmp_path / "m", None, MODEL, seed=3, files=2)

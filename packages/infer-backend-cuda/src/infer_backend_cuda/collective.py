@@ -3,7 +3,7 @@
 torch.distributed's NCCL collectives are capturable in CUDA graphs once the communicator exists: the group is
 created eagerly on this rank's device and warmed up with one all-reduce before any capture, and every rank
 captures (and replays) the same collectives in the same order because the ranks run the same steps in lockstep.
-NVLink SHARP (NVLS) multicast and CollNet stay off: multicast objects are a scarce, shared driver resource that
+NVLink SHARP (NVLS) multicast, CollNet and symmetric-memory multicast stay off: multicast objects are a scarce, shared driver resource that
 has wedged multi-GPU hosts, and ring/tree all-reduce is what these message sizes need."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0"}
+_MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "NCCL_COLLNET_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                  "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 class NcclCollective:
