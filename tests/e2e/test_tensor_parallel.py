@@ -71,8 +71,9 @@ def clusters(tmp_path_factory: pytest.TempPathFactory, model_dirs: dict[str, Pat
                 fut.result()
         yield made
     finally:
-        for c in made.values():
-            c.stop()
+        codes = {key: c.stop() for key, c in made.items()}
+    # A clean stop: rank 0 broadcasts Shutdown, every rank leaves the group, the worker exits 0.
+    assert all(code == 0 for code in codes.values()), codes
 
 
 def _generate(cluster: ServedCluster, prompt: list[int], **sampling: Any) -> list[int]:

@@ -61,8 +61,6 @@ def serve(config: Config, stop: threading.Event) -> int:
         transport.send(WorkerError(fatal=True, message=f"step {exc.step} failed: {first_line}", step=exc.step))
         code = 1
     if group is not None:
-        if code == 0:
-            group.send(Shutdown(reason="the worker stops"))
         group.close(clean=code == 0)
     transport.close()
     return code

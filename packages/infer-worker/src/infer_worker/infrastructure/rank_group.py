@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from infer_protocol import codec
 from infer_protocol.config import Config
-from infer_protocol.messages import SchedulerToWorker
+from infer_protocol.messages import SchedulerToWorker, Shutdown
 
 log = logging.getLogger("rustinfer.worker")
 
@@ -174,9 +174,11 @@ class RankGroup:
     # ------------------------------------------------------------------ the end
 
     def close(self, clean: bool) -> None:
-        """`clean`: the group is sound, so rank 0 has told the others to stop and waits for them; else (a failed
+        """`clean`: the group is sound, so rank 0 tells the others to stop and waits for them; else (a failed
         step, a failed start) they are killed."""
-        self._closing.set()
+        self._closing.set()  # first: a rank that stops from here on is expected to
+        if self.rank == 0 and clean:
+            self.send(Shutdown(reason="the worker stops"))
         if self.rank == 0:
             deadline = time.monotonic() + _EXIT_GRACE_SECS
             for child in self._ranks if clean else ():
