@@ -23,6 +23,7 @@ class Shape(NamedTuple):
     hidden: int = 64
     layers: int = 2
     vocab: int = VOCAB
+    bias: bool = False  # attention_bias and mlp_bias: every projection has one
 
 
 def write_checkpoint(path: Path, tokenizer_dir: Path | None, shape: Shape, seed: int, files: int = 1,
@@ -58,6 +59,11 @@ def write_checkpoint(path: Path, tokenizer_dir: Path | None, shape: Shape, seed:
             p + "mlp.up_proj.weight": normal(shape.intermediate, hidden),
             p + "mlp.down_proj.weight": normal(hidden, shape.intermediate),
         }
+        if shape.bias:
+            sizes = {"self_attn.q_proj": q_size, "self_attn.k_proj": kv_size, "self_attn.v_proj": kv_size,
+                     "self_attn.o_proj": hidden, "mlp.gate_proj": shape.intermediate,
+                     "mlp.up_proj": shape.intermediate, "mlp.down_proj": hidden}
+            tensors |= {f"{p}{name}.bias": normal(size) for name, size in sizes.items()}
         if qwen3:
             tensors |= {p + "self_attn.q_norm.weight": scale(shape.head_dim),
                         p + "self_attn.k_norm.weight": scale(shape.head_dim)}
@@ -68,7 +74,7 @@ def write_checkpoint(path: Path, tokenizer_dir: Path | None, shape: Shape, seed:
         "hidden_size": hidden, "intermediate_size": shape.intermediate, "num_hidden_layers": shape.layers,
         "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
         "hidden_act": "silu", "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "tie_word_embeddings": shape.tied, "attention_bias": False, "mlp_bias": False, "bos_token_id": 1,
+        "tie_word_embeddings": shape.tied, "attention_bias": shape.bias, "mlp_bias": shape.bias, "bos_token_id": 1,
         "eos_token_id": 2, "torch_dtype": "float32",
     } | (config_overrides or {})
     (path / "config.json").write_text(json.dumps(config, indent=2))

@@ -113,15 +113,19 @@ def _generate_job(model_dir: Path, graphs: bool, _rank: int, backend: LlmBackend
     return generate(model_dir, backend, graphs)
 
 
-def test_ranks_match_one_rank_dense_from_a_sharded_index_and_block_fp8(tmp_path: Path) -> None:
-    """One group of two ranks runs both models (one process start per rank for both)."""
+def test_ranks_match_one_rank_dense_from_a_sharded_index_with_biases_and_block_fp8(tmp_path: Path) -> None:
+    """One group of two ranks runs the three models (one process start per rank for all): dense Llama from a
+    sharded index, the same with a bias on every projection (split with a column-parallel output, added once after
+    a row-parallel reduce), and block FP8 Qwen3."""
     dense = write_checkpoint(tmp_path / "dense", None, DENSE, seed=3, files=3)
+    biased = write_checkpoint(tmp_path / "biased", None, DENSE._replace(bias=True), seed=6)
     fp8_dense = write_checkpoint(tmp_path / "fp8-dense", None, FP8, seed=4)
     fp8 = tmp_path / "fp8"
     write_quantized(load_file(str(fp8_dense / "model.safetensors")),
                     json.loads((fp8_dense / "config.json").read_text()), fp8, fp8_config((128, 128)), torch.float32)
-    ranks = run_ranks(2, _cpu, functools.partial(_generate_each, (dense, fp8)), tmp_path)
-    for i, model_dir in enumerate((dense, fp8)):
+    models = (dense, biased, fp8)
+    ranks = run_ranks(2, _cpu, functools.partial(_generate_each, models), tmp_path)
+    for i, model_dir in enumerate(models):
         assert_like_one_rank(generate(model_dir, CpuBackend()), [result[i] for result in ranks])
 
 
