@@ -172,7 +172,8 @@ def test_start_up_refuses_awq_and_fp8_blocks_a_rank_would_cut(tmp_path: Path) ->
         check_tensor_parallel(spec, 2)
     check_tensor_parallel(spec, 1)
     fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-    spec = read_spec(write_checkpoint(tmp_path / "fp8", None, FP8, seed=1, config_overrides={"quantization_config": fp8}))
+    spec = read_spec(write_checkpoint(tmp_path / "fp8", None, FP8, seed=1,
+                                      config_overrides={"quantization_config": fp8}))
     check_tensor_parallel(spec, 2)
     with pytest.raises(ValueError) as err:
         check_tensor_parallel(spec, 4)

@@ -3,8 +3,8 @@
 torch.distributed's NCCL collectives are capturable in CUDA graphs once the communicator exists: the group is
 created eagerly on this rank's device and warmed up with one all-reduce before any capture, and every rank
 captures (and replays) the same collectives in the same order because the ranks run the same steps in lockstep.
-NVLink SHARP (NVLS) multicast, CollNet and symmetric-memory multicast stay off: multicast objects are a scarce, shared driver resource that
-has wedged multi-GPU hosts, and ring/tree all-reduce is what these message sizes need."""
+NVLink multicast stays off in NCCL (NVLS, and CollNet), PyTorch's symmetric memory and NVSHMEM: a program that
+uses it can put a host's shared GPUs out of service, and ring/tree all-reduce serves these message sizes."""
 
 from __future__ import annotations
 

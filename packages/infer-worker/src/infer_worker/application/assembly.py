@@ -167,7 +167,8 @@ def build_runner(config: Config, backend: LlmBackend, model: CausalLM, caches: l
 
 def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Path, max_model_len: int,
              progress: Progress, fault: str | None = None, fault_kind: str | None = None,
-             tokenizer_info: TokenizerInfoFactory | None = None, agree_blocks: AgreeBlocks | None = None) -> ReadyWorker:
+             tokenizer_info: TokenizerInfoFactory | None = None,
+             agree_blocks: AgreeBlocks | None = None) -> ReadyWorker:
     """The ready worker for `model` (loaded on `backend` in `backend.default_dtype()`); `max_model_len` is
     `context_limit`'s, and may be lowered to what the KV cache holds. `fault`, `fault_kind`: the test-only
     fault injection's environment values (`application/fault_injection.py`); `tokenizer_info`: xgrammar's view of
@@ -178,7 +179,8 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     world = backend.ops.collective.world_size
     kv_heads = local_kv_heads(spec, world)
     geometry = KvGeometry(spec.num_layers, kv_heads, spec.head_dim, config.block_size, dtype.itemsize)
-    num_blocks = (agree_blocks or _alone)(choose_num_blocks(config, backend, model, dtype, geometry, max_model_len, progress))
+    num_blocks = choose_num_blocks(config, backend, model, dtype, geometry, max_model_len, progress)
+    num_blocks = (agree_blocks or _alone)(num_blocks)
     if num_blocks * config.block_size < 2 * config.block_size:
         raise StartupError(f"KV cache too small: {num_blocks} blocks of {config.block_size} tokens")
     max_model_len = fit_context_to_cache(config, max_model_len, num_blocks, progress)

@@ -18,12 +18,12 @@ class GatedMlp:
     ) -> None:
         gate_up = (("gate_proj", intermediate_size), ("up_proj", intermediate_size))
         self.gate_up_proj = MergedLinear(
-            ops, hidden_size, gate_up, bias, dtype, device, quant.fused_scheme(("gate_proj", "up_proj")), quant.name(""),
-            Parallel.COLUMN,
+            ops, hidden_size, gate_up, bias, dtype, device, quant.fused_scheme(("gate_proj", "up_proj")),
+            quant.name(""), Parallel.COLUMN,
         )
         self.down_proj = Linear.allocate(
-            ops, intermediate_size, hidden_size, bias, dtype, device, quant.scheme("down_proj"), quant.name("down_proj"),
-            Parallel.ROW,
+            ops, intermediate_size, hidden_size, bias, dtype, device, quant.scheme("down_proj"),
+            quant.name("down_proj"), Parallel.ROW,
         )
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
