@@ -28,6 +28,7 @@ from infer_worker.components.mixer import TokenMixer
 from infer_worker.components.mlp import GatedMlp
 from infer_worker.components.norm import RMSNorm
 from infer_worker.components.rotary import cos_sin_cache
+from infer_worker.components.sharding import Parallel
 from infer_worker.components.weights import WeightSlots, prefixed
 from infer_worker.models.causal_lm import KvCaches
 from infer_worker.models.spec import FULL_ATTENTION, LINEAR_ATTENTION, ModelSpec
@@ -53,9 +54,9 @@ class LlamaForCausalLM:
         # Tied embeddings: the head *is* the embedding tensor, so there is nothing separate to load. The head and
         # the embedding stay dense in every quantized format.
         self.lm_head = (
-            Linear(ops, LinearWeight.dense(self.embed_tokens.weight))
+            Linear(ops, LinearWeight.dense(self.embed_tokens.weight), parallel=Parallel.VOCAB)
             if spec.tie_word_embeddings
-            else Linear.allocate(ops, spec.hidden_size, spec.vocab_size, False, dtype, device)
+            else Linear.allocate(ops, spec.hidden_size, spec.vocab_size, False, dtype, device, parallel=Parallel.VOCAB)
         )
         self._slots = self.weight_slots()
 
