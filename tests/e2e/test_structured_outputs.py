@@ -6,6 +6,7 @@ max_tokens: every constrained step runs synchronously (see docs/architecture.md)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
@@ -132,3 +133,36 @@ def test_tools_are_still_refused(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,
                                        tools=[tool])  # type: ignore[list-item]
+
+
+def test_structured_outputs_regex_and_choice(client: openai.OpenAI) -> None:
+    ask = [{"role": "user", "content": "Give a phone number."}]
+    regex = client.chat.completions.create(model=MODEL, messages=ask, temperature=0.9, seed=1, max_tokens=20,
+                                           extra_body={"structured_outputs": {"regex": r"\+33 [1-9]( [0-9]{2}){4}"}})
+    assert re.fullmatch(r"\+33 [1-9]( [0-9]{2}){4}", regex.choices[0].message.content or "")
+    assert regex.choices[0].finish_reason == "stop"
+    choices = ["Paris", "Rome", 'the "big" apple']
+    picked = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=10,
+                                       extra_body={"structured_outputs": {"choice": choices}})
+    assert picked.choices[0].text in choices
+
+
+def test_structured_outputs_ebnf_grammar_streamed(client: openai.OpenAI) -> None:
+    grammar = 'root ::= "The answer is " ("yes" | "no") "."'
+    stream = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=1.0, seed=5, max_tokens=20,
+                                            stream=True, extra_body={"structured_outputs": {"grammar": grammar}})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text in ("The answer is yes.", "The answer is no.")
+
+
+@pytest.mark.parametrize("structured_outputs,problem", [
+    ({"regex": "(("}, "parenthesis is not closed"),
+    ({"grammar": "root ::= undefined_rule"}, "undefined_rule"),
+])
+def test_a_regex_or_grammar_the_engine_refuses_is_400_naming_it(client: openai.OpenAI, structured_outputs: dict,
+                                                                 problem: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=problem) as info:
+        client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,
+                                       extra_body={"structured_outputs": structured_outputs})
+    error = info.value.body
+    assert isinstance(error, dict) and error["param"] == "structured_outputs" and error["code"] == "invalid_grammar"
