@@ -128,13 +128,6 @@ def test_a_schema_the_grammar_engine_refuses_is_400(client: openai.OpenAI) -> No
                                        response_format=bad)  # type: ignore[arg-type]
 
 
-def test_tools_are_still_refused(client: openai.OpenAI) -> None:
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    with pytest.raises(openai.BadRequestError, match="tools"):
-        client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,
-                                       tools=[tool])  # type: ignore[list-item]
-
-
 def test_structured_outputs_regex_and_choice(client: openai.OpenAI) -> None:
     ask = [{"role": "user", "content": "Give a phone number."}]
     regex = client.chat.completions.create(model=MODEL, messages=ask, temperature=0.9, seed=1, max_tokens=20,

@@ -66,6 +66,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         description="with api_key: /metrics and /metrics/system need the key too")] = False
     allow_special_tokens_in_content: Annotated[bool, Meta(
         description="chat content may write control tokens such as <|im_end|> (unsafe: forged turns)")] = False
+    tool_call_parser: Annotated[Literal["auto", "hermes", "llama3_json", "none"], Meta(
+        description="how tool calls are read from the output: hermes (<tool_call>{...}</tool_call>), llama3_json "
+                    "({\"name\", \"parameters\"}), none (tools refused), auto (from the chat template's text)")] = "auto"
     # scheduling
     max_batch_tokens: Annotated[int, Meta(
         description="token budget of one step (decode tokens + prefill chunk tokens)")] = 8192

@@ -90,10 +90,6 @@ def check_chat_request(req: ChatCompletionRequest) -> None:
     _check_common(req)
     if req.top_logprobs and not req.logprobs:
         raise invalid_request("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
-    if req.tools:
-        raise unsupported("tools")
-    if req.tool_choice not in (None, "none"):
-        raise unsupported("tool_choice")
     if req.functions:
         raise unsupported("functions")
     if req.function_call not in (None, "none"):
@@ -135,13 +131,10 @@ def _message_text(message: ChatMessage, index: int) -> str:
 
 
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
-    """Chat messages as the dicts a HF chat template expects (content always a string)."""
+    """Chat messages as the dicts a HF chat template expects (content always a string); their tool calls and tool
+    results are added by `infer_server.tools.tool_turn`."""
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
-        if message.role == "tool" or message.tool_call_id is not None:
-            raise unsupported(f"messages[{i}]", "tool messages (tools are not supported)")
-        if message.tool_calls:
-            raise unsupported(f"messages[{i}].tool_calls")
         role = "system" if message.role == "developer" else message.role  # OpenAI's newer name for it
         item: dict[str, Any] = {"role": role, "content": _message_text(message, i)}
         if message.name is not None:
