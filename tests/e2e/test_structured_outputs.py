@@ -96,15 +96,28 @@ def test_json_object(client: openai.OpenAI) -> None:
         assert choice.finish_reason == "length" and (choice.message.content or "").startswith("{")
 
 
+TOOL = {"type": "function", "function": {"name": "pick", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"]}}}
+
+
 def test_free_requests_next_to_constrained_ones_keep_their_tokens(client: openai.OpenAI) -> None:
+    """Constrained rows of every kind (a schema, a regex, a forced tool call) batched with free ones."""
     free = {"model": MODEL, "messages": PERSON, "temperature": 0, "max_tokens": 24}
     alone = client.chat.completions.create(**free).choices[0].message.content  # type: ignore[call-overload]
-    with ThreadPoolExecutor(4) as pool:
-        constrained = [pool.submit(client.chat.completions.create, **{**free, "temperature": 1.0},
-                                   response_format=FORMAT, seed=i) for i in range(2)]  # type: ignore[call-overload]
+    sampled = {**free, "temperature": 1.0}
+    with ThreadPoolExecutor(5) as pool:
+        constrained = [
+            pool.submit(client.chat.completions.create, **sampled, response_format=FORMAT, seed=1),  # type: ignore
+            pool.submit(client.chat.completions.create, **sampled, seed=2,  # type: ignore[call-overload]
+                        extra_body={"structured_outputs": {"regex": "[a-z]{3,9}"}}),
+            pool.submit(client.chat.completions.create, **sampled, seed=3, tools=[TOOL],  # type: ignore
+                        tool_choice="required"),
+        ]
         mixed = [pool.submit(client.chat.completions.create, **free) for _ in range(2)]  # type: ignore[call-overload]
-        for f in constrained:
-            f.result()  # (24 tokens may cut the object: only the free rows are compared)
+        # (24 tokens may cut the object: only the free rows are compared)
+        assert re.fullmatch("[a-z]{3,9}", constrained[1].result().choices[0].message.content or "")
+        assert constrained[2].result().choices[0].message.tool_calls
+        constrained[0].result()
         assert [f.result().choices[0].message.content for f in mixed] == [alone, alone]
 
 
