@@ -42,12 +42,24 @@ def client(smol_cluster: ServedCluster) -> Iterator[openai.OpenAI]:
 
 
 def test_json_schema_chat_validates(client: openai.OpenAI) -> None:
-    """Greedy here, sampled in the streamed test below (each of these costs a few seconds on a loaded CI core)."""
+    """Greedy, streamed and not (the same text); sampled in the tests below (each of these costs a few seconds on a
+    loaded CI core)."""
     resp = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0, seed=7,
                                           max_tokens=80, response_format=FORMAT)  # type: ignore[arg-type]
     choice = resp.choices[0]
     jsonschema_rs.validate(SCHEMA, json.loads(choice.message.content or ""))
     assert choice.finish_reason == "stop"
+    stream = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0, seed=7, max_tokens=80,
+                                            response_format=FORMAT, stream=True)  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == choice.message.content
+
+
+def test_json_schema_sampled_choices_validate(client: openai.OpenAI) -> None:
+    resp = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=1.0, seed=9, n=2,
+                                          max_tokens=80, response_format=FORMAT)  # type: ignore[arg-type]
+    for choice in resp.choices:
+        jsonschema_rs.validate(SCHEMA, json.loads(choice.message.content or ""))
+        assert choice.finish_reason == "stop"
 
 
 def test_json_schema_streamed_matches_and_validates(client: openai.OpenAI) -> None:

@@ -137,6 +137,8 @@ def _req(**fields: Any) -> ChatCompletionRequest:
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice",
      "cannot follow"),
     ({"tools": TOOLS, "tool_choice": "required", "ignore_eos": True}, "ignore_eos", "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": f"f{i}", "parameters": {"enum": ["x" * 1000]}}}
+                for i in range(70)], "tool_choice": "required"}, "tools", "at most"),
 ])
 def test_bad_tools_are_400_naming_the_field(fields: dict[str, Any], param: str, message: str) -> None:
     with pytest.raises(ApiError) as info:

@@ -262,10 +262,11 @@ def check_schema(schema: Any, where: str) -> None:
 def _canonical(schema: Any, where: str) -> str:
     """A checked schema as the canonical JSON text the worker compiles (and caches by)."""
     check_schema(schema, where)
-    return _bounded(json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False), where)
+    return bounded(json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False), where)
 
 
-def _bounded(text: str, where: str) -> str:
+def bounded(text: str, where: str) -> str:
+    """A grammar's text, or a 400 when it is too large to compile for one request."""
     if len(text) > MAX_SCHEMA_CHARS:
         raise invalid_request(f"'{where}' is {len(text)} characters; at most {MAX_SCHEMA_CHARS} are accepted",
                               param=_param_of(where))
@@ -329,15 +330,15 @@ def structured_outputs_grammar(so: StructuredOutputsParams | None,
     if so.regex is not None:
         if not so.regex:
             raise invalid_request(f"'{where}' must not be empty", param="structured_outputs")
-        return StructuredOutput(kind="regex", schema=_bounded(so.regex, where))
+        return StructuredOutput(kind="regex", schema=bounded(so.regex, where))
     if so.choice is not None:
         if not so.choice:
             raise invalid_request(f"'{where}' must not be empty", param="structured_outputs")
-        return StructuredOutput(kind="grammar", schema=_bounded(choice_grammar(so.choice), where))
+        return StructuredOutput(kind="grammar", schema=bounded(choice_grammar(so.choice), where))
     if so.grammar is not None:
         if not so.grammar.strip():
             raise invalid_request(f"'{where}' must not be empty", param="structured_outputs")
-        return StructuredOutput(kind="grammar", schema=_bounded(so.grammar, where))
+        return StructuredOutput(kind="grammar", schema=bounded(so.grammar, where))
     return StructuredOutput(kind="json_object")
 
 

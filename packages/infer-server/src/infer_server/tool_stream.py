@@ -8,7 +8,6 @@ text outside the calls streams as `content`. A choice that made calls and stoppe
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
 from infer_server.tool_calls import ArgumentsDelta, CallStart, ContentDelta, Event, ParsedOutput, ToolCallStream
@@ -23,24 +22,21 @@ def finish_reason(reason: str, made_calls: bool) -> str:
     return "tool_calls" if made_calls and reason == "stop" else reason
 
 
-@dataclass(slots=True)
 class ChoiceTools:
     """One streamed choice: text in, chunk deltas out."""
 
-    output: ToolOutput
-    _reader: ToolCallStream | None = None
-    calls: int = 0
-    _ids: list[str] = field(default_factory=list)
+    __slots__ = ("output", "calls", "_reader", "_ids")
 
-    def __post_init__(self) -> None:
-        self._reader = self.output.format.stream()
+    def __init__(self, output: ToolOutput) -> None:
+        self.output = output
+        self.calls = 0  # calls started (those kept: the first only without parallel_tool_calls)
+        self._reader: ToolCallStream = output.format.stream()
+        self._ids: list[str] = []
 
     def feed(self, text: str) -> list[dict[str, Any]]:
-        assert self._reader is not None
         return self._deltas(self._reader.feed(text))
 
     def finish(self) -> list[dict[str, Any]]:
-        assert self._reader is not None
         return self._deltas(self._reader.finish())
 
     def _deltas(self, events: list[Event]) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from infer_protocol.messages import StructuredOutput
 from infer_server.chat_template import ChatTemplate
 from infer_server.errors import invalid_request, unsupported
 from infer_server.openai_models import ChatCompletionRequest, ChatMessage
-from infer_server.params import RequestGrammar, check_grammar_fields, check_schema, request_grammar
+from infer_server.params import RequestGrammar, bounded, check_grammar_fields, check_schema, request_grammar
 from infer_server.tool_calls import FORMATS, ToolCallFormat, resolve
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
@@ -146,7 +146,8 @@ def _forcing(fmt: ToolCallFormat, tools: Sequence[dict[str, Any]], only_one: boo
     tag = {"type": "structural_tag", "format": {"type": "tags_with_separator", "tags": tags,
                                                 "separator": fmt.separator, "at_least_one": True,
                                                 "stop_after_first": only_one}}
-    return StructuredOutput(kind="structural_tag", schema=json.dumps(tag, sort_keys=True, ensure_ascii=False))
+    return StructuredOutput(kind="structural_tag",
+                            schema=bounded(json.dumps(tag, sort_keys=True, ensure_ascii=False), "tools"))
 
 
 def plan_tools(req: ChatCompletionRequest, setting: str, template: ChatTemplate | None) -> ToolPlan:

@@ -11,11 +11,8 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
-
-_OPENERS = {"{": "}", "[": "]"}
-
 
 class ContentDelta(NamedTuple):
     text: str
@@ -46,29 +43,44 @@ class ParsedOutput:
     calls: tuple[ToolCall, ...]
 
 
-def json_value_end(text: str, start: int) -> int | None:
-    """The index just past the JSON object or array that opens at `text[start]`, or None while it is incomplete.
-    A scanner of brackets outside strings: it finds the end, json.loads judges the validity."""
-    depth = 0
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
+@dataclass(slots=True)
+class JsonEnd:
+    """Finds where the JSON object or array opening at `start` ends, in a text that grows: each `scan` goes on
+    from where the last one stopped (a stream's text is scanned once, not once per token). A scanner of brackets
+    outside strings: it finds the end, json.loads judges the validity."""
+
+    start: int
+    _pos: int = -1
+    _depth: int = 0
+    _in_string: bool = False
+    _escaped: bool = False
+    end: int | None = None  # just past the value, once it closed
+
+    def scan(self, text: str) -> int | None:
+        if self.end is not None:
+            return self.end
+        i = max(self._pos, self.start)
+        while i < len(text):
+            ch = text[i]
+            i += 1
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
             elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self.end = i
+                    break
+        self._pos = i
+        return self.end
 
 
 # `{"name": "<name>", "arguments": ` (or "parameters", Llama 3's key), the name first: then the arguments stream.
@@ -96,26 +108,27 @@ class CallReader:
 
     index: int
     started: bool = False  # CallStart emitted
-    _args_at: int = -1  # where the arguments' text begins in the body (-1: not streaming them)
+    _args: JsonEnd | None = None  # the arguments object, once the name came first (then they stream)
     _sent: int = 0  # characters of the arguments' text emitted
+    _object: JsonEnd = field(default_factory=lambda: JsonEnd(0))
     end: int | None = None  # just past the object, once it closed
     valid: bool = False  # the closed object is a call
 
     def read(self, body: str) -> list[Event]:
-        """`body`: the call's text so far, from its `{`."""
+        """`body`: the call's text so far, from its `{` (it only grows between calls)."""
         events: list[Event] = []
-        if self.end is None:
-            self.end = json_value_end(body, 0)
+        self.end = self._object.scan(body)
         if not self.started:
             head = _CALL_HEAD.match(body)
             if head is not None and head.end() < len(body) and body[head.end()] == "{":
                 events.append(CallStart(self.index, json.loads(f'"{head.group(1)}"')))
-                self.started, self._args_at = True, head.end()
-        if self._args_at >= 0:
-            stop = json_value_end(body, self._args_at) or len(body)
-            if stop > self._args_at + self._sent:
-                events.append(ArgumentsDelta(self.index, body[self._args_at + self._sent:stop]))
-                self._sent = stop - self._args_at
+                self.started, self._args = True, JsonEnd(head.end())
+        if self._args is not None:
+            start = self._args.start
+            stop = self._args.scan(body) or len(body)
+            if stop > start + self._sent:
+                events.append(ArgumentsDelta(self.index, body[start + self._sent:stop]))
+                self._sent = stop - start
         if self.end is not None and not self.valid:
             decoded = _decode_call(body[: self.end])
             self.valid = decoded is not None or self.started
