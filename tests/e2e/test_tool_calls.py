@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema_rs
 import openai
+import pydantic
 import pytest
 
 from tests.e2e.cluster import ServedCluster
@@ -54,13 +55,29 @@ def test_a_named_tool_choice_gives_a_valid_call(client: openai.OpenAI) -> None:
     _valid("get_weather", call.function.arguments)
 
 
-@pytest.mark.parametrize("parallel", [True, False])
-def test_required_gives_valid_calls(client: openai.OpenAI, parallel: bool) -> None:
+class Weather(pydantic.BaseModel):
+    city: Literal["Paris", "Rome", "Oslo"]
+    days: int = pydantic.Field(ge=1, le=7)
+
+
+def test_sdk_parse_with_a_pydantic_function_tool(client: openai.OpenAI) -> None:
+    """The SDK's strict tool (additionalProperties false) parsed back into the pydantic model."""
+    completions = client.chat.completions
+    parse = getattr(completions, "parse", None) or client.beta.chat.completions.parse  # newer SDKs: out of beta
+    resp = parse(model=MODEL, messages=ASK, temperature=0, max_tokens=60,
+                 tools=[openai.pydantic_function_tool(Weather, name="get_weather")],
+                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls = resp.choices[0].message.tool_calls or []
+    assert len(calls) == 1 and isinstance(calls[0].function.parsed_arguments, Weather)
+
+
+def test_required_gives_valid_calls(client: openai.OpenAI) -> None:
+    """Sampled, parallel calls allowed (the streamed test below forces a single one)."""
     resp = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
-                                          temperature=1.0, seed=11, max_tokens=120, parallel_tool_calls=parallel)
+                                          temperature=1.0, seed=11, max_tokens=120)
     choice = resp.choices[0]
     calls = choice.message.tool_calls or []
-    assert choice.finish_reason == "tool_calls" and calls and (parallel or len(calls) == 1)
+    assert choice.finish_reason == "tool_calls" and calls
     for call in calls:
         _valid(call.function.name, call.function.arguments)
     assert len({c.id for c in calls}) == len(calls)
