@@ -86,10 +86,15 @@ def test_required_gives_valid_calls(client: openai.OpenAI) -> None:
 def test_streamed_tool_call_deltas_assemble_into_valid_json(client: openai.OpenAI) -> None:
     stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required",
                                             temperature=0.7, seed=4, max_tokens=120, stream=True,
-                                            parallel_tool_calls=False)
+                                            parallel_tool_calls=False, logprobs=True,
+                                            stream_options={"include_usage": True})
     calls: dict[int, dict[str, str]] = {}
-    reasons, fragments = [], 0
+    reasons, fragments, logprobs, usage = [], 0, 0, None
     for chunk in stream:
+        if not chunk.choices:
+            usage = chunk.usage
+            continue
+        logprobs += len(chunk.choices[0].logprobs.content or []) if chunk.choices[0].logprobs else 0
         delta = chunk.choices[0].delta
         for part in delta.tool_calls or []:
             if part.id is not None:  # the first delta of a call: id, type and name, then argument fragments only
@@ -102,6 +107,8 @@ def test_streamed_tool_call_deltas_assemble_into_valid_json(client: openai.OpenA
         if chunk.choices[0].finish_reason:
             reasons.append(chunk.choices[0].finish_reason)
     assert reasons == ["tool_calls"] and list(calls) == [0] and fragments > 1
+    # every token's logprob rides on some chunk, text the parser held back included (the stop token's aside)
+    assert usage is not None and logprobs in (usage.completion_tokens - 1, usage.completion_tokens)
     _valid(calls[0]["name"], calls[0]["arguments"])
 
 
