@@ -87,6 +87,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
                     "else only data: URLs are served")] = False
     image_url_timeout_secs: Annotated[float, Meta(
         description="with allow_image_urls: the time limit of one image fetch (connect to last byte)")] = 10.0
+    tool_call_parser: Annotated[Literal["auto", "hermes", "llama3_json", "none"], Meta(
+        description="how tool calls are read from the output: hermes (<tool_call>{...}</tool_call>), llama3_json "
+                    "({\"name\", \"parameters\"}), none (tools refused), auto (from the chat template's text)")] = "auto"
     # scheduling
     max_batch_tokens: Annotated[int, Meta(
         description="token budget of one step (decode tokens + prefill chunk tokens)")] = 8192
