@@ -130,8 +130,8 @@ def test_errors(client: openai.OpenAI) -> None:
 
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=1,
-                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
-    assert bad.value.code == "unsupported_parameter" and bad.value.param == "tools"
+                                       tools=[{"type": "function", "function": {"name": "f", "parameters": []}}])
+    assert bad.value.code == "invalid_value" and bad.value.param == "tools"
 
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(model=MODEL, messages=FRANCE, max_tokens=0)

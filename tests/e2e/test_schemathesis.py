@@ -40,9 +40,11 @@ CORE = {
     "seed", "stop", "stop_token_ids", "n", "stream", "stream_options", "ignore_eos", "min_tokens",
     "skip_special_tokens", "return_token_ids", "user", "add_generation_prompt", "tokens", "add_special_tokens",
 }
-# refused with a 400 whatever their value (or any value but a neutral one), or (response_format) a grammar compiled
-# per case, too dear to fuzz (tests/server/test_response_format.py covers its 400s): `shaped` drops them
-REFUSED = {"tools", "tool_choice", "functions", "function_call", "response_format", "suffix", "best_of"}
+# refused with a 400 whatever their value (or any value but a neutral one), or (response_format, structured_outputs,
+# tools) a grammar compiled per case, too dear to fuzz (tests/server/test_response_format.py and test_tool_calls.py
+# cover their 400s): `shaped` drops them
+REFUSED = {"tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "response_format",
+           "structured_outputs", "suffix", "best_of"}
 
 
 def _is_int(value: Any) -> bool:

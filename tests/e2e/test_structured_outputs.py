@@ -6,6 +6,7 @@ max_tokens: every constrained step runs synchronously (see docs/architecture.md)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
@@ -41,12 +42,24 @@ def client(smol_cluster: ServedCluster) -> Iterator[openai.OpenAI]:
 
 
 def test_json_schema_chat_validates(client: openai.OpenAI) -> None:
-    """Greedy here, sampled in the streamed test below (each of these costs a few seconds on a loaded CI core)."""
+    """Greedy, streamed and not (the same text); sampled in the tests below (each of these costs a few seconds on a
+    loaded CI core)."""
     resp = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0, seed=7,
                                           max_tokens=80, response_format=FORMAT)  # type: ignore[arg-type]
     choice = resp.choices[0]
     jsonschema_rs.validate(SCHEMA, json.loads(choice.message.content or ""))
     assert choice.finish_reason == "stop"
+    stream = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0, seed=7, max_tokens=80,
+                                            response_format=FORMAT, stream=True)  # type: ignore[arg-type]
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == choice.message.content
+
+
+def test_json_schema_sampled_choices_validate(client: openai.OpenAI) -> None:
+    resp = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=1.0, seed=9, n=2,
+                                          max_tokens=80, response_format=FORMAT)  # type: ignore[arg-type]
+    for choice in resp.choices:
+        jsonschema_rs.validate(SCHEMA, json.loads(choice.message.content or ""))
+        assert choice.finish_reason == "stop"
 
 
 def test_json_schema_streamed_matches_and_validates(client: openai.OpenAI) -> None:
@@ -95,15 +108,28 @@ def test_json_object(client: openai.OpenAI) -> None:
         assert choice.finish_reason == "length" and (choice.message.content or "").startswith("{")
 
 
+TOOL = {"type": "function", "function": {"name": "pick", "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"]}}}
+
+
 def test_free_requests_next_to_constrained_ones_keep_their_tokens(client: openai.OpenAI) -> None:
+    """Constrained rows of every kind (a schema, a regex, a forced tool call) batched with free ones."""
     free = {"model": MODEL, "messages": PERSON, "temperature": 0, "max_tokens": 24}
     alone = client.chat.completions.create(**free).choices[0].message.content  # type: ignore[call-overload]
-    with ThreadPoolExecutor(4) as pool:
-        constrained = [pool.submit(client.chat.completions.create, **{**free, "temperature": 1.0},
-                                   response_format=FORMAT, seed=i) for i in range(2)]  # type: ignore[call-overload]
+    sampled = {**free, "temperature": 1.0}
+    with ThreadPoolExecutor(5) as pool:
+        constrained = [
+            pool.submit(client.chat.completions.create, **sampled, response_format=FORMAT, seed=1),  # type: ignore
+            pool.submit(client.chat.completions.create, **sampled, seed=2,  # type: ignore[call-overload]
+                        extra_body={"structured_outputs": {"regex": "[a-z]{3,9}"}}),
+            pool.submit(client.chat.completions.create, **sampled, seed=3, tools=[TOOL],  # type: ignore
+                        tool_choice="required"),
+        ]
         mixed = [pool.submit(client.chat.completions.create, **free) for _ in range(2)]  # type: ignore[call-overload]
-        for f in constrained:
-            f.result()  # (24 tokens may cut the object: only the free rows are compared)
+        # (24 tokens may cut the object: only the free rows are compared)
+        assert re.fullmatch("[a-z]{3,9}", constrained[1].result().choices[0].message.content or "")
+        assert constrained[2].result().choices[0].message.tool_calls
+        constrained[0].result()
         assert [f.result().choices[0].message.content for f in mixed] == [alone, alone]
 
 
@@ -127,8 +153,34 @@ def test_a_schema_the_grammar_engine_refuses_is_400(client: openai.OpenAI) -> No
                                        response_format=bad)  # type: ignore[arg-type]
 
 
-def test_tools_are_still_refused(client: openai.OpenAI) -> None:
-    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    with pytest.raises(openai.BadRequestError, match="tools"):
+def test_structured_outputs_regex_and_choice(client: openai.OpenAI) -> None:
+    ask = [{"role": "user", "content": "Give a phone number."}]
+    regex = client.chat.completions.create(model=MODEL, messages=ask, temperature=0.9, seed=1, max_tokens=20,
+                                           extra_body={"structured_outputs": {"regex": r"\+33 [1-9]( [0-9]{2}){4}"}})
+    assert re.fullmatch(r"\+33 [1-9]( [0-9]{2}){4}", regex.choices[0].message.content or "")
+    assert regex.choices[0].finish_reason == "stop"
+    choices = ["Paris", "Rome", 'the "big" apple']
+    picked = client.completions.create(model=MODEL, prompt="The capital of France is", temperature=0, max_tokens=10,
+                                       extra_body={"structured_outputs": {"choice": choices}})
+    assert picked.choices[0].text in choices
+
+
+def test_structured_outputs_ebnf_grammar_streamed(client: openai.OpenAI) -> None:
+    grammar = 'root ::= "The answer is " ("yes" | "no") "."'
+    stream = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=1.0, seed=5, max_tokens=20,
+                                            stream=True, extra_body={"structured_outputs": {"grammar": grammar}})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text in ("The answer is yes.", "The answer is no.")
+
+
+@pytest.mark.parametrize("structured_outputs,problem", [
+    ({"regex": "(("}, "parenthesis is not closed"),
+    ({"grammar": "root ::= undefined_rule"}, "undefined_rule"),
+])
+def test_a_regex_or_grammar_the_engine_refuses_is_400_naming_it(client: openai.OpenAI, structured_outputs: dict,
+                                                                 problem: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=problem) as info:
         client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,
-                                       tools=[tool])  # type: ignore[list-item]
+                                       extra_body={"structured_outputs": structured_outputs})
+    error = info.value.body
+    assert isinstance(error, dict) and error["param"] == "structured_outputs" and error["code"] == "invalid_grammar"

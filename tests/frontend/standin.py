@@ -80,7 +80,10 @@ def create_standin(state: StandInState, *, token_delay: float = 0.06, long_delay
         if "please fail" in last:
             return _error(400, "max_tokens is too large: the stand-in refuses this request", "invalid_request_error")
 
-        if "France" in last:
+        if body.get("tools") and "weather" in last:  # a tool call, streamed as OpenAI does: name, then arguments
+            first = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": ""}}
+            pieces, delay, finish = [first, '{"city": ', '"Paris"}'], token_delay, "tool_calls"
+        elif "France" in last:
             pieces, delay, finish = FRANCE_ANSWER, token_delay, "stop"
         elif "long" in last:
             pieces, delay, finish = [f" word{i}" for i in range(4000)], long_delay, "length"
@@ -103,7 +106,12 @@ def create_standin(state: StandInState, *, token_delay: float = 0.06, long_delay
                     if await request.is_disconnected():
                         state.disconnects.append(rid)
                         return
-                    yield _chunk(rid, {"content": piece})
+                    if isinstance(piece, dict):
+                        yield _chunk(rid, {"tool_calls": [piece]})
+                    elif finish == "tool_calls":
+                        yield _chunk(rid, {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+                    else:
+                        yield _chunk(rid, {"content": piece})
                     sent += 1
                     state.streamed_tokens[rid] = sent
                 yield _chunk(rid, {}, finish)

@@ -4,6 +4,7 @@ widths. Screenshots go to artifacts/frontend/."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -84,6 +85,29 @@ def test_chat_streams_the_answer(page: Any, standin: StandIn) -> None:
     # New chat forgets the conversation.
     page.click("#new-chat")
     assert page.locator(".msg").count() == 0 and page.is_visible("#empty-hint")
+
+
+def test_tool_calls_are_sent_and_shown(page: Any, standin: StandIn) -> None:
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    page.click("summary:has-text('Tools')")
+    page.fill("#tools", json.dumps(tools))
+    page.fill("#prompt", "What is the weather in Paris?")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelector('.msg-assistant')?.dataset.finish !== undefined")
+    reply = last_assistant(page)
+    assert reply.locator(".tool-call").inner_text() == 'get_weather({"city": "Paris"})'
+    assert "finish: tool_calls" in reply.locator(".meta").inner_text()
+    assert standin.state.chat_bodies[-1]["tools"] == tools
+    # The call stays in the conversation: the next request carries it as the assistant's turn.
+    page.fill("#prompt", "thanks")
+    page.keyboard.press("Enter")
+    page.wait_for_function("document.querySelectorAll('.msg-assistant .meta')[1]?.textContent.includes('finish')")
+    assert standin.state.chat_bodies[-1]["messages"][1] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}
+    page.fill("#tools", "[not json")
+    page.fill("#prompt", "again")
+    page.keyboard.press("Enter")
+    assert "Tools: not valid JSON" in page.locator(".api-error").last.inner_text()
 
 
 def test_stop_ends_generation_and_the_server_sees_the_disconnect(page: Any, standin: StandIn) -> None:

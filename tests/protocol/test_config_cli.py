@@ -14,7 +14,6 @@ from infer_protocol.config_cli import FieldSpec, add_config_arguments, field_spe
 
 # Fields whose type-generic example below would be refused or would not differ from the default.
 EXAMPLES: dict[str, tuple[list[str], Any]] = {
-    "tensor_parallel_size": (["--tensor-parallel-size", "1"], 1),  # only 1 is supported: the flag is still parsed
     "api_key": (["--api-key", "12345,key-2"], "12345,key-2"),  # str | list[str]: the text as typed (digits too)
 }
 

@@ -329,7 +329,7 @@ def _bad_cases(tok: Tokenizer) -> list[tuple[str, str, Any, int, str, str | None
         ("unknown field", "/v1/chat/completions", {"messages": USER, "frobnicate": 1}, 400, "unknown_parameter", "frobnicate"),
         ("top_logprobs without logprobs", "/v1/chat/completions", {"messages": USER, "top_logprobs": 2}, 400, "invalid_value", "top_logprobs"),
         ("top_logprobs too large", "/v1/chat/completions", {"messages": USER, "logprobs": True, "top_logprobs": 21}, 400, "invalid_value", "top_logprobs"),
-        ("tools", "/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, 400, "unsupported_parameter", "tools"),
+        ("tools", "/v1/chat/completions", {"messages": USER, "tools": [{"type": "function"}]}, 400, "missing_required_parameter", "tools"),
         ("penalty out of range", "/v1/chat/completions", {"messages": USER, "presence_penalty": 2.5}, 400, "invalid_value", "presence_penalty"),
         ("repetition_penalty 0", "/v1/completions", {"prompt": "x", "repetition_penalty": 0}, 400, "invalid_value", "repetition_penalty"),
         ("completion logprobs too large", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "invalid_value", "logprobs"),

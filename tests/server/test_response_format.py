@@ -11,7 +11,7 @@ import pytest
 from infer_protocol.messages import StructuredOutput
 from infer_server.errors import ApiError
 from infer_server.openai_models import ChatCompletionRequest, CompletionRequest
-from infer_server.params import MAX_SCHEMA_CHARS, structured_output
+from infer_server.params import MAX_SCHEMA_CHARS, choice_grammar, request_grammar, structured_output
 
 
 def _chat(response_format: Any, **fields: Any) -> ChatCompletionRequest:
@@ -76,3 +76,47 @@ def test_refused_combinations(response_format: Any, fields: dict[str, Any], mess
 def test_malformed_formats_fail_validation(response_format: Any) -> None:
     with pytest.raises(ValueError):
         _chat(response_format)
+
+
+def _so(structured_outputs: Any, **fields: Any) -> StructuredOutput | None:
+    req = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "structured_outputs": structured_outputs, **fields})
+    grammar = request_grammar(req)
+    return None if grammar is None else grammar.spec
+
+
+def test_structured_outputs_travel_as_regex_ebnf_or_schema() -> None:
+    assert _so({"regex": "[a-z]+"}) == StructuredOutput(kind="regex", schema="[a-z]+")
+    assert _so({"grammar": 'root ::= "a"'}) == StructuredOutput(kind="grammar", schema='root ::= "a"')
+    assert _so({"json": {"type": "integer"}}) == _so({"json": '{"type": "integer"}'}) == StructuredOutput(
+        kind="json_schema", schema='{"type":"integer"}')
+    assert _so({"json_object": True}) == StructuredOutput(kind="json_object")
+    assert _so(None) is None
+
+
+def test_choice_becomes_an_ebnf_of_json_literals() -> None:
+    spec = _so({"choice": ["yes", 'say "no"', "é\n"]})
+    assert spec == StructuredOutput(kind="grammar", schema='root ::= "yes" | "say \\"no\\"" | "é\\n"')
+    assert choice_grammar(["a"]) == 'root ::= "a"'
+
+
+@pytest.mark.parametrize("structured_outputs,fields,message", [
+    ({}, {}, "exactly one of"),
+    ({"regex": "a", "choice": ["a"]}, {}, "exactly one of"),
+    ({"choice": []}, {}, "structured_outputs.choice' must not be empty"),
+    ({"regex": ""}, {}, "structured_outputs.regex' must not be empty"),
+    ({"json": "{not json"}, {}, "structured_outputs.json' is not JSON"),
+    ({"json": {"type": "strng"}}, {}, "structured_outputs.json.type must be one of"),
+    ({"regex": "a"}, {"ignore_eos": True}, "ignore_eos"),
+    ({"regex": "a"}, {"response_format": {"type": "json_object"}}, "cannot both"),
+])
+def test_structured_outputs_refusals_name_the_field(structured_outputs: Any, fields: dict[str, Any],
+                                                    message: str) -> None:
+    with pytest.raises(ApiError, match=re.escape(message)) as info:
+        _so(structured_outputs, **fields)
+    assert info.value.status == 400 and info.value.param in ("structured_outputs", "ignore_eos")
+
+
+def test_an_unknown_structured_outputs_key_fails_validation() -> None:
+    with pytest.raises(ValueError):
+        _so({"regexp": "a"})

@@ -80,4 +80,4 @@ def load_hybrid(model_dir: Path, backend: LlmBackend, num_blocks: int, block_siz
                 dtype: DType = DType.FLOAT32) -> tuple[CausalLM, ModelCaches]:
     """The model and its per-layer caches (KV pages and state-slot pools) on `backend`."""
     model, spec = load_model(model_dir, backend, dtype, "auto", 0)
-    return model, allocate_caches(backend, spec, num_blocks, block_size, dtype, num_state_slots)
+    return model, allocate_caches(backend, spec, num_blocks, block_size, dtype, num_state_slots, spec.num_kv_heads)

@@ -5,6 +5,7 @@ exactly their unconstrained tokens, and a schema the grammar engine refuses fail
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,37 @@ def test_grammar_rows_follow_the_schema_and_free_rows_keep_their_tokens(model_di
     assert VOCAB[mixed[3][0]] == "{" and all(matcher.accept_token(t) for t in mixed[3])
 
 
+@pytest.mark.parametrize("kind,text,check", [
+    ("regex", "[a-c]{2,4}-[0-9]", lambda out: re.fullmatch("[a-c]{2,4}-[0-9]", out)),
+    ("grammar", 'root ::= "true" | "null" | "x" [0-9]', lambda out: out in ("true", "null") or
+     re.fullmatch("x[0-9]", out)),
+    ("structural_tag", json.dumps({"type": "structural_tag", "format": {
+        "type": "tags_with_separator", "separator": ",", "at_least_one": True, "stop_after_first": True,
+        "tags": [{"type": "tag", "begin": "[", "end": "]", "content": {"type": "json_schema", "json_schema": {
+            "type": "integer", "minimum": 3, "maximum": 7}}}]}}), lambda out: out in [f"[{i}]" for i in range(3, 8)]),
+])
+def test_regex_ebnf_and_structural_tag_grammars(model_dir: Path, kind: str, text: str, check: Any) -> None:
+    row = SamplingParams(temperature=1.0, seed=3, structured=StructuredOutput(kind=kind, schema=text))
+    out, errors = _run(model_dir, [row], 12)
+    assert not errors and check(_text(out[0]))
+
+
+@pytest.mark.parametrize("kind,text", [("regex", "(("), ("grammar", "root ::= undefined_rule"),
+                                       ("structural_tag", '{"type": "structural_tag", "format": {"type": "nope"}}')])
+def test_a_broken_regex_or_grammar_fails_that_request_alone(model_dir: Path, kind: str, text: str) -> None:
+    free = SamplingParams(temperature=0.0)
+    alone, _ = _run(model_dir, [free], 4)
+    mixed, errors = _run(model_dir, [free, SamplingParams(structured=StructuredOutput(kind=kind, schema=text))], 4)
+    assert [(e.seq_id, e.code, e.status) for e in errors] == [(1, "invalid_grammar", 400)]
+    assert "/project/cpp" not in errors[0].message and mixed[0] == alone[0]
+
+
 def test_a_schema_the_engine_refuses_fails_that_request_alone(model_dir: Path) -> None:
     free = SamplingParams(temperature=0.0)
     bad = SamplingParams(temperature=0.0, structured=StructuredOutput(kind="json_schema", schema='{"type": "nope"}'))
     alone, _ = _run(model_dir, [free], 6)
     mixed, errors = _run(model_dir, [free, bad], 6)
-    assert [(e.seq_id, e.code, e.status) for e in errors] == [(1, "invalid_request", 400)]
+    assert [(e.seq_id, e.code, e.status) for e in errors] == [(1, "invalid_grammar", 400)]
     assert mixed[0] == alone[0] and mixed[1] == []
 
 

@@ -139,7 +139,7 @@ class Engine:
              max_blocks_per_seq: int = 32, num_state_slots: int = 8) -> "Engine":
         backend = CpuBackend(device="cpu")
         model, spec = load_model(model_dir, backend, dtype, "auto", 0)
-        caches = allocate_caches(backend, spec, num_blocks, block_size, dtype, num_state_slots)
+        caches = allocate_caches(backend, spec, num_blocks, block_size, dtype, num_state_slots, spec.num_kv_heads)
         runner = ModelRunner(model, backend, caches.per_layer, block_size, max_blocks_per_seq=max_blocks_per_seq,
                              device="cpu", state_pools=caches.state_pools)
         # Pages in a scrambled order, so that a sequence's pages are never contiguous in the cache.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import AbstractContextManager, nullcontext
 from typing import Callable, Sequence
 
@@ -10,7 +11,7 @@ import torch
 from infer_core.dtypes import DType
 from infer_core.ports.backend import GraphRunner, MemoryInfo
 from infer_core.ports.op_ports import OpPorts
-from infer_backend_cpu.collective import SingleProcessCollective
+from infer_backend_cpu.collective import GlooCollective, SingleProcessCollective
 from infer_backend_cpu.fused_ops import CpuFusedOps
 from infer_backend_cpu.gated_delta import CpuGatedDeltaOps
 from infer_backend_cpu.host_memory import host_memory_info
@@ -93,6 +94,9 @@ class CpuBackend:
 
     def synchronize(self) -> None:
         return None  # CPU ops are synchronous
+
+    def join_tensor_parallel(self, timeout_s: float) -> None:
+        self.ops = dataclasses.replace(self.ops, collective=GlooCollective(timeout_s))
 
     def is_fatal_error(self, exc: BaseException) -> bool:
         return False  # host memory only: an exception never leaves state behind that later steps would trip on

@@ -6,6 +6,7 @@ constructed (so `import infer_backend_cuda` works on any machine, and fails nowh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from contextlib import AbstractContextManager
 from typing import Callable, Sequence
@@ -143,6 +144,11 @@ class CudaBackend:
         return torch.cuda.nvtx.range(name)
 
     # -- errors -------------------------------------------------------------------------------------------
+    def join_tensor_parallel(self, timeout_s: float) -> None:
+        from infer_backend_cuda.collective import NcclCollective
+
+        self.ops = dataclasses.replace(self.ops, collective=NcclCollective(self._device, timeout_s))
+
     def is_fatal_error(self, exc: BaseException) -> bool:
         """A CUDA error (a device-side assert, an illegal address, a launch failure) is sticky: the context is
         unusable and every later call fails with it. torch raises it as `torch.AcceleratorError` (2.9+), a

@@ -66,6 +66,14 @@ class QuantScheme:
                 raise ValueError(f"{module}: out_features {out_features} is not a multiple of {AWQ_PACK} "
                                  f"(AWQ packs eight 4-bit columns per int32)")
 
+    def check_split(self, module: str, features: int, dim: int, world: int) -> None:
+        """Tensor parallelism cuts dimension `dim` of `[out, in]` (`features` long) into `world` equal slices;
+        block FP8's scale grid must be cut with it, so each slice must be whole blocks."""
+        if self.method is QuantMethod.FP8_BLOCK and world > 1 and (features // world) % self.block[dim]:
+            side = ("out", "in")[dim]
+            raise ValueError(f"{module}: {side}_features {features} / tensor_parallel_size {world} is not a multiple "
+                             f"of the FP8 block {self.block[dim]} (quantization_config.weight_block_size)")
+
 
 DENSE = QuantScheme()
 

@@ -46,7 +46,15 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     backend: Annotated[str, Meta(
         description="auto, cpu, cuda or any name in the rustinfer.backends entry point group")] = "auto"
     device: Annotated[str, Meta(description="torch device string (cpu, cuda:0); empty = the backend's default")] = ""
-    tensor_parallel_size: Annotated[int, Meta(description="tensor-parallel degree (only 1 is supported for now)")] = 1
+    tensor_parallel_size: Annotated[int, Meta(
+        description="tensor-parallel degree: this many worker ranks (processes) shard the model; on CUDA they use "
+                    "consecutive devices from device")] = 1
+    tp_operation_timeout_secs: Annotated[float, Meta(
+        description="with tensor_parallel_size > 1: a collective or step-plan broadcast between the ranks that "
+                    "takes longer stops the whole rank group (fail-stop)")] = 60.0
+    tp_startup_timeout_secs: Annotated[float, Meta(
+        description="with tensor_parallel_size > 1: every rank must have joined the group and loaded its shard "
+                    "within this long")] = 600.0
     # HTTP
     host: Annotated[str, Meta(description="address the HTTP server binds")] = "127.0.0.1"
     port: Annotated[int, Meta(description="port of the HTTP server")] = 8000
@@ -79,6 +87,9 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
                     "else only data: URLs are served")] = False
     image_url_timeout_secs: Annotated[float, Meta(
         description="with allow_image_urls: the time limit of one image fetch (connect to last byte)")] = 10.0
+    tool_call_parser: Annotated[Literal["auto", "hermes", "llama3_json", "none"], Meta(
+        description="how tool calls are read from the output: hermes (<tool_call>{...}</tool_call>), llama3_json "
+                    "({\"name\", \"parameters\"}), none (tools refused), auto (from the chat template's text)")] = "auto"
     # scheduling
     max_batch_tokens: Annotated[int, Meta(
         description="token budget of one step (decode tokens + prefill chunk tokens)")] = 8192
@@ -164,7 +175,8 @@ def _validate(c: Config) -> None:
                  "max_inflight_requests", "max_request_body_bytes", "request_timeout_secs", "ready_timeout_secs",
                  "heartbeat_interval_secs", "worker_timeout_secs", "scheduler_timeout_secs", "cpu_kv_cache_bytes",
                  "worker_restart_window_secs", "max_images_per_request", "max_image_bytes",
-                 "max_image_pixels", "image_url_timeout_secs"):
+                 "max_image_pixels", "image_url_timeout_secs", "tp_operation_timeout_secs",
+                 "tp_startup_timeout_secs"):
         _positive(name, getattr(c, name))
     _positive("request_body_timeout_secs", c.request_body_timeout_secs)
     for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs",
@@ -183,8 +195,6 @@ def _validate(c: Config) -> None:
         raise ConfigError(f"config field 'capture_tokens' must hold positive sizes, got {c.capture_tokens!r}")
     if not c.cluster_id or not all(ch.isalnum() or ch in "-_" for ch in c.cluster_id):
         raise ConfigError(f"config field 'cluster_id' must be non-empty [A-Za-z0-9_-], got {c.cluster_id!r}")
-    if c.tensor_parallel_size != 1:
-        raise ConfigError("config field 'tensor_parallel_size' > 1 is not supported yet")
 
 
 FIELDS: tuple[str, ...] = Config.__struct_fields__

@@ -21,7 +21,8 @@ import msgspec
 # 8: structured outputs (SamplingParams.structured, StructuredOutput; StepResult.seq_errors, SeqError)
 # 9: state slots of hybrid models (NewSeq.state_slot, Ready.num_state_slots)
 # 10: images (ImageInput; Submit.images, NewSeq.images, ModelInfo.images)
-PROTOCOL_VERSION = 10
+# 11: StructuredOutput kinds regex, grammar (EBNF) and structural_tag (structured_outputs, tool calls)
+PROTOCOL_VERSION = 11
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -32,8 +33,11 @@ class StructuredOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A grammar the output must follow (OpenAI's response_format): the worker compiles it and masks each step's
     logits with it; the request ends when the grammar is complete (its next token can only be a stop token)."""
 
-    kind: str  # "json_object" (any JSON object) or "json_schema" (`schema` holds the JSON Schema)
-    schema: str = ""  # the schema as JSON text (canonical: sorted keys, so equal schemas share one compilation)
+    # "json_object" (any JSON object), "json_schema" (`schema` holds the JSON Schema), "regex" (a regex),
+    # "grammar" (EBNF, root rule `root`) or "structural_tag" (xgrammar's structural tag as JSON: forced tool calls)
+    kind: str
+    # the grammar as text; JSON canonical (sorted keys), so equal schemas share one compilation
+    schema: str = ""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

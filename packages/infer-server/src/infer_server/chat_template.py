@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import jinja2.ext
+import jinja2.meta
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.runtime import Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -60,10 +61,16 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token or ""
         self.eos_token = eos_token or ""
+        env = _environment()
         try:
-            self._template = _environment().from_string(source)
+            self._template = env.from_string(source)
+            self._variables = frozenset(jinja2.meta.find_undeclared_variables(env.parse(source)))
         except TemplateError as exc:
             raise ChatTemplateError(f"the model's chat template does not compile: {exc}") from None
+
+    def reads(self, variable: str) -> bool:
+        """Whether the template reads this render variable (e.g. `tools`: whether it can show tools at all)."""
+        return variable in self._variables
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path, *, bos_token: str | None = None,

@@ -34,8 +34,14 @@ class Delta:
     logprobs: list[TokenLogprob] | None = None
 
 
-def _request_error(err: RequestError) -> ApiError:
+# The worker's codes for a grammar it could not compile (refused, or past its time limit): the request's fault.
+GRAMMAR_ERROR_CODES = frozenset({"invalid_grammar", "grammar_too_complex"})
+
+
+def _request_error(err: RequestError, grammar_param: str | None) -> ApiError:
     status = err.status if 400 <= err.status < 600 else 500
+    if grammar_param is not None and err.code in GRAMMAR_ERROR_CODES:
+        return ApiError(status, f"'{grammar_param}': {err.message}", code=err.code, param=grammar_param)
     return ApiError(status, err.message, code=err.code or None)
 
 
@@ -84,7 +90,7 @@ class Generation:
         event = await self._handle.get()
         if isinstance(event, RequestError):
             self._finish("error")
-            raise _request_error(event)
+            raise _request_error(event, self.params.grammar_param)
         if event.finish_reason in ("abort", "error"):
             self._finish(event.finish_reason)
             if event.finish_reason == "abort":

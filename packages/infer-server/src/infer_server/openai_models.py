@@ -69,6 +69,16 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
+class StructuredOutputsParams(_Strict):
+    """vLLM's `structured_outputs` extension: exactly one of its constraints (checked in params.py)."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")  # a JSON Schema (or its JSON text)
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # EBNF (GBNF), root rule `root`
+    json_object: bool | None = None
+
+
 class GenerationFields(_Strict):
     """Fields shared by both generation endpoints."""
 
@@ -97,6 +107,7 @@ class GenerationFields(_Strict):
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None  # vLLM's extension: sample only among these tokens
     response_format: ResponseFormat | None = None  # OpenAI (chat); vLLM also takes it on completions
+    structured_outputs: StructuredOutputsParams | None = None  # vLLM's extension: regex, choice, grammar, json
 
 
 class ChatCompletionRequest(GenerationFields):

@@ -69,10 +69,13 @@ class ResponseShape:
         return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
 
+    def delta_chunk(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A chat chunk with this delta (`content`, or `tool_calls` fragments)."""
+        return self._chunk({"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None})
+
     def text_chunk(self, index: int, text: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.kind == "chat":
-            return self._chunk({"index": index, "delta": {"content": text}, "logprobs": logprobs,
-                                "finish_reason": None})
+            return self.delta_chunk(index, {"content": text}, logprobs)
         return self._chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None})
 
     def finish_chunk(self, index: int, finish_reason: str, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -100,13 +103,15 @@ class ResponseShape:
         cached_tokens: int,
         token_ids: list[list[int]] | None = None,
         logprobs: list[dict[str, Any] | None] | None = None,
+        messages: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
+        """`messages`: chat choices' messages in place of their text (tool calls read from it)."""
         choices: list[dict[str, Any]] = []
         for i, (text, reason) in enumerate(zip(texts, finish_reasons, strict=True)):
             lp = logprobs[i] if logprobs is not None else None
             if self.kind == "chat":
-                choice = {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": lp,
-                          "finish_reason": reason}
+                message = messages[i] if messages is not None else {"role": "assistant", "content": text}
+                choice = {"index": i, "message": message, "logprobs": lp, "finish_reason": reason}
             else:
                 choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": reason}
             if self.return_token_ids and token_ids is not None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from infer_protocol.config import Config
 from infer_protocol.messages import ImageInput, SamplingParams, StructuredOutput, Submit
@@ -24,6 +25,7 @@ from infer_server.openai_models import (
     GenerationFields,
     ResponseFormat,
     StreamOptions,
+    StructuredOutputsParams,
 )
 from infer_server.openai_responses import UsageReporting
 
@@ -55,6 +57,7 @@ class GenerationParams:
     first_choice: bool = True  # the first of its prompt's n choices (the one its usage's cached tokens come from)
     score_only: bool = False  # completions' max_tokens 0 with echo: one token is generated, none is shown
     images: tuple[ImageInput, ...] = ()  # the prompt's images (their placeholders are in prompt_token_ids)
+    grammar_param: str | None = None  # the request field the grammar came from: its compile errors name it
 
     def submit(self, request_id: str) -> Submit:
         return Submit(
@@ -89,10 +92,6 @@ def check_chat_request(req: ChatCompletionRequest) -> None:
     _check_common(req)
     if req.top_logprobs and not req.logprobs:
         raise invalid_request("'top_logprobs' needs 'logprobs' set to true", param="top_logprobs")
-    if req.tools:
-        raise unsupported("tools")
-    if req.tool_choice not in (None, "none"):
-        raise unsupported("tool_choice")
     if req.functions:
         raise unsupported("functions")
     if req.function_call not in (None, "none"):
@@ -143,13 +142,10 @@ def _message_content(message: ChatMessage, index: int, images: bool) -> str | li
 
 def template_messages(messages: Sequence[ChatMessage], *, images: bool = False) -> list[dict[str, Any]]:
     """Chat messages as the dicts a HF chat template expects (content a string, or with `images` a list of parts
-    for a message that holds an image)."""
+    for a message that holds an image); their tool calls and tool results are added by
+    `infer_server.tools.tool_turn`."""
     out: list[dict[str, Any]] = []
     for i, message in enumerate(messages):
-        if message.role == "tool" or message.tool_call_id is not None:
-            raise unsupported(f"messages[{i}]", "tool messages (tools are not supported)")
-        if message.tool_calls:
-            raise unsupported(f"messages[{i}].tool_calls")
         role = "system" if message.role == "developer" else message.role  # OpenAI's newer name for it
         item: dict[str, Any] = {"role": role, "content": _message_content(message, i, images)}
         if message.name is not None:
@@ -223,50 +219,77 @@ _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
 _COUNTS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
 
 
-def _check_schema(schema: Any, where: str) -> None:
+def _param_of(where: str) -> str:
+    """The request field a path like `tools[0].function.parameters.type` lies in."""
+    return re.split(r"[.\[]", where, maxsplit=1)[0]
+
+
+def check_schema(schema: Any, where: str) -> None:
     """The structural rules of JSON Schema that a grammar needs (the worker's grammar engine refuses what it cannot
     compile with a 400 of its own): a 400 naming the first broken keyword by its path."""
     if isinstance(schema, bool):
         return
     if not isinstance(schema, dict):
-        raise invalid_request(f"{where} must be a JSON Schema (an object or a boolean)", param="response_format")
+        raise invalid_request(f"{where} must be a JSON Schema (an object or a boolean)", param=_param_of(where))
     kind = schema.get("type")
     kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
     if not isinstance(kind, (str, list, type(None))) or any(k not in _JSON_TYPES for k in kinds):
         raise invalid_request(f"{where}.type must be one of {sorted(_JSON_TYPES)} (or a list of them)",
-                              param="response_format")
+                              param=_param_of(where))
     for key in _SUBSCHEMA:
         if key in schema:
-            _check_schema(schema[key], f"{where}.{key}")
+            check_schema(schema[key], f"{where}.{key}")
     for key in _SUBSCHEMA_LISTS:
         if key in schema:
             if not isinstance(schema[key], list) or not schema[key]:
-                raise invalid_request(f"{where}.{key} must be a non-empty array of schemas", param="response_format")
+                raise invalid_request(f"{where}.{key} must be a non-empty array of schemas", param=_param_of(where))
             for i, sub in enumerate(schema[key]):
-                _check_schema(sub, f"{where}.{key}[{i}]")
+                check_schema(sub, f"{where}.{key}[{i}]")
     for key in _SUBSCHEMA_MAPS:
         if key in schema:
             if not isinstance(schema[key], dict):
-                raise invalid_request(f"{where}.{key} must be an object of schemas", param="response_format")
+                raise invalid_request(f"{where}.{key} must be an object of schemas", param=_param_of(where))
             for name, sub in schema[key].items():
-                _check_schema(sub, f"{where}.{key}.{name}")
+                check_schema(sub, f"{where}.{key}.{name}")
     required = schema.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise invalid_request(f"{where}.required must be an array of strings", param="response_format")
+        raise invalid_request(f"{where}.required must be an array of strings", param=_param_of(where))
     if "enum" in schema and (not isinstance(schema["enum"], list) or not schema["enum"]):
-        raise invalid_request(f"{where}.enum must be a non-empty array", param="response_format")
+        raise invalid_request(f"{where}.enum must be a non-empty array", param=_param_of(where))
     for key in _COUNTS:
         value = schema.get(key)
         if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-            raise invalid_request(f"{where}.{key} must be a non-negative integer", param="response_format")
+            raise invalid_request(f"{where}.{key} must be a non-negative integer", param=_param_of(where))
     for low, high in (("minItems", "maxItems"), ("minLength", "maxLength"), ("minimum", "maximum"),
                       ("minProperties", "maxProperties")):
         lo, hi = schema.get(low), schema.get(high)
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and lo > hi:
             raise invalid_request(f"{where}: {low} ({lo}) exceeds {high} ({hi}), so nothing matches",
-                                  param="response_format")
+                                  param=_param_of(where))
     if "$ref" in schema and not isinstance(schema["$ref"], str):
-        raise invalid_request(f"{where}.$ref must be a string", param="response_format")
+        raise invalid_request(f"{where}.$ref must be a string", param=_param_of(where))
+
+
+def _canonical(schema: Any, where: str) -> str:
+    """A checked schema as the canonical JSON text the worker compiles (and caches by)."""
+    check_schema(schema, where)
+    return bounded(json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False), where)
+
+
+def bounded(text: str, where: str) -> str:
+    """A grammar's text, or a 400 when it is too large to compile for one request."""
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise invalid_request(f"'{where}' is {len(text)} characters; at most {MAX_SCHEMA_CHARS} are accepted",
+                              param=_param_of(where))
+    return text
+
+
+def check_grammar_fields(req: GenerationFields, param: str) -> None:
+    """The grammar ends the output by allowing only the stop tokens (EOS): it needs them, unmasked."""
+    if req.ignore_eos:
+        raise unsupported("ignore_eos", f"not with '{param}' (the output ends on EOS once it is complete)")
+    if req.min_tokens:
+        raise unsupported("min_tokens", f"not with '{param}'")
 
 
 def structured_output(fmt: ResponseFormat | None, req: GenerationFields) -> StructuredOutput | None:
@@ -275,11 +298,7 @@ def structured_output(fmt: ResponseFormat | None, req: GenerationFields) -> Stru
         if fmt is not None and fmt.json_schema is not None:
             raise invalid_request("'response_format.json_schema' needs type 'json_schema'", param="response_format")
         return None
-    # The grammar ends the output by allowing only the stop tokens (EOS): it needs them, unmasked.
-    if req.ignore_eos:
-        raise unsupported("ignore_eos", "not with 'response_format' (the output ends on EOS once it is complete)")
-    if req.min_tokens:
-        raise unsupported("min_tokens", "not with 'response_format'")
+    check_grammar_fields(req, "response_format")
     if fmt.type == "json_object":
         if fmt.json_schema is not None:
             raise invalid_request("'response_format.json_schema' needs type 'json_schema'", param="response_format")
@@ -290,12 +309,67 @@ def structured_output(fmt: ResponseFormat | None, req: GenerationFields) -> Stru
     schema = fmt.json_schema.schema_
     if schema is None:  # OpenAI's schema is optional: without one, any JSON object
         return StructuredOutput(kind="json_object")
-    _check_schema(schema, "response_format.json_schema.schema")
-    text = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    if len(text) > MAX_SCHEMA_CHARS:
-        raise invalid_request(f"'response_format.json_schema.schema' is {len(text)} characters of JSON; at most "
-                              f"{MAX_SCHEMA_CHARS} are accepted", param="response_format")
-    return StructuredOutput(kind="json_schema", schema=text)
+    return StructuredOutput(kind="json_schema", schema=_canonical(schema, "response_format.json_schema.schema"))
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """EBNF whose sentences are exactly the choices: JSON string literals are xgrammar's string literals."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def structured_outputs_grammar(so: StructuredOutputsParams | None,
+                               req: GenerationFields) -> StructuredOutput | None:
+    """vLLM's `structured_outputs`: the one constraint it names, or a 400."""
+    if so is None:
+        return None
+    given = [name for name, value in (("json", so.json_), ("regex", so.regex), ("choice", so.choice),
+                                      ("grammar", so.grammar), ("json_object", so.json_object or None))
+             if value is not None]
+    if len(given) != 1:
+        raise invalid_request(f"'structured_outputs' must set exactly one of json, regex, choice, grammar, "
+                              f"json_object (it sets {given or 'none'})", param="structured_outputs")
+    check_grammar_fields(req, "structured_outputs")
+    where = f"structured_outputs.{given[0]}"
+    if so.json_ is not None:
+        schema = so.json_
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise invalid_request(f"'{where}' is not JSON: {exc}", param="structured_outputs") from None
+        return StructuredOutput(kind="json_schema", schema=_canonical(schema, where))
+    if so.regex is not None:
+        if not so.regex:
+            raise invalid_request(f"'{where}' must not be empty", param="structured_outputs")
+        return StructuredOutput(kind="regex", schema=bounded(so.regex, where))
+    if so.choice is not None:
+        if not so.choice:
+            raise invalid_request(f"'{where}' must not be empty", param="structured_outputs")
+        return StructuredOutput(kind="grammar", schema=bounded(choice_grammar(so.choice), where))
+    if so.grammar is not None:
+        if not so.grammar.strip():
+            raise invalid_request(f"'{where}' must not be empty", param="structured_outputs")
+        return StructuredOutput(kind="grammar", schema=bounded(so.grammar, where))
+    return StructuredOutput(kind="json_object")
+
+
+class RequestGrammar(NamedTuple):
+    """The grammar a request's output follows and the request field it came from (named by its errors)."""
+
+    spec: StructuredOutput
+    param: str
+
+
+def request_grammar(req: GenerationFields) -> RequestGrammar | None:
+    """response_format or structured_outputs (not both): what the output must follow."""
+    fmt = structured_output(req.response_format, req)
+    so = structured_outputs_grammar(req.structured_outputs, req)
+    if fmt is not None and so is not None:
+        raise invalid_request("'response_format' and 'structured_outputs' cannot both constrain the output",
+                              param="structured_outputs")
+    if fmt is not None:
+        return RequestGrammar(fmt, "response_format")
+    return RequestGrammar(so, "structured_outputs") if so is not None else None
 
 
 # ------------------------------------------------------------------ limits and sampling
@@ -388,10 +462,12 @@ def build_params(
     logprobs: int | None = None,
     prompt_logprobs: bool = False,
     default_max_tokens: int | None = None,
+    grammar: RequestGrammar | None = None,
 ) -> list[GenerationParams]:
     """One GenerationParams per choice (n), or a 400 naming the offending field. `logprobs`: None = no
     logprobs, k = the sampled token's logprob and the k most likely alternatives per token; `prompt_logprobs`: the
-    same for the prompt tokens (completions' echo with logprobs)."""
+    same for the prompt tokens (completions' echo with logprobs); `grammar`: what the output follows (default: the
+    request's response_format / structured_outputs)."""
     limit = assets.max_model_len
     score_only = max_tokens == 0
     if score_only and not prompt_logprobs:
@@ -422,7 +498,8 @@ def build_params(
     top_p = _requested_or_default(req, assets, "top_p", 1.0)
     min_p = _requested_or_default(req, assets, "min_p", 0.0)
     repetition_penalty = _requested_or_default(req, assets, "repetition_penalty", 1.0)
-    structured = structured_output(req.response_format, req)
+    if grammar is None:
+        grammar = request_grammar(req)
     top_k = int(_requested_or_default(req, assets, "top_k", 0))
     top_k = top_k if top_k > 0 else 0  # -1 and 0 are off
     if top_k >= (assets.vocab_size or 2**31):
@@ -445,7 +522,7 @@ def build_params(
             logit_bias=logit_bias,
             allowed_token_ids=allowed,
             prompt_logprobs=prompt_logprobs,
-            structured=structured,
+            structured=grammar.spec if grammar is not None else None,
         )
         out.append(
             GenerationParams(
@@ -460,6 +537,7 @@ def build_params(
                 skip_special_tokens=req.skip_special_tokens,
                 first_choice=i == 0,
                 score_only=score_only,
+                grammar_param=grammar.param if grammar is not None else None,
             )
         )
     return out

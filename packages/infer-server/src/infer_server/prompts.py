@@ -29,6 +29,8 @@ from infer_server.model_assets import ModelAssets
 from infer_server.openai_models import ChatMessage
 from infer_server.params import check_text_fits, template_messages
 from infer_server.tokenizer import Tokenizer
+from infer_server.tool_calls import FORMATS
+from infer_server.tools import ToolRendering, rendering_for, tool_turn, with_tools_prompt
 
 T = TypeVar("T")
 
@@ -63,23 +65,30 @@ def _template(assets: ModelAssets) -> ChatTemplate:
     return template
 
 
-def _render(template: ChatTemplate, msgs: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+def _render(template: ChatTemplate, msgs: list[dict[str, Any]], add_generation_prompt: bool,
+            extra: dict[str, Any]) -> str:
     try:
-        return template.render(msgs, add_generation_prompt=add_generation_prompt)
+        return template.render(msgs, add_generation_prompt=add_generation_prompt, **extra)
     except ChatTemplateError as exc:
         raise invalid_request(str(exc), param="messages", code="chat_template_error") from None
 
 
-def chat_prompt_ids(assets: ModelAssets, messages: list[ChatMessage], add_generation_prompt: bool, *,
-                    add_special_tokens: bool = False, literal_content: bool = True,
-                    check_fits: bool = True, images: bool = False) -> list[int]:
+def chat_prompt_ids(assets: ModelAssets, messages: list[ChatMessage], add_generation_prompt: bool,
+                    rendering: ToolRendering | None = None, *, add_special_tokens: bool = False,
+                    literal_content: bool = True, check_fits: bool = True, images: bool = False) -> list[int]:
     """Chat messages -> prompt token ids through the model's template (400 when it has none or it refuses).
-    `literal_content`: special-token text in content stays text; `check_fits`: refuse a text certain to exceed the
-    context before tokenizing it (not for /tokenize, which counts the tokens of any text); `images`: image parts go
-    to the template, which writes one placeholder token for each (else they are refused)."""
+    `rendering`: how the tools and tool turns reach the template (default: no tools, Hermes-style tool turns for a
+    template without its own); `literal_content`: special-token text in content stays text; `check_fits`: refuse a
+    text certain to exceed the context before tokenizing it (not for /tokenize, which counts the tokens of any
+    text); `images`: image parts go to the template, which writes one placeholder token for each (else they are
+    refused)."""
     template = _template(assets)
-    msgs = template_messages(messages, images=images)
-    text = _render(template, msgs, add_generation_prompt)
+    rendering = rendering or rendering_for(template, FORMATS["hermes"])
+    msgs = [tool_turn(m, i, item, rendering)
+            for i, (m, item) in enumerate(zip(messages, template_messages(messages, images=images), strict=True))]
+    msgs = with_tools_prompt(msgs, rendering)
+    extra = {"tools": list(rendering.tools)} if rendering.tools and rendering.native_tools else {}
+    text = _render(template, msgs, add_generation_prompt, extra)
     if check_fits:
         check_text_fits(text, assets, what="messages", param="messages")
     tok = assets.tokenizer
@@ -93,15 +102,15 @@ def chat_prompt_ids(assets: ModelAssets, messages: list[ChatMessage], add_genera
                                   f"{pattern.search(name).group()!r}", param="messages")  # type: ignore[union-attr]
     if not any(pattern.search(piece) for m in msgs for piece in _texts(m["content"])):
         return tok.encode(text, add_special_tokens=add_special_tokens)
-    ids = literal_content_ids(tok, template, msgs, add_generation_prompt, text)
+    ids = literal_content_ids(tok, template, msgs, add_generation_prompt, text, extra)
     return _with_added_special_tokens(tok, ids) if add_special_tokens else ids
 
 
 def literal_content_ids(tok: Tokenizer, template: ChatTemplate, msgs: list[dict[str, Any]],
-                        add_generation_prompt: bool, text: str) -> list[int]:
-    """The ids of `text` (the messages rendered by `template`) in which only the template's own special tokens are
-    special: the content's special-token text is tokenized as text."""
-    spans = _content_spans(template, msgs, add_generation_prompt, text)
+                        add_generation_prompt: bool, text: str, extra: dict[str, Any] | None = None) -> list[int]:
+    """The ids of `text` (the messages rendered by `template`, with the render variables `extra`) in which only the
+    template's own special tokens are special: the content's special-token text is tokenized as text."""
+    spans = _content_spans(template, msgs, add_generation_prompt, text, extra or {})
     pattern = tok.special_token_pattern
     by_text = {t.content: t for t in tok.special_tokens}
     # Cut the text at the template's special tokens (outside every content span), as HF cuts it at added tokens.
@@ -137,7 +146,7 @@ def _template_gaps(spans: list[tuple[int, int]], length: int) -> list[tuple[int,
 
 
 def _content_spans(template: ChatTemplate, msgs: list[dict[str, Any]], add_generation_prompt: bool,
-                   text: str) -> list[tuple[int, int]]:
+                   text: str, extra: dict[str, Any]) -> list[tuple[int, int]]:
     """Where the content strings lie in `text`: rendered again with a random marker pair around each content. A
     template that changes the content (strips, splits it) moves or breaks the markers; the content then cannot be
     located with certainty, and its special-token text is refused rather than guessed at."""
@@ -149,7 +158,7 @@ def _content_spans(template: ChatTemplate, msgs: list[dict[str, Any]], add_gener
         "chat template transforms the content so that it cannot be located in the prompt. Remove the special-token "
         "text (or the server may set allow_special_tokens_in_content).", param="messages")
     try:
-        marked = template.render(marked_msgs, add_generation_prompt=add_generation_prompt)
+        marked = template.render(marked_msgs, add_generation_prompt=add_generation_prompt, **extra)
     except ChatTemplateError:
         raise refusal from None
     spans: list[tuple[int, int]] = []

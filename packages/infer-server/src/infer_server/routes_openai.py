@@ -28,6 +28,7 @@ from infer_server.params import (
 from infer_server.prompts import chat_prompt_ids, messages_size, off_loop
 from infer_server.serving import serve_generation
 from infer_server.state import server_state
+from infer_server.tools import plan_tools
 
 router = APIRouter(dependencies=[Depends(require_json_content_type)], strict_content_type=False)
 
@@ -38,11 +39,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     assets = state.require_assets()
     check_model(body.model, assets)
     check_chat_request(body)
+    tools = plan_tools(body, state.config.tool_call_parser, assets.chat_template)
     vision = assets.vision
     parts = collect_image_parts(body.messages, vision, state.config, no_vision=assets.no_vision)
     images = await load_images(parts, vision, state.config) if parts and vision is not None else []
     prompt_ids = await off_loop(messages_size(body.messages), chat_prompt_ids, assets, body.messages,
-                                body.add_generation_prompt,
+                                body.add_generation_prompt, tools.rendering,
                                 literal_content=not state.config.allow_special_tokens_in_content,
                                 images=vision is not None)
     image_inputs: list[ImageInput] = []
@@ -51,13 +53,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = build_params(body, prompt_ids, max_tokens, assets, state.config, what="messages", param="messages",
-                          logprobs=logprobs)
+                          logprobs=logprobs, grammar=tools.grammar)
     if image_inputs:
         params = [replace(p, images=tuple(image_inputs)) for p in params]
     return await serve_generation(state, request, kind="chat", params=params, model=assets.served_name,
                                   stream=body.stream, prompt_tokens=len(prompt_ids),
                                   usage_reporting=usage_reporting(body.stream_options),
-                                  return_token_ids=body.return_token_ids, logprobs=logprobs is not None)
+                                  return_token_ids=body.return_token_ids, logprobs=logprobs is not None,
+                                  tools=tools.output)
 
 
 @router.post("/v1/completions")

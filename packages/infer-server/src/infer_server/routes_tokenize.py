@@ -11,6 +11,7 @@ from infer_server.openai_models import DetokenizeRequest, TokenizeRequest
 from infer_server.params import check_model, check_token_ids
 from infer_server.prompts import chat_prompt_ids, messages_size, off_loop
 from infer_server.state import server_state
+from infer_server.tools import history_rendering
 
 router = APIRouter(dependencies=[Depends(require_json_content_type)], strict_content_type=False)
 
@@ -28,7 +29,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     else:
         assert body.messages is not None
         ids = await off_loop(messages_size(body.messages), chat_prompt_ids, assets, body.messages,
-                             body.add_generation_prompt, add_special_tokens=bool(body.add_special_tokens),
+                             body.add_generation_prompt,
+                             history_rendering(state.config.tool_call_parser, assets.chat_template),
+                             add_special_tokens=bool(body.add_special_tokens),
                              literal_content=not state.config.allow_special_tokens_in_content, check_fits=False)
     out = {"count": len(ids), "max_model_len": assets.max_model_len, "tokens": ids}
     return Response(msgspec.json.encode(out), media_type="application/json")

@@ -21,13 +21,16 @@ from fastapi import Request
 from starlette.responses import Response
 
 from infer_server.errors import ApiError
-from infer_server.generation import Generation, iterate, start_generations
+from infer_server.generation import Delta, Generation, iterate, start_generations
 from infer_server.logprobs import LogprobsFormatter, TokenLogprob
 from infer_server.metrics import ServerMetrics
 from infer_server.openai_responses import Kind, ResponseShape, UsageReporting
 from infer_server.params import GenerationParams
 from infer_server.sse import DONE, EventStreamResponse, sse_event
 from infer_server.state import ServerState
+from infer_server.tool_calls import parse
+from infer_server.tool_stream import ChoiceTools, finish_reason, tool_message
+from infer_server.tools import ToolOutput
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +88,12 @@ async def serve_generation(
     return_token_ids: bool = False,
     logprobs: bool = False,
     echo: list[str] | None = None,
+    tools: ToolOutput | None = None,
 ) -> Response:
     """`params`: one per choice, in the order of the response's choice indexes; `prompt_tokens`: the usage's
     prompt tokens (each prompt once, however many choices it has); `logprobs`: format the tokens' logprobs into
     each choice (the sampling params asked the engine for them); `echo`: per choice, the prompt text to put
-    before its text."""
+    before its text; `tools`: read each chat choice's text for tool calls."""
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     shape = ResponseShape(
         kind=kind,
@@ -114,9 +118,9 @@ async def serve_generation(
         end = _StreamEnd(state, shape.kind, gens)
         # The response ends the stream too: a response cancelled before its body iterator first ran would never
         # run the iterator's `finally` (closing an unstarted generator skips its body), leaking the admission slot.
-        return EventStreamResponse(_events(shape, gens, fmt, echo, end), on_close=end)
+        return EventStreamResponse(_events(shape, gens, fmt, echo, end, tools), on_close=end)
     try:
-        return await _respond(state, request, shape, gens, fmt, echo)
+        return await _respond(state, request, shape, gens, fmt, echo, tools)
     finally:
         state.release()
 
@@ -144,8 +148,9 @@ class _StreamEnd:
 
 
 async def _events(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,
-                  echo: list[str] | None, end: _StreamEnd) -> AsyncGenerator[bytes, None]:
+                  echo: list[str] | None, end: _StreamEnd, tools: ToolOutput | None) -> AsyncGenerator[bytes, None]:
     error_code: str | None = "client_disconnected"
+    readers = [ChoiceTools(tools) for _ in range(shape.n)] if tools is not None else None
     try:
         try:
             if shape.kind == "chat":
@@ -168,6 +173,10 @@ async def _events(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFor
                         chunk = shape.text_chunk(i, echoed, _prompt_logprobs(fmt, i, gens[i]))
                         yield sse_event(shape.counted(chunk, _tokens(gens), _cached(gens)))
                     lp = fmt.format(i, delta.logprobs) if fmt is not None and delta.logprobs else None
+                    if readers is not None:
+                        for chunk in _tool_chunks(shape, readers[i], delta, lp):
+                            yield sse_event(shape.counted(chunk, _tokens(gens), _cached(gens)))
+                        continue
                     if delta.text:
                         chunk = shape.text_chunk(i, delta.text, lp)
                         yield sse_event(shape.counted(chunk, _tokens(gens), _cached(gens)))
@@ -187,8 +196,26 @@ async def _events(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFor
         end(error_code)
 
 
+def _tool_chunks(shape: ResponseShape, reader: ChoiceTools, delta: Delta,
+                 lp: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A delta's chunks when its text is read for tool calls; its logprobs ride on the first (an empty content
+    delta carries them while the reader holds the text back)."""
+    deltas = reader.feed(delta.text) if delta.text else []
+    if delta.finish_reason is not None:
+        deltas += reader.finish()
+    elif lp is not None and not deltas:
+        deltas = [{"content": ""}]
+    chunks = []
+    for d in deltas:
+        chunks.append(shape.delta_chunk(delta.index, d, lp))
+        lp = None
+    if delta.finish_reason is not None:
+        chunks.append(shape.finish_chunk(delta.index, finish_reason(delta.finish_reason, reader.calls > 0), lp))
+    return chunks
+
+
 async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFormatter | None,
-                   echo: list[str] | None) -> bytes:
+                   echo: list[str] | None, tools: ToolOutput | None) -> bytes:
     parts: list[list[str]] = [[text] for text in echo] if echo else [[] for _ in range(shape.n)]
     reasons: list[str | None] = [None] * shape.n
     entries: list[list[TokenLogprob]] = [[] for _ in range(shape.n)]
@@ -202,8 +229,14 @@ async def _collect(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFo
                 reasons[delta.index] = delta.finish_reason
     logprobs = None if fmt is None else [_choice_logprobs(fmt, i, g, e)
                                          for i, (g, e) in enumerate(zip(gens, entries, strict=True))]
-    body = shape.full_response(["".join(p) for p in parts], reasons, _tokens(gens), _cached(gens),
-                               [g.token_ids for g in gens], logprobs)
+    texts = ["".join(p) for p in parts]
+    messages = None
+    if tools is not None:
+        messages = [tool_message(parse(tools.format, text), tools) for text in texts]
+        reasons = [None if r is None else finish_reason(r, "tool_calls" in m) for r, m in zip(reasons, messages,
+                                                                                              strict=True)]
+    body = shape.full_response(texts, reasons, _tokens(gens), _cached(gens), [g.token_ids for g in gens], logprobs,
+                               messages)
     return msgspec.json.encode(body)
 
 
@@ -224,9 +257,9 @@ def _choice_logprobs(fmt: LogprobsFormatter, index: int, gen: Generation,
 
 
 async def _respond(state: ServerState, request: Request, shape: ResponseShape, gens: list[Generation],
-                   fmt: LogprobsFormatter | None, echo: list[str] | None) -> Response:
+                   fmt: LogprobsFormatter | None, echo: list[str] | None, tools: ToolOutput | None) -> Response:
     error_code: str | None = "client_disconnected"
-    work = asyncio.create_task(_collect(shape, gens, fmt, echo))
+    work = asyncio.create_task(_collect(shape, gens, fmt, echo, tools))
     watcher = asyncio.create_task(_wait_disconnect(request))
     try:
         await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)

@@ -81,6 +81,12 @@ class LlmBackend(Protocol):
         """Per layer a (k_cache, v_cache) pair, each `[num_blocks, block_size, num_kv_heads, head_dim]`."""
         ...
 
+    def join_tensor_parallel(self, timeout_s: float) -> None:
+        """Make `ops.collective` span the ranks of this process's torch.distributed default group (the worker
+        initialised it): the adapter opens a data group of its own kind (gloo on the CPU, NCCL on CUDA), whose
+        collectives fail after `timeout_s`. Called once, before a model is built on `ops`."""
+        ...
+
     def is_fatal_error(self, exc: BaseException) -> bool:
         """Whether `exc`, raised while a step was prepared or ran, leaves the device unusable (a device-side assert,
         an illegal address: every later call fails too), so the process must end; otherwise only that step failed."""

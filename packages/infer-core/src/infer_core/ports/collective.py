@@ -1,4 +1,8 @@
-"""Collectives for tensor parallelism (identity at tp=1)."""
+"""Collectives for tensor parallelism (identity at tp=1).
+
+Every rank calls every collective in the same order (the ranks run the same forward in lockstep); an adapter
+that cannot finish one within the group's operation timeout raises, and the worker treats that as fatal for the
+whole rank group (fail-stop)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,10 @@ class Collective(Protocol):
     world_size: int
     rank: int
 
-    def all_reduce(self, x: Tensor) -> Tensor: ...
+    def all_reduce(self, x: Tensor) -> Tensor:
+        """The sum over the ranks of `x`, in place: every rank gets the same values."""
+        ...
 
-    def all_gather(self, x: Tensor, dim: int = -1) -> Tensor: ...
+    def all_gather(self, x: Tensor, dim: int = -1) -> Tensor:
+        """The ranks' `x` concatenated along `dim` in rank order."""
+        ...

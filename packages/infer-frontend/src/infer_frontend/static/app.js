@@ -519,12 +519,43 @@
     const temperature = Number($("temperature").value);
     let maxTokens = parseInt($("max-tokens").value, 10);
     if (!Number.isFinite(maxTokens) || maxTokens < 1) maxTokens = 1;
-    return { temperature, maxTokens, system: $("system-prompt").value.trim() };
+    return { temperature, maxTokens, system: $("system-prompt").value.trim(), tools: $("tools").value.trim() };
+  }
+
+  /** Folds streamed `tool_calls` deltas into the calls so far: a call's first delta has its id and name, the
+   *  following ones fragments of its arguments' JSON text. */
+  function mergeToolCalls(calls, parts) {
+    for (const part of parts || []) {
+      const i = part.index || 0;
+      if (!calls[i]) calls[i] = { id: part.id || "", type: "function", function: { name: "", arguments: "" } };
+      const fn = part.function || {};
+      if (part.id) calls[i].id = part.id;
+      if (fn.name) calls[i].function.name += fn.name;
+      if (fn.arguments) calls[i].function.arguments += fn.arguments;
+    }
+    return calls;
+  }
+
+  /** The reply's tool calls, one line each: name(arguments). */
+  function showToolCalls(reply, calls) {
+    let box = reply.wrap.querySelector(".tool-calls");
+    if (!box) {
+      box = el("div", "tool-calls");
+      reply.bubble.after(box);
+    }
+    box.replaceChildren(...calls.filter(Boolean).map((c) => el("div", "tool-call", `${c.function.name}(${c.function.arguments})`)));
   }
 
   async function send(text) {
     if (chat.busy || !text.trim()) return;
-    const { temperature, maxTokens, system } = settings();
+    const { temperature, maxTokens, system, tools: toolsText } = settings();
+    let tools = null;
+    if (toolsText) {
+      try { tools = JSON.parse(toolsText); } catch (e) {
+        addError(null, { type: "invalid_request_error", code: "tools", message: "Tools: not valid JSON (" + e.message + ")" });
+        return;
+      }
+    }
     const userTurn = { role: "user", content: text };
     chat.history.push(userTurn);
     const user = addMessage("user", text);
@@ -536,12 +567,14 @@
     const messages = (system ? [{ role: "system", content: system }] : []).concat(chat.history);
     const body = { messages, stream: true, stream_options: { include_usage: true }, temperature, max_tokens: maxTokens };
     if (chat.model) body.model = chat.model;
+    if (tools) body.tools = tools;
 
     const controller = new AbortController();
     chat.controller = controller;
     setBusy(true);
     const t0 = performance.now();
     let tFirst = null, content = "", chunks = 0, finish = null, usage = null, streamError = null, stopped = false, failed = false;
+    const calls = [];
 
     try {
       const resp = await fetch(api("/v1/chat/completions"), {
@@ -559,11 +592,14 @@
       if (!ctype.includes("text/event-stream")) {
         // A server that ignored `stream`: take the whole answer at once.
         const j = await resp.json();
-        content = (j.choices && j.choices[0] && j.choices[0].message && j.choices[0].message.content) || "";
+        const message = (j.choices && j.choices[0] && j.choices[0].message) || {};
+        content = message.content || "";
         finish = j.choices && j.choices[0] && j.choices[0].finish_reason;
         usage = j.usage || null;
         tFirst = performance.now();
         reply.bubble.textContent = content;
+        if (message.tool_calls) calls.push(...message.tool_calls);
+        if (calls.length) showToolCalls(reply, calls);
         return;
       }
       for await (const data of sseData(resp.body)) {
@@ -583,6 +619,12 @@
           meta.textContent = `${chunks} chunks · TTFT ${fmtSecs((tFirst - t0) / 1000)}`;
           scrollToBottom(false);
         }
+        if (choice.delta && choice.delta.tool_calls) {
+          if (tFirst === null) tFirst = performance.now();
+          chunks++;
+          showToolCalls(reply, mergeToolCalls(calls, choice.delta.tool_calls));
+          scrollToBottom(false);
+        }
         if (choice.finish_reason) finish = choice.finish_reason;
       }
     } catch (e) {
@@ -593,21 +635,23 @@
     } finally {
       chat.controller = null;
       reply.wrap.classList.remove("streaming");
-      if (failed || (streamError && !content)) {
+      const answered = content || calls.length;
+      if (failed || (streamError && !answered)) {
         // Nothing came back: the turn is not part of the conversation; put the text back for a retry.
         chat.history.pop();
         user.wrap.classList.add("not-sent");
         user.wrap.querySelector(".who").textContent = "You · not sent";
         reply.bubble.remove();
         if (!promptEl.value) { promptEl.value = text; autosize(); }
-      } else if (content || !stopped) {
-        chat.history.push({ role: "assistant", content });
+      } else if (answered || !stopped) {
+        chat.history.push(calls.length ? { role: "assistant", content: content || null, tool_calls: calls.filter(Boolean) }
+                                       : { role: "assistant", content });
       } else {
         chat.history.pop(); // stopped before any token: drop the unanswered turn
         user.wrap.classList.add("not-sent");
       }
       if (streamError) addError(reply.wrap, { type: streamError.type, code: streamError.code, message: streamError.message });
-      if (failed || (streamError && !content)) {
+      if (failed || (streamError && !answered)) {
         meta.remove();
       } else {
         const tEnd = performance.now();

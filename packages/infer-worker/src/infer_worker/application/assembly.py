@@ -31,10 +31,21 @@ from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 from infer_worker.models.causal_lm import CausalLM
 from infer_worker.models.spec import ModelSpec
+from infer_worker.models.tensor_parallel import local_kv_heads
 
 log = logging.getLogger("rustinfer.worker")
 
 Progress = Callable[[str], None]
+AgreeBlocks = Callable[[int], int]  # tensor parallelism: the fewest KV blocks any rank can hold
+
+
+def _alone(num_blocks: int) -> int:
+    return num_blocks
+
+
+def _always_fatal(exc: BaseException) -> bool:
+    # A rank that failed a step has left the others inside or behind a collective: the group cannot go on.
+    return True
 
 
 class StartupError(RuntimeError):
@@ -97,7 +108,7 @@ def profile_num_blocks(config: Config, backend: LlmBackend, model: CausalLM, dty
     scratch_blocks = math.ceil(tokens / config.block_size) + config.max_batch_seqs
     backend.reset_peak_memory()
     # (a hybrid model's profile sequences all run in the scratch state slot: what they compute is not read)
-    caches = allocate_caches(backend, model.spec, scratch_blocks, config.block_size, dtype, 0)
+    caches = allocate_caches(backend, model.spec, scratch_blocks, config.block_size, dtype, 0, geometry.num_kv_heads)
     runner = ModelRunner(model, backend, caches.per_layer, config.block_size, scratch_blocks, backend.device,
                          state_pools=caches.state_pools)
     runner.execute(_profile_sequences(tokens, max_model_len, config.block_size))
@@ -175,15 +186,20 @@ def build_runner(config: Config, backend: LlmBackend, model: CausalLM, caches: l
 
 def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Path, max_model_len: int,
              progress: Progress, fault: str | None = None, fault_kind: str | None = None,
-             tokenizer_info: TokenizerInfoFactory | None = None) -> ReadyWorker:
+             tokenizer_info: TokenizerInfoFactory | None = None,
+             agree_blocks: AgreeBlocks | None = None) -> ReadyWorker:
     """The ready worker for `model` (loaded on `backend` in `backend.default_dtype()`); `max_model_len` is
     `context_limit`'s, and may be lowered to what the KV cache holds. `fault`, `fault_kind`: the test-only
     fault injection's environment values (`application/fault_injection.py`); `tokenizer_info`: xgrammar's view of
-    the model's tokenizer, made on the first structured-output request (without it such requests fail alone)."""
+    the model's tokenizer, made on the first structured-output request (without it such requests fail alone);
+    `agree_blocks`: under tensor parallelism every rank runs this in lockstep, its KV cache holding its own KV
+    heads, and all of them take the smallest block count any rank can hold."""
     spec, dtype = model.spec, backend.default_dtype()
-    geometry = KvGeometry(spec.num_attention_layers, spec.num_kv_heads, spec.head_dim, config.block_size,
-                          dtype.itemsize)
+    world = backend.ops.collective.world_size
+    kv_heads = local_kv_heads(spec, world)
+    geometry = KvGeometry(spec.num_attention_layers, kv_heads, spec.head_dim, config.block_size, dtype.itemsize)
     num_blocks = choose_num_blocks(config, backend, model, dtype, geometry, max_model_len, progress)
+    num_blocks = (agree_blocks or _alone)(num_blocks)
     if num_blocks * config.block_size < 2 * config.block_size:
         states = state_bytes(config, spec, dtype)
         hint = (f" (the state slots of max_batch_seqs = {config.max_batch_seqs} sequences take {states / 2**30:.2f} "
@@ -193,7 +209,7 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     slots = num_state_slots(config, spec)
     progress(f"allocating the KV cache: {num_blocks} blocks x {config.block_size} tokens"
              + (f", {slots} state slots" if slots else ""))
-    caches = allocate_caches(backend, spec, num_blocks, config.block_size, dtype, slots)
+    caches = allocate_caches(backend, spec, num_blocks, config.block_size, dtype, slots, kv_heads)
     runner = build_runner(config, backend, model, caches.per_layer, max_model_len, progress, caches.state_pools)
     progress("self-check: prefill + decode")
     self_check(runner, spec.vocab_size, config.block_size)
@@ -217,6 +233,6 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     runner.grammars = GrammarBook(tokenizer_info, spec.vocab_size)
     if model.visual is not None:
         runner.images = ImageInputs(model.visual, multimodal_rope=bool(spec.mrope_section))
-    service = WorkerService(executor, is_fatal=backend.is_fatal_error, grammars=runner.grammars,
-                            images=runner.images)
+    is_fatal = backend.is_fatal_error if world == 1 else _always_fatal
+    service = WorkerService(executor, is_fatal=is_fatal, grammars=runner.grammars, images=runner.images)
     return ReadyWorker(service, num_blocks, config.block_size, info, slots)

@@ -51,10 +51,10 @@ class ModelCaches(NamedTuple):
 
 
 def allocate_caches(backend: LlmBackend, spec: ModelSpec, num_blocks: int, block_size: int, dtype: DType,
-                    num_state_slots: int) -> ModelCaches:
-    """Every layer's cache; `num_state_slots` slots for sequences (plus scratch slot 0) when the model has state
-    layers."""
-    kv = iter(backend.allocate_kv_cache(spec.num_attention_layers, num_blocks, block_size, spec.num_kv_heads,
+                    num_state_slots: int, num_kv_heads: int) -> ModelCaches:
+    """Every layer's cache, with this rank's `num_kv_heads` (all of them without tensor parallelism);
+    `num_state_slots` slots for sequences (plus scratch slot 0) when the model has state layers."""
+    kv = iter(backend.allocate_kv_cache(spec.num_attention_layers, num_blocks, block_size, num_kv_heads,
                                         spec.head_dim, dtype))
     geometry = state_geometry(spec, dtype)
     pools: KvCaches = []

@@ -1,4 +1,6 @@
-"""Structured outputs (response_format): grammars compiled with xgrammar, one matcher per constrained sequence.
+"""Structured outputs (response_format, structured_outputs, forced tool calls): grammars compiled with xgrammar, one
+matcher per constrained sequence. A grammar is a JSON Schema, a regex, an EBNF grammar or a structural tag (the
+protocol's `StructuredOutput.kind`).
 
 - Compilation runs off the hot path, on one background thread, as soon as a sequence is admitted (it overlaps
   the prompt's prefill), and is cached by (kind, schema text): the server sends the schema canonically
@@ -21,6 +23,7 @@ domain only carries the request's `Grammar` value (kind + schema text) in its `S
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -124,6 +127,14 @@ class GrammarBook:
                     log.info("grammar compiler ready in %.1f s", time.perf_counter() - started)
                 finally:
                     self._ready.set()
+        if spec.kind == "regex":
+            return self._compiler.compile_regex(spec.schema)
+        if spec.kind == "grammar":
+            return self._compiler.compile_grammar(spec.schema)  # EBNF (GBNF), root rule `root`
+        if spec.kind == "structural_tag":
+            return self._compiler.compile_structural_tag(spec.schema)
+        if spec.kind not in ("json_schema", "json_object"):
+            raise ValueError(f"unknown grammar kind {spec.kind!r}")
         schema = spec.schema if spec.kind == "json_schema" else _JSON_OBJECT_SCHEMA
         # Compact JSON (no free whitespace): a model cannot wander into endless blank runs, and every output is
         # still valid JSON. strict_mode: no properties beyond the schema's (outputs still validate against it).
@@ -177,14 +188,13 @@ class GrammarBook:
             try:
                 compiled = state.compiled.result(timeout=max(0.0, deadline - time.monotonic()))
             except FutureTimeout:
-                raise _RowFailed("grammar_too_complex", f"the response_format grammar did not compile within "
+                raise _RowFailed("grammar_too_complex", f"the grammar did not compile within "
                                  f"{self.timeout_s:g} s", 400) from None
             except Exception as exc:  # xgrammar refuses the schema (or no tokenizer)
-                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-                raise _RowFailed("invalid_request", f"response_format: the grammar engine refused it: {first}",
+                raise _RowFailed("invalid_grammar", f"the grammar engine refused it: {_first_line(exc)}",
                                  400) from None
             if not state.stop_token_ids:
-                raise _RowFailed("invalid_request", "response_format needs a stop token to end the output (the "
+                raise _RowFailed("invalid_grammar", "a grammar needs a stop token to end the output (the "
                                  "model names no EOS)", 400)
             import xgrammar as xgr
 
@@ -196,6 +206,12 @@ class GrammarBook:
             if not state.matcher.accept_token(token):
                 raise _RowFailed("internal_error", f"the grammar refused token {token} it allowed", 500)
             state.consumed += 1
+
+
+def _first_line(exc: Exception) -> str:
+    """xgrammar's message without its C++ source location (`[hh:mm:ss] /project/cpp/x.cc:94: `)."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)
 
 
 class _RowFailed(Exception):

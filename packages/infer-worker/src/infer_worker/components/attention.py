@@ -15,6 +15,7 @@ from infer_core.ports.linear_attention import StateBatch
 from infer_core.ports.op_ports import OpPorts
 from infer_core.quant import DENSE_CONFIG, ModuleQuant
 from infer_worker.components.linear import Linear, MergedLinear
+from infer_worker.components.sharding import Parallel, split
 from infer_worker.components.weights import WeightInit, WeightSlot, WeightSlots, empty, prefixed
 
 KvCache = tuple[torch.Tensor, torch.Tensor]
@@ -42,8 +43,9 @@ class Attention:
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} query heads cannot be grouped over {num_kv_heads} kv heads")
         self._fused = ops.fused
-        self.num_heads = num_heads
-        self.num_kv_heads = num_kv_heads
+        world = ops.collective.world_size  # each rank attends with its own heads (and their KV) alone
+        self.num_heads = split(num_heads, world, "num_attention_heads")
+        self.num_kv_heads = split(num_kv_heads, world, "num_key_value_heads")
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
         self.cos_sin_cache = cos_sin_cache
@@ -53,10 +55,11 @@ class Attention:
         q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
         qkv = (("q_proj", 2 * q_size if output_gate else q_size), ("k_proj", kv_size), ("v_proj", kv_size))
         self.qkv_proj = MergedLinear(
-            ops, hidden_size, qkv, bias, dtype, device, quant.fused_scheme(tuple(n for n, _ in qkv)), quant.name("")
+            ops, hidden_size, qkv, bias, dtype, device, quant.fused_scheme(tuple(n for n, _ in qkv)), quant.name(""),
+            Parallel.COLUMN,
         )
         self.o_proj = Linear.allocate(
-            ops, q_size, hidden_size, bias, dtype, device, quant.scheme("o_proj"), quant.name("o_proj")
+            ops, q_size, hidden_size, bias, dtype, device, quant.scheme("o_proj"), quant.name("o_proj"), Parallel.ROW
         )
         self.q_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None
         self.k_norm_weight = empty((head_dim,), dtype, device) if qk_norm else None

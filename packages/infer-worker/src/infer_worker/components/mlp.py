@@ -7,6 +7,7 @@ import torch
 from infer_core.ports.op_ports import OpPorts
 from infer_core.quant import DENSE_CONFIG, ModuleQuant
 from infer_worker.components.linear import Linear, MergedLinear
+from infer_worker.components.sharding import Parallel
 from infer_worker.components.weights import WeightSlots, prefixed
 
 
@@ -17,10 +18,12 @@ class GatedMlp:
     ) -> None:
         gate_up = (("gate_proj", intermediate_size), ("up_proj", intermediate_size))
         self.gate_up_proj = MergedLinear(
-            ops, hidden_size, gate_up, bias, dtype, device, quant.fused_scheme(("gate_proj", "up_proj")), quant.name("")
+            ops, hidden_size, gate_up, bias, dtype, device, quant.fused_scheme(("gate_proj", "up_proj")),
+            quant.name(""), Parallel.COLUMN,
         )
         self.down_proj = Linear.allocate(
-            ops, intermediate_size, hidden_size, bias, dtype, device, quant.scheme("down_proj"), quant.name("down_proj")
+            ops, intermediate_size, hidden_size, bias, dtype, device, quant.scheme("down_proj"),
+            quant.name("down_proj"), Parallel.ROW,
         )
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,8 @@ from typing import Mapping, NamedTuple
 
 import torch
 
+from infer_worker.components.sharding import Shard
+
 DUMMY_STD = 0.02  # HF's usual initializer_range: keeps activations of a random model in a sane range
 # Random 4-bit codes around a zero point of 8 spread as U{-8..7}, whose std is ~4.61: the scale that gives DUMMY_STD.
 AWQ_DUMMY_ZERO_WORD = 0x88888888 - (1 << 32)  # eight nibbles of 8, as the int32 the layout stores
@@ -37,8 +39,11 @@ class WeightSlot(NamedTuple):
     # Added to the checkpoint value at load (a load-time transform declared by the model's data): a (1 + w) norm
     # stores w, and the ordinary RMSNorm op then scales by the sum. Dummy weights are already the sum.
     offset: float = 0.0
+    shard: Shard | None = None  # tensor parallelism: the slice of the checkpoint tensor this rank holds
 
     def load(self, name: str, value: torch.Tensor) -> None:
+        if self.shard is not None and tuple(value.shape) != tuple(self.tensor.shape):
+            value = self.shard.take(name, value)  # the whole tensor came: this rank's slice of it
         if tuple(value.shape) != tuple(self.tensor.shape):
             raise ValueError(
                 f"weight {name!r} has shape {tuple(value.shape)}, the model expects {tuple(self.tensor.shape)}"
@@ -81,6 +86,10 @@ WeightSlots = dict[str, WeightSlot]
 def prefixed(prefix: str, slots: Mapping[str, WeightSlot]) -> WeightSlots:
     """Qualify a component's slot names with its place in the checkpoint (`model.layers.3.mlp.` + ...)."""
     return {f"{prefix}{name}": slot for name, slot in slots.items()}
+
+
+def sharded(slots: Mapping[str, WeightSlot], shard: Shard | None) -> WeightSlots:
+    return {name: slot._replace(shard=shard) for name, slot in slots.items()}
 
 
 def _is_code(dtype: torch.dtype) -> bool:

@@ -17,8 +17,8 @@ class Grammar:
     """A grammar the output follows (the protocol's `StructuredOutput`): compiled and matched in the application
     (`application/structured_output.py`); the domain only carries it."""
 
-    kind: str  # "json_object" or "json_schema"
-    schema: str = ""  # the JSON Schema as JSON text (json_schema)
+    kind: str  # "json_object", "json_schema", "regex", "grammar" (EBNF) or "structural_tag"
+    schema: str = ""  # the grammar's text (the JSON Schema, the regex, the EBNF, the structural tag's JSON)
 
 
 @dataclass(frozen=True, slots=True)

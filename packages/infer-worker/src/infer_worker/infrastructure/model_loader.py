@@ -61,5 +61,6 @@ def load_model(
     if load_format == "dummy":
         model.init_dummy_weights(seed)
     else:
-        model.load_weights(iter_safetensors(Path(model_dir)))
+        slices = {name: slot.shard for name, slot in model.weight_slots().items() if slot.shard is not None}
+        model.load_weights(iter_safetensors(Path(model_dir), slices))
     return LoadedModel(model, spec)

@@ -1,14 +1,14 @@
 """Streams the tensors of an HF safetensors checkpoint (single file or sharded with an index), by name.
 
 Tensors are read one at a time from memory-mapped files, so peak host memory stays near one tensor, not
-one checkpoint.
+one checkpoint. Under tensor parallelism a rank reads only its slice of each split tensor (`slices`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Mapping, Protocol
 
 from safetensors import safe_open
 
@@ -46,8 +46,25 @@ def safetensors_files(model_dir: Path) -> list[Path]:
     )
 
 
-def iter_safetensors(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+class Slice(Protocol):
+    """A rank's part of a tensor: `[start, end)` of one dimension (`components.sharding.Shard`)."""
+
+    dim: int
+
+    def bounds(self, full: int, name: str) -> tuple[int, int]: ...
+
+
+def iter_safetensors(model_dir: Path, slices: Mapping[str, Slice] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor by name; a name in `slices` comes as that slice alone, read from the file without the rest."""
+    slices = slices or {}
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as handle:
             for name in handle.keys():
-                yield name, handle.get_tensor(name)
+                part = slices.get(name)
+                if part is None:
+                    yield name, handle.get_tensor(name)
+                    continue
+                view = handle.get_slice(name)
+                shape = view.get_shape()
+                start, end = part.bounds(shape[part.dim], name)
+                yield name, view[tuple(slice(start, end) if d == part.dim else slice(None) for d in range(len(shape)))]

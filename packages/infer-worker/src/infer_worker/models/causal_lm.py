@@ -9,6 +9,7 @@ import torch
 from infer_core.ports.fused_ops import AttentionBatch
 from infer_core.ports.op_ports import OpPorts
 from infer_worker.components.vision import VisionTower
+from infer_worker.components.weights import WeightSlots
 from infer_worker.models.spec import ModelSpec
 
 # One pair per layer: (k_cache, v_cache) pages for a full-attention layer, (conv_states, recurrent_states) slot
@@ -32,6 +33,10 @@ class CausalLM(Protocol):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy every checkpoint tensor into place by its HF name; raise on unexpected or missing names."""
+        ...
+
+    def weight_slots(self) -> WeightSlots:
+        """Every checkpoint tensor name the model expects and where it lands (with the slice a rank holds)."""
         ...
 
     def init_dummy_weights(self, seed: int) -> None:

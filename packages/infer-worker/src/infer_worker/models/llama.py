@@ -33,6 +33,7 @@ from infer_worker.components.mlp import GatedMlp
 from infer_worker.components.mrope import mrope_cos_sin
 from infer_worker.components.norm import RMSNorm
 from infer_worker.components.rotary import cos_sin_cache, inverse_frequencies
+from infer_worker.components.sharding import Parallel
 from infer_worker.components.vision import VisionTower
 from infer_worker.components.weights import WeightSlots, prefixed
 from infer_worker.models.causal_lm import KvCaches, StepImages
@@ -63,9 +64,9 @@ class LlamaForCausalLM:
         # Tied embeddings: the head *is* the embedding tensor, so there is nothing separate to load. The head and
         # the embedding stay dense in every quantized format.
         self.lm_head = (
-            Linear(ops, LinearWeight.dense(self.embed_tokens.weight))
+            Linear(ops, LinearWeight.dense(self.embed_tokens.weight), parallel=Parallel.VOCAB)
             if spec.tie_word_embeddings
-            else Linear.allocate(ops, spec.hidden_size, spec.vocab_size, False, dtype, device)
+            else Linear.allocate(ops, spec.hidden_size, spec.vocab_size, False, dtype, device, parallel=Parallel.VOCAB)
         )
         self._slots = self.weight_slots()
 
