@@ -64,22 +64,23 @@ def test_bad_flags_give_one_line_errors(tmp_path: Path) -> None:
 
 
 def test_an_unservable_checkpoint_is_refused_in_one_line(tmp_path: Path) -> None:
-    """A Qwen3.5 directory (text settings under text_config) used to fail with `start-up failed: 'hidden_size'`:
-    the worker's refusal names the architecture, on one line of the launcher's output, and the launcher exits."""
+    """An architecture we do not serve (Qwen3-Next): the worker's refusal names it, on one line of the launcher's
+    output, and the launcher exits."""
     import json
 
     import pytest
 
-    from tests.worker.test_bootstrap import QWEN3_5_CONFIG
+    from tests.worker.test_bootstrap import OTHER_CONFIG
 
-    model_dir = tmp_path / "qwen3_5"
+    model_dir = tmp_path / "qwen3_next"
     model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(QWEN3_5_CONFIG))
+    (model_dir / "config.json").write_text(json.dumps(OTHER_CONFIG))
     cluster = ServedCluster(tmp_path, model=str(model_dir), log_level="info")
     with pytest.raises(RuntimeError, match="cluster exited"):
         cluster.start(timeout=120)
-    needle = ("start-up failed: model architecture Qwen3_5ForConditionalGeneration (model_type qwen3_5) is not "
-              "supported; supported: LlamaForCausalLM, Qwen3ForCausalLM")
+    needle = ("start-up failed: model architecture Qwen3NextForCausalLM (model_type qwen3_next) is not "
+              "supported; supported: LlamaForCausalLM, Qwen3ForCausalLM, Qwen3_5ForCausalLM, "
+              "Qwen3_5ForConditionalGeneration")
     lines = [line for line in cluster.log().splitlines() if "start-up failed" in line]
     assert any(line.endswith(needle) for line in lines), cluster.log()
     cluster.stop()
