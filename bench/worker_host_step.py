@@ -44,7 +44,7 @@ class HostOnlyExecutor:
         self.launches = 0
 
     def launch(self, scheduled: list[ScheduledSeq]) -> LaunchedStep:
-        step = prepare_step(scheduled, BLOCK, self.max_blocks)
+        step = prepare_step(scheduled, BLOCK, self.max_blocks, state_slots=False, rope_deltas=False)  # dense
         arrays = sampling_arrays(step.sampling_seqs)
         n = len(scheduled)
         self.buf.load(step, arrays, n, n)

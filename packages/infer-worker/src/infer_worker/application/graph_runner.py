@@ -142,7 +142,7 @@ class _StaticBuffers:
         host = self.host[i]
         num_tokens, num_seqs, num_samples = len(step.input_ids), len(step.seq_lens), len(step.sample_rows)
         values = {"input_ids": step.input_ids, "positions": step.positions, "slot_mapping": step.slot_mapping,
-                  "seq_lens": step.seq_lens, "state_slots": step.state_slots,
+                  "seq_lens": step.seq_lens, "state_slots": 0 if step.state_slots is None else step.state_slots,
                   "temperature": arrays["temperature"], "top_p": arrays["top_p"],
                   "top_k": arrays["top_k"], "min_p": arrays["min_p"], "seeds": arrays["seeds"],
                   "sample_positions": arrays["positions"], "sample_rows": step.sample_rows}
@@ -317,7 +317,8 @@ class GraphModelRunner(ModelRunner):
         trace = self.backend.trace_range
         buf = self._buf
         with trace("prepare"):
-            step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
+            step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq,
+                                state_slots=bool(self.state_pools), rope_deltas=self.images is not None)
             arrays = sampling_arrays(step.sampling_seqs)
             greedy = bool((arrays["temperature"] == 0).all())
             buf.load(step, arrays, tokens, seqs)

@@ -73,8 +73,11 @@ class HostStep(NamedTuple):
         return self.table.rows(self.slots)[:, :self.max_blocks_per_seq]
 
 
-def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_seq: int) -> HostStep:
+def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_seq: int, *,
+                 state_slots: bool = True, rope_deltas: bool = True) -> HostStep:
     """Vectorised bookkeeping: loops run per sequence (to read Python attributes), never per token in Python.
+    `state_slots` / `rope_deltas`: read each sequence's state slot / image rotary shift (a runner whose model has
+    no state layers / no vision tower skips those passes over the batch).
 
     Given a ScheduledBatch whose sequences all hold rows of its block table, the step's block-table rows come
     from it (`block_tables` is a view of it when the slots are contiguous, valid until the next plan is applied;
@@ -135,12 +138,14 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         pages = table.blocks[slots[seq_index], positions // block_size].astype(np.int64)
     slot_mapping = pages * block_size + positions % block_size
     rotary = positions
-    deltas = np.fromiter((s.seq.rope_delta for s in scheduled), dtype=np.int64, count=num_seqs)
-    if deltas.any():  # tokens after a prompt with images rotate where its 3-D positions left off
-        after = np.fromiter((s.seq.multimodal_until for s in scheduled), dtype=np.int64, count=num_seqs)
-        rotary = positions + np.where(positions >= after[seq_index], deltas[seq_index], 0)
+    if rope_deltas:
+        deltas = np.fromiter((s.seq.rope_delta for s in scheduled), dtype=np.int64, count=num_seqs)
+        if deltas.any():  # tokens after a prompt with images rotate where its 3-D positions left off
+            after = np.fromiter((s.seq.multimodal_until for s in scheduled), dtype=np.int64, count=num_seqs)
+            rotary = positions + np.where(positions >= after[seq_index], deltas[seq_index], 0)
 
-    state_slots = np.fromiter((s.seq.state_slot for s in scheduled), dtype=np.int32, count=num_seqs)
+    slot_ids = (np.fromiter((s.seq.state_slot for s in scheduled), dtype=np.int32, count=num_seqs)
+                if state_slots else None)
     samples = ends == known
     sampling_seqs = [s.seq for s, flag in zip(scheduled, samples) if flag]
     pending_pos = np.flatnonzero(input_ids == PENDING)
@@ -172,8 +177,8 @@ def prepare_step(scheduled: Seq[ScheduledSeq], block_size: int, max_blocks_per_s
         table=table,
         slots=slots,
         max_blocks_per_seq=max_blocks_per_seq,
-        state_slots=state_slots,
-        fresh_slots=state_slots[starts == 0],
+        state_slots=slot_ids,
+        fresh_slots=slot_ids[starts == 0] if slot_ids is not None else None,
     )
 
 
@@ -303,7 +308,8 @@ class ModelRunner:
             return LaunchedStep(self.num_launches, [])
         trace = self.backend.trace_range
         with trace("prepare"):
-            step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq)
+            step = prepare_step(scheduled, self.block_size, self.max_blocks_per_seq,
+                                state_slots=bool(self.state_pools), rope_deltas=self.images is not None)
             seqs = step.sampling_seqs
             inputs, batch, sampling = self._upload(step, sampling_arrays(seqs) if seqs else {})
             input_ids, sample_rows, pending_pos, pending_rows = inputs[:4]
