@@ -284,19 +284,18 @@ class ModelRunner:
         batch."""
         attention = [step.positions, step.slot_mapping, step.query_start_loc, step.seq_lens, step.host_block_tables()]
         states = [step.state_slots, step.fresh_slots] if self.state_pools else []
-        dev = self._uploader.upload([step.input_ids, step.sample_rows, step.pending_pos, step.pending_rows,
-                                     *attention, *states, *sampling.values()])
-        inputs = dev[:4] + dev[9:9 + len(states)]
-        dev = dev[:9] + dev[9 + len(states):]
-        positions, slot_mapping, query_start_loc, seq_lens, block_tables = dev[4:9]
+        inputs = [step.input_ids, step.sample_rows, step.pending_pos, step.pending_rows, *states]
+        dev = self._uploader.upload([*inputs, *attention, *sampling.values()])
+        n = len(inputs)
+        positions, slot_mapping, query_start_loc, seq_lens, block_tables = dev[n:n + 5]
         batch = AttentionBatch(positions=positions, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
                                seq_lens=seq_lens, block_tables=block_tables, max_query_len=step.max_query_len,
                                max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=self.block_size)
         sampling_batch = None
         if sampling:
-            sampling_batch = SamplingBatch(**dict(zip(sampling, dev[9:])),
+            sampling_batch = SamplingBatch(**dict(zip(sampling, dev[n + 5:])),
                                            all_greedy=bool((sampling["temperature"] == 0).all()))
-        return inputs, batch, sampling_batch
+        return dev[:n], batch, sampling_batch
 
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
         """Launch a step and wait for its tokens."""
