@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from infer_core.dtypes import DType
+from infer_worker.application.cache_layout import allocate_caches, state_geometry
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.model_runner import ModelRunner
 from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
@@ -27,12 +28,14 @@ from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.model_loader import load_model
 
 
-def weight_bytes(spec, itemsize: int = 2) -> int:  # noqa: ANN001 - a ModelSpec
-    h, d = spec.hidden_size, spec.head_dim
-    per_layer = (h * spec.num_heads * d + 2 * h * spec.num_kv_heads * d + spec.num_heads * d * h
-                 + 3 * h * spec.intermediate_size + 2 * h + (2 * d if spec.qk_norm else 0))
-    embed = spec.vocab_size * h * (1 if spec.tie_word_embeddings else 2)
-    return (spec.num_layers * per_layer + embed + h) * itemsize
+def weight_bytes(model) -> int:  # noqa: ANN001 - a CausalLM
+    """Bytes of every weight as stored (int4 codes, fp8 and their scales included), each storage counted once
+    (fused qkv slots share one; a tied lm_head is the embedding)."""
+    storages = {}
+    for slot in model.weight_slots().values():
+        storage = slot.tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
 
 
 def copy_bandwidth() -> float:
@@ -71,24 +74,28 @@ def main() -> None:
     backend = create_backend("cuda", "cuda:0")
     model, spec = load_model(args.model_dir, backend, DType.BFLOAT16, "dummy", 0)
     bandwidth = copy_bandwidth()
-    wbytes = weight_bytes(spec)
-    kv_per_token = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 2
+    wbytes = weight_bytes(model)
+    # A hybrid model's linear-attention layers read and write a fixed state per sequence instead of KV.
+    kv_per_token = 2 * spec.num_attention_layers * spec.num_kv_heads * spec.head_dim * 2
+    geometry = state_geometry(spec, DType.BFLOAT16)
+    state_bytes_per_seq = 2 * geometry.bytes_per_slot if geometry else 0
     max_len = args.context + 3 * args.steps + 8
     blocks_per_seq = math.ceil(max_len / args.block_size)
     max_batch = max(batches)
-    caches = backend.allocate_kv_cache(spec.num_layers, max_batch * blocks_per_seq, args.block_size,
-                                       spec.num_kv_heads, spec.head_dim, DType.BFLOAT16)
-    graph = GraphModelRunner(model, backend, caches, args.block_size, blocks_per_seq, backend.device,
-                             capture_sizes=batches)
+    caches = allocate_caches(backend, spec, max_batch * blocks_per_seq, args.block_size, DType.BFLOAT16,
+                             max_batch, spec.num_kv_heads)
+    runner_args = (model, backend, caches.per_layer, args.block_size, blocks_per_seq, backend.device)
+    graph = GraphModelRunner(*runner_args, state_pools=caches.state_pools, capture_sizes=batches)
     t0 = time.perf_counter()
     graph.capture()
     capture_s = time.perf_counter() - t0
-    eager = ModelRunner(model, backend, caches, args.block_size, blocks_per_seq, backend.device)
+    eager = ModelRunner(*runner_args, state_pools=caches.state_pools)
     gen = torch.Generator().manual_seed(0)
     results = []
     for b in batches:
         seqs = [Sequence(i, torch.randint(0, spec.vocab_size, (args.context,), generator=gen).tolist(), 0,
-                         list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), GREEDY)
+                         list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), GREEDY,
+                         state_slot=(i + 1) if geometry else 0)
                 for i in range(b)]
         for start in range(0, b, 16):  # prefill in groups: bounded activation memory
             group = seqs[start:start + 16]
@@ -123,14 +130,14 @@ def main() -> None:
             a.record(); g.replay(); e.record(); e.synchronize()
             gpu.append(a.elapsed_time(e))
         ctx = statistics.mean(s.num_computed for s in seqs)
-        floor_ms = (wbytes + b * ctx * kv_per_token) / bandwidth * 1e3
+        floor_ms = (wbytes + b * (ctx * kv_per_token + state_bytes_per_seq)) / bandwidth * 1e3
         row.update(replay_gpu_ms=statistics.median(gpu), floor_ms=floor_ms,
                    replay_over_floor=statistics.median(gpu) / floor_ms, context=ctx)
         results.append(row)
         print(json.dumps(row), flush=True)
     report = {
         "gpu": torch.cuda.get_device_name(0), "model": str(args.model_dir), "dtype": "bfloat16",
-        "weight_bytes": wbytes, "copy_bandwidth_Bps": bandwidth, "capture_s": capture_s, "commit": commit(),
+        "weight_bytes": wbytes, "state_bytes_per_seq": state_bytes_per_seq, "copy_bandwidth_Bps": bandwidth, "capture_s": capture_s, "commit": commit(),
         "torch": torch.__version__, "results": results,
     }
     args.out.write_text(json.dumps(report, indent=2))

@@ -21,7 +21,9 @@ BLOCK, BLOCKS_PER_SEQ, SLOTS = 16, 8, 8
 # head_dim 128 with 32 rotary dims, 4 key / 8 value heads of 64 in the linear layers, 2 prompts past a WY chunk
 SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
-             linear_key_head_dim=64, linear_value_head_dim=64, vocab_size=4096, initializer_range=0.1)
+             linear_key_head_dim=64, linear_value_head_dim=64, vocab_size=4096, initializer_range=0.1,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                              "mrope_section": [6, 5, 5], "mrope_interleaved": True})  # 16 rotary frequencies
 PROMPTS = [[1, 450, 702, 282, 469, 314], list(range(100, 200)), [5], list(range(2000, 2093, 3)),
            list(range(3000, 3070))]
 

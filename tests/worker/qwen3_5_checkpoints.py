@@ -41,13 +41,18 @@ VISION: dict[str, Any] = dict(depth=1, hidden_size=32, intermediate_size=64, num
                               num_position_embeddings=16)
 
 
+def _vision(text: dict[str, Any]) -> dict[str, Any]:
+    """The tower's merger projects into the text model's width, whatever hidden size a test picks."""
+    return {**VISION, "out_hidden_size": text.get("hidden_size", TEXT["hidden_size"])}
+
+
 def qwen3_5_config(**text: Any) -> Qwen3_5Config:
-    return Qwen3_5Config(text_config={**TEXT, **text}, vision_config=VISION, tie_word_embeddings=True)
+    return Qwen3_5Config(text_config={**TEXT, **text}, vision_config=_vision(text), tie_word_embeddings=True)
 
 
 def qwen3_5_vl_config(image_pad: int, vision_start: int, vision_end: int, **text: Any) -> Qwen3_5Config:
     """The config with the vision tokens' ids (transformers finds an image by its start token and placeholders)."""
-    return Qwen3_5Config(text_config={**TEXT, **text}, vision_config=VISION, tie_word_embeddings=True,
+    return Qwen3_5Config(text_config={**TEXT, **text}, vision_config=_vision(text), tie_word_embeddings=True,
                          image_token_id=image_pad, vision_start_token_id=vision_start, vision_end_token_id=vision_end,
                          video_token_id=max(image_pad, vision_start, vision_end) + 1)
 
