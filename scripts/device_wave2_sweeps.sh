@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# One device call: the online figures of issues 14 and 15 (and 16's when time is left), engines one after another
+# on bench/serve_h200.toml with dummy weights. BF16: chat sweep, ~3k-token prompts, one 16k-token prompt alone,
+# offline 256 x (512 in, 256 out); AWQ and block FP8: the chat sweep at qps 1 and 32; Qwen3.5-4B: the chat sweep.
+# Logs and JSON go to $OUT/sweeps.tar.gz (the device returns at most 8 files).
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; bash scripts/device_wave2_sweeps.sh
+set -u
+OUT=${OUT:-/tmp/out}; LOGS=$OUT/sweeps; mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+DURATION=${DURATION:-20}; COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
+URL=http://127.0.0.1:8000
+
+model_dir() {  # a checkpoint folder: the carried dummy's tokenizer with the named shape's config.json
+  local dir=/tmp/models/$1; mkdir -p "$dir"; cp .bench-models/qwen3-4b-dummy/* "$dir/"; chmod u+w "$dir"/*
+  cp "bench/models/$1/config.json" "$dir/config.json"; echo "$dir"
+}
+
+engine_up() {  # engine_up LABEL [RUSTINFER_X=... ...]: start the three processes, wait until /ready
+  env "${@:2}" python3 -c "from rustinfer.launcher import main; main()" serve --config bench/serve_h200.toml \
+    > "$LOGS/serve_$1.log" 2>&1 &
+  ENGINE_PID=$!
+  python3 - <<'PY'
+import time, httpx
+t = time.time()
+for _ in range(300):
+    try:
+        if httpx.get("http://127.0.0.1:8000/ready", timeout=2).status_code == 200:
+            print(f"ready in {time.time() - t:.0f} s"); break
+    except httpx.HTTPError:
+        pass
+    time.sleep(1)
+PY
+}
+
+engine_down() {
+  python3 -c "import httpx; print(httpx.get('$URL/metrics').text)" > "$LOGS/metrics_$1.txt" 2>&1
+  kill -TERM $ENGINE_PID; wait $ENGINE_PID; echo "$1 serve rc=$?"; tail -3 "$LOGS/serve_$1.log"
+}
+
+sweep() {  # sweep LABEL QPS [serve_sweep args...]
+  timeout "${SWEEP_TIMEOUT:-200}" python3 bench/serve_sweep.py --url $URL --model qwen3-4b --qps "$2" \
+    --duration "$DURATION" --label "$1" --commit "$COMMIT" --clients 4 --out "$LOGS/sweep_$1.json" "${@:3}" \
+    > "$LOGS/sweep_$1.log" 2>&1
+  echo "sweep $1 rc=$?"; grep -E "^qps" "$LOGS/sweep_$1.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
+echo "$COMMIT" > "$LOGS/commit.txt"
+
+# BF16, max_model_len 32k so that the 16k probe fits (the chat shapes are as at 4k: graphs and buckets alike).
+engine_up bf16 RUSTINFER_MAX_MODEL_LEN=32768
+sweep bf16_chat "${BF16_QPS:-1,8,32}"
+sweep bf16_long 4 --workload long
+timeout 120 python3 bench/long_prompts.py --url $URL --model qwen3-4b --lengths 16384 --repeats 5 --no-background \
+  --max-tokens 4 --out "$LOGS/ttft_16k.json" > "$LOGS/ttft_16k.log" 2>&1; echo "16k rc=$?"; tail -4 "$LOGS/ttft_16k.log"
+timeout 120 python3 bench/offline_throughput.py --url $URL --model qwen3-4b --num-seqs 256 --input-len 512 \
+  --output-len 256 --out "$LOGS/offline.json" > "$LOGS/offline.log" 2>&1; echo "offline rc=$?"; tail -4 "$LOGS/offline.log"
+if [ -f bench/structured_batch.py ]; then
+  timeout 150 python3 bench/structured_batch.py --url $URL --model qwen3-4b --out "$LOGS/structured.json" \
+    > "$LOGS/structured.log" 2>&1; echo "structured rc=$?"; tail -12 "$LOGS/structured.log"
+fi
+engine_down bf16
+
+for q in awq fp8; do
+  engine_up $q RUSTINFER_MODEL="$(model_dir qwen3-4b-$q)"
+  sweep ${q}_chat 1,32
+  engine_down $q
+done
+
+if [ "${QWEN35:-1}" = 1 ]; then
+  engine_up qwen35 RUSTINFER_MODEL="$(model_dir qwen3.5-4b)"
+  sweep qwen35_chat 1,8,32
+  engine_down qwen35
+fi
+tar -czf "$OUT/sweeps.tar.gz" -C "$OUT" sweeps && rm -rf "$LOGS"
