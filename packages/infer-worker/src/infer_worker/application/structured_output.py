@@ -173,9 +173,12 @@ class GrammarBook:
             state.matcher.fill_next_token_bitmask(bitmask, len(masked))
             masked.append(row)
         if masked:
-            bits = bitmask[: len(masked)]
-            allowed = ((bits[:, :, None] >> _BITS) & 1).to(torch.bool).reshape(len(masked), -1)
-            allowed = to_device(allowed[:, : logits.shape[-1]].numpy())
+            # The packed words travel (vocab / 8 bytes a row) and are unpacked where the logits are: unpacking
+            # on the host would build and copy 32x the bytes (a bool per token).
+            bits = to_device(bitmask[: len(masked)].numpy())
+            shifts = _BITS.to(bits.device)
+            allowed = ((bits[:, :, None] >> shifts) & 1).to(torch.bool).reshape(len(masked), -1)
+            allowed = allowed[:, : logits.shape[-1]]
             index = to_device(np.asarray(masked, dtype=np.int64))
             logits.index_copy_(0, index, logits.index_select(0, index).masked_fill(~allowed, float("-inf")))
         return errors
