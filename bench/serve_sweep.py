@@ -53,6 +53,8 @@ class RequestRecord:
     error: str = ""
     prompt_tokens: int = 0
     image: bool = False  # the request carried an image
+    text: str = ""  # the streamed content, joined
+    finish_reason: str = ""
 
 
 def make_prompt(rng: random.Random, target: int = 0) -> str:
@@ -152,8 +154,11 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, messages:
                 if "error" in chunk:
                     rec.error = str(chunk["error"])
                     return rec
-                delta = chunk["choices"][0].get("delta", {}) if chunk.get("choices") else {}
+                choice = chunk["choices"][0] if chunk.get("choices") else {}
+                delta = choice.get("delta", {})
+                rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
                 if delta.get("content"):
+                    rec.text += delta["content"]
                     now = time.perf_counter()
                     if rec.ttft == 0.0:
                         rec.ttft = now - start
