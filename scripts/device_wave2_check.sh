@@ -20,4 +20,7 @@ for m in ${ROOFLINE_MODELS:-qwen3-4b-awq qwen3-4b-fp8 qwen3.5-4b}; do
     --eager-batches "" --steps 20 --out "$LOGS/roofline_$m.json" > "$LOGS/roofline_$m.log" 2>&1
   echo "roofline $m rc=$?"; tail -6 "$LOGS/roofline_$m.log"
 done
+timeout "${MASK_TIMEOUT:-50}" python3 bench/structured_batch.py --mask-microbench --device cuda \
+  --tokenizer-dir .bench-models/qwen3-4b-dummy --out "$LOGS/mask.json" > "$LOGS/mask.log" 2>&1
+echo "mask rc=$?"; tail -2 "$LOGS/mask.log"
 tar -czf "$OUT/wave2.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
