@@ -7,6 +7,8 @@ set in characters from the server's own /tokenize count of a sample (4 character
 result records the prompt tokens the server reported in `usage`. `--image-fraction` (e.g. 0.25) puts an image
 (`--image-side` pixels square, a JPEG data URL, one of a few distinct ones) before the question of that fraction of
 the requests, for a vision model; their TTFT is also reported apart (`ttft_image_ms`).
+`--image-ttft N` replaces the sweep by N requests one at a time, each one distinct image and a short question
+(after a warm-up): the image request's TTFT with nothing else running, as a median.
 
 Metrics use vLLM's definitions: TTFT = time to the first content chunk; ITL = gaps between successive content
 chunks; TPOT = (E2E - TTFT) / (output tokens - 1); E2E = request latency. Reported as mean/p50/p90/p99 with
@@ -262,6 +264,32 @@ def _image_stats(records: list[RequestRecord]) -> dict[str, object]:
     return {"image_requests": len(with_image), "ttft_image_ms": {k: v * 1e3 for k, v in ttft.items()}}
 
 
+QUESTION = "What is in this picture? Answer in one sentence."
+
+
+async def image_ttft(url: str, model: str, side: int, repeats: int, max_tokens: int) -> dict[str, object]:
+    """`repeats` requests one after another, nothing else running, each one image of `side` pixels (a distinct one
+    each time: a repeated image would hit the prefix cache) and a short question, after one warm-up request."""
+    urls = image_data_urls(side)
+    if repeats + 1 > len(urls):
+        raise SystemExit(f"--image-ttft takes at most {len(urls) - 1} repeats (distinct images)")
+
+    def messages(i: int) -> list[dict[str, Any]]:
+        return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": urls[i]}},
+                                             {"type": "text", "text": QUESTION}]}]
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as client:
+        records = [await one_request(client, url, model, messages(i), max_tokens) for i in (-1, *range(repeats))]
+    failed = [r.error for r in records if not r.ok]
+    if failed:
+        raise SystemExit(f"image TTFT: {len(failed)} requests failed: {failed[:3]}")
+    measured = records[1:]
+    return {"image": f"{side}x{side}", "repeats": repeats, "prompt_tokens": measured[0].prompt_tokens,
+            "ttft_ms": [round(r.ttft * 1e3, 2) for r in measured],
+            "ttft_ms_median": round(statistics.median(r.ttft for r in measured) * 1e3, 2),
+            "warmup_ttft_ms": round(records[0].ttft * 1e3, 2)}
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -292,7 +320,16 @@ def main() -> None:
     ap.add_argument("--image-side", type=int, default=1024, help="the images' side in pixels")
     ap.add_argument("--prompt-tokens", type=int, default=0,
                     help="long / shared-prefix: prompt (system prompt) size in tokens; 0 = the workload's default")
+    ap.add_argument("--image-ttft", type=int, default=0, metavar="N",
+                    help="instead of the sweep: the TTFT of one --image-side image plus a short question, N requests "
+                    "one at a time after a warm-up (median)")
     args = ap.parse_args()
+    if args.image_ttft:
+        result = asyncio.run(image_ttft(args.url, args.model, args.image_side, args.image_ttft, args.max_tokens))
+        print(json.dumps(result), flush=True)
+        args.out.write_text(json.dumps({"label": args.label, "commit": args.commit or commit(), "model": args.model}
+                                       | result, indent=2))
+        return
     tokens = args.prompt_tokens or WORKLOADS[args.workload]
     workload = Workload(args.workload, int(tokens * chars_per_token(args.url, args.model)) if tokens else 0,
                         args.image_fraction, args.image_side)

@@ -39,6 +39,19 @@ def fake_chat_stream(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, headers={"content-type": "text/event-stream"}, content="".join(events).encode())
 
 
+def record_bodies(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """The fake stream answers every chat request; the list fills with their bodies."""
+    bodies: list[dict] = []
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return fake_chat_stream(request)
+
+    monkeypatch.setattr(httpx, "AsyncClient",
+                        functools.partial(httpx.AsyncClient, transport=httpx.MockTransport(recording)))
+    return bodies
+
+
 @pytest.fixture
 def sweep_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """Two series, three QPS levels each, written by serve_sweep.main() itself."""
@@ -104,14 +117,7 @@ def test_missing_matplotlib_exits_2(sweep_files: list[Path], tmp_path: Path, mon
 def test_ignore_eos_is_sent_unless_turned_off(flag: list[str], expected: bool | None, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """serve_sweep sends ignore_eos (the reference workload); `--no-ignore-eos` drives servers that refuse it."""
-    bodies: list[dict] = []
-
-    def recording(request: httpx.Request) -> httpx.Response:
-        bodies.append(json.loads(request.content))
-        return fake_chat_stream(request)
-
-    monkeypatch.setattr(httpx, "AsyncClient",
-                        functools.partial(httpx.AsyncClient, transport=httpx.MockTransport(recording)))
+    bodies = record_bodies(monkeypatch)
     monkeypatch.setattr(sys, "argv", ["serve_sweep.py", "--model", "fake", "--qps", "8", "--duration", "0.3",
                                       "--out", str(tmp_path / "s.json"), *flag])
     serve_sweep.main()
@@ -167,3 +173,21 @@ def test_prompt_size_comes_from_the_servers_tokenizer(monkeypatch: pytest.Monkey
     client = httpx.Client(transport=httpx.MockTransport(lambda request: httpx.Response(404, json={})))
     monkeypatch.setattr(httpx, "post", client.post)
     assert serve_sweep.chars_per_token("http://x", "m") == 4.0
+
+
+def test_image_ttft_sends_one_distinct_image_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--image-ttft N`: a warm-up and N requests, each one image (never the same twice: a repeat would hit the
+    prefix cache) then the short question; the result holds each TTFT and their median."""
+    bodies = record_bodies(monkeypatch)
+    out = tmp_path / "ttft.json"
+    monkeypatch.setattr(sys, "argv", ["serve_sweep.py", "--model", "fake", "--image-ttft", "3", "--image-side", "64",
+                                      "--max-tokens", "8", "--out", str(out)])
+    serve_sweep.main()
+    assert len(bodies) == 4
+    contents = [b["messages"][0]["content"] for b in bodies]
+    assert all([p["type"] for p in c] == ["image_url", "text"] and c[1]["text"] == serve_sweep.QUESTION
+               for c in contents)
+    assert len({c[0]["image_url"]["url"] for c in contents}) == 4
+    result = json.loads(out.read_text())
+    assert result["image"] == "64x64" and result["repeats"] == 3 and result["prompt_tokens"] == 9
+    assert len(result["ttft_ms"]) == 3 and result["ttft_ms_median"] == sorted(result["ttft_ms"])[1] > 0
