@@ -20,6 +20,8 @@ for m in ${ROOFLINE_MODELS:-qwen3-4b-awq qwen3-4b-fp8 qwen3.5-4b}; do
     --eager-batches "" --steps 20 --out "$LOGS/roofline_$m.json" > "$LOGS/roofline_$m.log" 2>&1
   echo "roofline $m rc=$?"; tail -6 "$LOGS/roofline_$m.log"
 done
+timeout "${TOWER_TIMEOUT:-45}" python3 bench/vision_tower.py --sizes 448,1024 > "$LOGS/vision_tower.log" 2>&1
+echo "vision_tower rc=$?"; tail -3 "$LOGS/vision_tower.log"
 timeout "${MASK_TIMEOUT:-50}" python3 bench/structured_batch.py --mask-microbench --device cuda \
   --tokenizer-dir .bench-models/qwen3-4b-dummy --out "$LOGS/mask.json" > "$LOGS/mask.log" 2>&1
 echo "mask rc=$?"; tail -2 "$LOGS/mask.log"

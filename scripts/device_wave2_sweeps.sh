@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: the online figures of issues 14 and 15 (and 16's when time is left), engines one after another
 # on bench/serve_h200.toml with dummy weights. BF16: chat sweep, ~3k-token prompts, one 16k-token prompt alone,
-# offline 256 x (512 in, 256 out); AWQ and block FP8: the chat sweep at qps 1 and 32; Qwen3.5-4B: the chat sweep.
+# offline 256 x (512 in, 256 out), structured outputs at batch 64; AWQ and block FP8: the chat sweep at qps 1 and 32;
+# Qwen3.5-4B with its vision tower: the chat sweep, the 16k probe, one-image TTFT and a quarter-image sweep.
 # Logs and JSON go to $OUT/sweeps.tar.gz (the device returns at most 8 files).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; bash scripts/device_wave2_sweeps.sh
 set -u
@@ -71,10 +72,15 @@ for q in awq fp8; do
   engine_down $q
 done
 
-if [ "${QWEN35:-1}" = 1 ]; then
-  engine_up qwen35 RUSTINFER_MODEL="$(model_dir qwen3.5-4b)" RUSTINFER_MAX_MODEL_LEN=32768
-  sweep qwen35_chat 1,8,32
+if [ "${QWEN35:-1}" = 1 ]; then  # Qwen3.5-4B with its vision tower (bench/models/qwen3.5-4b-vl/README.md)
+  dir=$(model_dir qwen3.5-4b-vl); cp bench/models/qwen3.5-4b-vl/{preprocessor_config.json,chat_template.jinja} "$dir/"
+  engine_up qwen35 RUSTINFER_MODEL="$dir" RUSTINFER_MAX_MODEL_LEN=32768
+  sweep qwen35_chat "${QWEN35_QPS:-1,8,32}"
   ttft_16k qwen35
+  timeout 90 python3 bench/serve_sweep.py --url $URL --model qwen3-4b --image-ttft 5 --image-side 1024 \
+    --max-tokens 8 --commit "$COMMIT" --out "$LOGS/image_ttft.json" > "$LOGS/image_ttft.log" 2>&1
+  echo "image ttft rc=$?"; tail -2 "$LOGS/image_ttft.log"
+  sweep qwen35_images "${IMAGE_QPS:-4}" --image-fraction 0.25 --image-side 1024
   engine_down qwen35
 fi
 tar -czf "$OUT/sweeps.tar.gz" -C "$OUT" sweeps && rm -rf "$LOGS"
