@@ -75,8 +75,8 @@ def test_messages_are_tagged_and_unknown_tags_are_refused() -> None:
 
 
 def test_images_round_trip_in_submit_and_new_seq() -> None:
-    image = m.ImageInput(offset=3, num_tokens=2, grid_thw=(1, 2, 4), pixel_values=bytes(range(256)) * 3,
-                         dtype="float32", shape=(8, 24), content_hash="ab" * 16)
+    image = m.ImageInput(offset=3, num_tokens=2, grid_thw=(1, 2, 4), patches=bytes(range(192)),
+                         shape=(8, 24), value_table=bytes(range(256)) * 12, content_hash="ab" * 16)
     submit = m.Submit(request_id="r", prompt_token_ids=[1, 2, 3, 9, 9, 4], sampling=m.SamplingParams(), max_tokens=2,
                       images=[image])
     c = codec.server_to_scheduler()
@@ -85,4 +85,4 @@ def test_images_round_trip_in_submit_and_new_seq() -> None:
                                                  block_ids=[0], sampling=m.SamplingParams(), images=[image])])
     w = codec.scheduler_to_worker()
     decoded = w.decode(w.encode(plan))
-    assert decoded == plan and decoded.new_seqs[0].images[0].pixel_values == image.pixel_values
+    assert decoded == plan and decoded.new_seqs[0].images[0].patches == image.patches

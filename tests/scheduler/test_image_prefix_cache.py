@@ -17,8 +17,8 @@ BS = 4
 
 
 def image(offset: int, num_tokens: int, content_hash: str) -> ImageInput:
-    return ImageInput(offset=offset, num_tokens=num_tokens, grid_thw=(1, 2, 2 * num_tokens), pixel_values=b"\0" * 8,
-                      dtype="float32", shape=(1, 2), content_hash=content_hash)
+    return ImageInput(offset=offset, num_tokens=num_tokens, grid_thw=(1, 2, 2 * num_tokens), patches=b"\0" * 2,
+                      shape=(1, 2), value_table=b"\0" * 3 * 256 * 4, content_hash=content_hash)
 
 
 def prompt_with_image(offset: int = 8, num_tokens: int = 6, tail: int = 6) -> list[int]:

@@ -15,14 +15,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from tokenizers import AddedToken
 
 from infer_protocol.config import load_config
-from infer_protocol.messages import Submit
-from infer_server.image_processing import ImageError, decode, prepare
+from infer_protocol import codec
+from infer_protocol.messages import ImageInput, SamplingParams, Submit
+from infer_server.image_processing import ImageError, decode, prepare, preprocess
 from infer_server.tokenizer import Tokenizer
 from infer_server.vision_spec import CLIP_MEAN, CLIP_STD, VisionSpec, read_vision_spec
+from infer_worker.application.patch_values import patch_values
 
 from tests.server.conftest import ServerHarness
 from tests.server.tiny_model import build_tokenizer
@@ -89,6 +92,12 @@ def hf_image_processor() -> Any:
     return Qwen2VLImageProcessorPil(**{k: v for k, v in PREPROCESSOR.items() if k != "image_processor_type"})
 
 
+def worker_patches(image: ImageInput, spec: VisionSpec | None) -> torch.Tensor:
+    """The float32 patches the worker gives the vision tower for a wire image."""
+    assert spec is not None
+    return patch_values(image, spec.temporal_patch_size * spec.patch_size**2, "cpu")
+
+
 @pytest.fixture(scope="module")
 def vision_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_vision_model_dir(tmp_path_factory.mktemp("tiny-vl") / "tiny-vl")
@@ -143,9 +152,9 @@ def test_preprocessing_equals_transformers(vision_dir: Path, vision_tok: Tokeniz
     ours = prepare(data, spec, max_pixels=10**8)
     theirs = hf_image_processor()(images=[Image.open(io.BytesIO(data))], return_tensors="np")
     assert list(ours.grid_thw) == theirs["image_grid_thw"][0].tolist()
-    assert ours.patches.dtype == theirs["pixel_values"].dtype == np.float32
+    assert ours.patches.dtype == np.uint8 and theirs["pixel_values"].dtype == np.float32
     assert ours.patches.shape == theirs["pixel_values"].shape
-    np.testing.assert_array_equal(ours.patches, theirs["pixel_values"])
+    assert torch.equal(worker_patches(ours.wire(0), spec), torch.from_numpy(theirs["pixel_values"]))
     assert ours.num_tokens == int(np.prod(theirs["image_grid_thw"][0])) // 4
 
 
@@ -160,7 +169,21 @@ def test_preprocessing_with_clip_statistics_equals_transformers() -> None:
                                                                return_tensors="np")
     ours = prepare(data, spec, max_pixels=10**8)
     assert list(ours.grid_thw) == theirs["image_grid_thw"][0].tolist()
-    np.testing.assert_array_equal(ours.patches, theirs["pixel_values"])
+    assert torch.equal(worker_patches(ours.wire(0), spec), torch.from_numpy(theirs["pixel_values"]))
+
+
+def test_a_1024_square_image_travels_in_a_quarter_of_its_float32_patches() -> None:
+    """The wire carries uint8 patches and a 3 KB table: 1024x1024 is 4096 patches of 1536 bytes (6.3 MB; the
+    float32 patches were 25.2 MB), through the server, the scheduler and the worker, again at each re-admission."""
+    spec = VisionSpec(image_token_id=1, patch_size=16, temporal_patch_size=2, merge_size=2, min_pixels=64 * 64,
+                      max_pixels=1024 * 1024, image_mean=(0.5,) * 3, image_std=(0.5,) * 3)
+    pixels = np.random.default_rng(0).integers(0, 256, (1024, 1024, 3), dtype=np.uint8)
+    image = preprocess(Image.fromarray(pixels, "RGB"), spec).wire(1)
+    submit = Submit(request_id="r", prompt_token_ids=[0] + [1] * image.num_tokens, sampling=SamplingParams(),
+                    max_tokens=1, images=[image])
+    size = len(codec.server_to_scheduler().encode(submit))
+    assert image.shape == (4096, 1536) and image.num_tokens == 1024
+    assert 4096 * 1536 < size < 7 * 10**6
 
 
 def test_equal_images_hash_equal_and_different_images_do_not(vision_dir: Path, vision_tok: Tokenizer) -> None:
@@ -194,7 +217,8 @@ def hf_processor(vision_dir: Path) -> Any:
 
 
 @pytest.mark.parametrize("sizes", [[(70, 45)], [(70, 45), (33, 120)]])
-def test_prompt_and_images_equal_transformers_processor(vision_dir: Path, vision_server: ServerHarness,
+def test_prompt_and_images_equal_transformers_processor(vision_dir: Path, vision_tok: Tokenizer,
+                                                        vision_server: ServerHarness,
                                                         sizes: list[tuple[int, int]]) -> None:
     blobs = [image_bytes(w, h, "JPEG" if i else "PNG", seed=i) for i, (w, h) in enumerate(sizes)]
     parts = [part for blob in blobs for part in (image_part(data_url(blob)), TEXT)]
@@ -209,8 +233,8 @@ def test_prompt_and_images_equal_transformers_processor(vision_dir: Path, vision
     assert sub.prompt_token_ids == expected["input_ids"][0].tolist()
     assert r.json()["usage"]["prompt_tokens"] == len(sub.prompt_token_ids)
     assert [list(im.grid_thw) for im in sub.images] == expected["image_grid_thw"].tolist()
-    pixels = np.concatenate([np.frombuffer(im.pixel_values, dtype=im.dtype).reshape(im.shape) for im in sub.images])
-    np.testing.assert_array_equal(pixels, expected["pixel_values"])
+    pixels = torch.cat([worker_patches(im, read_vision_spec(vision_dir, vision_tok)) for im in sub.images])
+    assert torch.equal(pixels, torch.from_numpy(expected["pixel_values"]))
     pad = proc.image_token_id
     for im in sub.images:  # each span is the image's placeholders, between vision_start and vision_end
         span = sub.prompt_token_ids[im.offset - 1:im.offset + im.num_tokens + 1]

@@ -36,11 +36,17 @@ def image_prompt(parts: list[list[int] | PreparedImage]) -> tuple[list[int], lis
             ids += part
             continue
         ids.append(VISION_START)
-        images.append(ImageInput(offset=len(ids), num_tokens=part.num_tokens, grid_thw=part.grid_thw,
-                                 pixel_values=part.patches.tobytes(), dtype="float32",
-                                 shape=part.patches.shape, content_hash=part.content_hash))
+        images.append(part.wire(len(ids)))
         ids += [IMAGE_PAD] * part.num_tokens + [VISION_END]
     return ids, images
+
+
+def float_patches(image: ImageInput, values_per_channel: int) -> np.ndarray:
+    """The float32 patches of a wire image, by numpy (the oracle of the worker's look-up on its device): the byte
+    of column j is looked up in the row of channel j // values_per_channel."""
+    patches = np.frombuffer(image.patches, dtype=np.uint8).reshape(image.shape)
+    table = np.frombuffer(image.value_table, dtype=np.float32).reshape(-1, 256)
+    return table[np.arange(image.shape[1]) // values_per_channel, patches]
 
 
 ONE = [text(5, 1), picture(64, 64, 1), text(6, 2)]

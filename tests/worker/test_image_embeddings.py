@@ -12,7 +12,9 @@ import torch
 from infer_backend_cpu import CpuBackend
 from infer_protocol.messages import ImageInput
 from infer_worker.application.image_embeddings import ImageEmbeddings, StepChunk
+from infer_worker.application.patch_values import patch_values
 from infer_worker.components.vision import VisionConfig, VisionTower
+from tests.worker.image_prompts import float_patches
 
 CONFIG = VisionConfig(depth=1, hidden_size=32, intermediate_size=48, num_heads=2, in_channels=3, patch_size=2,
                       temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=24, num_position_embeddings=16)
@@ -35,14 +37,32 @@ class RecordingTower(VisionTower):
 
 
 def image(offset: int, grid: tuple[int, int, int], seed: int) -> ImageInput:
-    patches = np.random.default_rng(seed).standard_normal((grid[1] * grid[2], CONFIG.patch_dim)).astype(np.float32)
-    return ImageInput(offset=offset, num_tokens=grid[1] * grid[2] // 4, grid_thw=grid, pixel_values=patches.tobytes(),
-                      dtype="float32", shape=patches.shape, content_hash=f"{seed:032x}")
+    """Random bytes with a random table per channel (each image its own, as two processors' settings would give)."""
+    rng = np.random.default_rng(seed)
+    patches = rng.integers(0, 256, (grid[1] * grid[2], CONFIG.patch_dim), dtype=np.uint8)
+    table = rng.standard_normal((CONFIG.in_channels, 256)).astype(np.float32)
+    return ImageInput(offset=offset, num_tokens=grid[1] * grid[2] // 4, grid_thw=grid, patches=patches.tobytes(),
+                      shape=patches.shape, value_table=table.tobytes(), content_hash=f"{seed:032x}")
 
 
 def alone(tower: VisionTower, im: ImageInput) -> torch.Tensor:
-    pixels = torch.from_numpy(np.frombuffer(im.pixel_values, dtype=np.float32).reshape(im.shape).copy())
+    pixels = torch.from_numpy(float_patches(im, CONFIG.values_per_channel))
     return VisionTower.__call__(tower, pixels, [im.grid_thw])
+
+
+def replaced(im: ImageInput, **fields: object) -> ImageInput:
+    return ImageInput(**{**{f: getattr(im, f) for f in im.__struct_fields__}, **fields})
+
+
+def test_patch_bytes_are_looked_up_in_their_channels_table() -> None:
+    im = image(0, (1, 2, 2), 4)
+    values = patch_values(im, CONFIG.values_per_channel, "cpu")
+    assert values.dtype == torch.float32
+    assert torch.equal(values, torch.from_numpy(float_patches(im, CONFIG.values_per_channel)))
+    table = np.frombuffer(im.value_table, dtype=np.float32).reshape(CONFIG.in_channels, 256)
+    first = np.frombuffer(im.patches, dtype=np.uint8)[:CONFIG.patch_dim]
+    per = CONFIG.values_per_channel  # the last channel's columns come from its own row of the table
+    assert values[0, -per:].tolist() == table[-1, first[-per:]].tolist()
 
 
 def test_chunked_prefill_encodes_each_image_once() -> None:
@@ -86,4 +106,13 @@ def test_an_image_whose_grid_does_not_give_its_tokens_is_refused() -> None:
     cache = ImageEmbeddings(RecordingTower())
     bad = image(0, (1, 4, 4), 1)
     with pytest.raises(ValueError, match="does not give"):
-        cache.admit(1, [ImageInput(**{**{f: getattr(bad, f) for f in bad.__struct_fields__}, "num_tokens": 3})])
+        cache.admit(1, [replaced(bad, num_tokens=3)])
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("patches", b"\0" * 5, "patch bytes"), ("shape", (16, 8), "patch bytes"), ("value_table", b"\0" * 1024, "table"),
+])
+def test_an_image_whose_bytes_do_not_fit_the_tower_is_refused(field: str, value: object, match: str) -> None:
+    cache = ImageEmbeddings(RecordingTower())
+    with pytest.raises(ValueError, match=match):
+        cache.admit(1, [replaced(image(0, (1, 4, 4), 1), **{field: value})])

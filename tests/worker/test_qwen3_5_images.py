@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from transformers import Qwen3_5ForConditionalGeneration
@@ -20,7 +19,8 @@ from infer_worker.application.model_runner import prepare_step
 from infer_worker.application.worker_service import WorkerService
 from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 from infer_worker.models.spec import ModelSpec
-from tests.worker.image_prompts import IMAGE_PAD, ONE, TWO, VISION_END, VISION_START, image_prompt, text
+from tests.worker.image_prompts import (IMAGE_PAD, ONE, SPEC, TWO, VISION_END, VISION_START, float_patches,
+                                        image_prompt, text)
 from tests.worker.qwen3_5_checkpoints import VISION, load_hybrid, qwen3_5_vl_config, random_qwen3_5
 from tests.worker.test_graph_runner import ReplayingCpuBackend
 from tests.worker.tiny_checkpoints import Engine, forward_step, greedy_steps
@@ -39,8 +39,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Qwen3_5F
 def hf_inputs(prompt: list[int], images: list[ImageInput]) -> dict[str, torch.Tensor]:
     inputs = {"input_ids": torch.tensor([prompt])}
     if images:
-        inputs["pixel_values"] = torch.cat([torch.from_numpy(
-            np.frombuffer(im.pixel_values, dtype=np.float32).reshape(im.shape).copy()) for im in images])
+        per_channel = SPEC.temporal_patch_size * SPEC.patch_size**2
+        inputs["pixel_values"] = torch.cat([torch.from_numpy(float_patches(im, per_channel)) for im in images])
         inputs["image_grid_thw"] = torch.tensor([im.grid_thw for im in images])
         inputs["mm_token_type_ids"] = (inputs["input_ids"] == IMAGE_PAD).int()  # 1: an image's token
     return inputs

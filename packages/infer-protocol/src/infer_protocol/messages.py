@@ -22,7 +22,8 @@ import msgspec
 # 9: state slots of hybrid models (NewSeq.state_slot, Ready.num_state_slots)
 # 10: images (ImageInput; Submit.images, NewSeq.images, ModelInfo.images)
 # 11: StructuredOutput kinds regex, grammar (EBNF) and structural_tag (structured_outputs, tool calls)
-PROTOCOL_VERSION = 11
+# 12: ImageInput carries uint8 patches and their value table (patches, value_table) instead of float32 pixel_values
+PROTOCOL_VERSION = 12
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -62,15 +63,21 @@ class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One image of a prompt, preprocessed by the server as the model's own image processor does: its flattened
     patches, and where its placeholder tokens lie in the prompt. The vision tower turns the patches into
     `num_tokens` embeddings that replace the placeholders' (the worker); the prefix cache keys those positions on
-    `content_hash`, so equal placeholder ids never share KV across different images (the scheduler)."""
+    `content_hash`, so equal placeholder ids never share KV across different images (the scheduler).
+
+    The patches travel as the resized image's bytes (uint8, a quarter of float32) with the table that maps each byte
+    of each channel to its rescaled and normalized float32: the worker looks them up on its device, which gives the
+    processor's float32 patches bit for bit."""
 
     offset: int  # index in prompt_token_ids of the first placeholder token
     num_tokens: int  # contiguous placeholder tokens from offset: grid_t * grid_h * grid_w / merge_size**2
     grid_thw: tuple[int, int, int]  # the image's patch grid (temporal, height, width)
-    pixel_values: bytes  # the patches, C order: shape[0] = t * h * w patches of shape[1] = C * T * P * P values
-    dtype: str  # numpy dtype name of pixel_values, e.g. "float32"
+    # uint8, C order: shape[0] = t * h * w patches of shape[1] = C * T * P * P bytes, channel major (column j is
+    # of channel j // (T * P * P))
+    patches: bytes
     shape: tuple[int, int]
-    content_hash: str  # hex digest of what determines pixel_values (the resized image and the processor settings)
+    value_table: bytes  # float32 [C, 256], C order: the value of byte b in channel c is value_table[c, b]
+    content_hash: str  # hex digest of what determines the patch values (the resized image and the processor settings)
 
 
 # ---------------------------------------------------------------- server <-> scheduler

@@ -145,9 +145,6 @@ def place_images(prompt_ids: list[int], images: Sequence[PreparedImage],
             ids.append(token)
             continue
         image = next(it)
-        inputs.append(ImageInput(offset=len(ids), num_tokens=image.num_tokens, grid_thw=image.grid_thw,
-                                 pixel_values=image.patches.tobytes(), dtype=image.patches.dtype.name,
-                                 shape=(int(image.patches.shape[0]), int(image.patches.shape[1])),
-                                 content_hash=image.content_hash))
+        inputs.append(image.wire(len(ids)))
         ids.extend([pad] * image.num_tokens)
     return ids, inputs

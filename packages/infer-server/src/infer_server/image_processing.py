@@ -4,7 +4,10 @@
 settings: RGB (transparency composited onto white), a bicubic resize by Pillow to `smart_resize`'s size (sides
 multiples of patch_size * merge_size, area within [min_pixels, max_pixels], aspect ratio kept), rescale to [0, 1]
 and normalize in float32, then the flattened patches `[t*h*w, C*T*P*P]` in spatial-merge-block order, the single
-frame repeated over the temporal patch. `tests/server/test_image_processing.py` checks it against transformers.
+frame repeated over the temporal patch. The rescale and normalize are a per-channel table of the 256 byte values
+(`value_table`): the patches stay uint8 here and on the wire, and the worker looks up their float32 values on its
+device (`infer_worker.application.patch_values`). `tests/server/test_images.py` checks the looked-up patches
+against transformers.
 
 Imported only when a request carries an image: the server starts without numpy and Pillow loaded.
 """
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from infer_protocol.messages import ImageInput
 from infer_server.vision_spec import VisionSpec
 
 FORMATS = ("PNG", "JPEG", "WEBP")
@@ -36,10 +40,18 @@ class ImageError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class PreparedImage:
-    patches: np.ndarray  # [grid_t * grid_h * grid_w, C * T * P * P] float32, C order
+    patches: np.ndarray  # [grid_t * grid_h * grid_w, C * T * P * P] uint8, C order
+    value_table: np.ndarray  # [C, 256] float32: the value of byte b in channel c
     grid_thw: tuple[int, int, int]
     num_tokens: int  # placeholder tokens: grid_t * grid_h * grid_w / merge_size**2
     content_hash: str
+
+    def wire(self, offset: int) -> ImageInput:
+        """The image as `Submit` carries it, its placeholders from `offset` in the prompt."""
+        return ImageInput(offset=offset, num_tokens=self.num_tokens, grid_thw=self.grid_thw,
+                          patches=self.patches.tobytes(),
+                          shape=(int(self.patches.shape[0]), int(self.patches.shape[1])),
+                          value_table=self.value_table.tobytes(), content_hash=self.content_hash)
 
 
 def decode(data: bytes, max_pixels: int) -> Image.Image:
@@ -115,13 +127,9 @@ def value_table(spec: VisionSpec) -> np.ndarray:
     return table
 
 
-def pixel_array(pixels: np.ndarray, spec: VisionSpec) -> np.ndarray:
-    """`[3, H, W]` uint8 -> rescaled and normalized float32."""
-    return value_table(spec)[np.arange(3)[:, None, None], pixels]
-
-
 def patchify(pixels: np.ndarray, spec: VisionSpec) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """`[C, H, W]` -> the flattened patches `[h*w, C*T*P*P]` (ordered by merge block, then within it) and the grid."""
+    """`[C, H, W]` -> the flattened patches `[h*w, C*T*P*P]` (ordered by merge block, then within it; each row
+    channel major, then temporal, row, column) and the grid."""
     p, m, t = spec.patch_size, spec.merge_size, spec.temporal_patch_size
     channels, height, width = pixels.shape
     if height % (p * m) or width % (p * m):
@@ -142,11 +150,12 @@ def content_hash(pixels: np.ndarray, spec: VisionSpec) -> str:
 
 
 def preprocess(image: Image.Image, spec: VisionSpec) -> PreparedImage:
-    """An RGB image -> its patches, grid, placeholder count and content hash."""
+    """An RGB image -> its uint8 patches with their value table, grid, placeholder count and content hash."""
     pixels = resized(image, spec)
-    patches, grid = patchify(pixel_array(pixels, spec), spec)
+    patches, grid = patchify(pixels, spec)
     tokens = grid[0] * grid[1] * grid[2] // spec.merge_size**2
-    return PreparedImage(patches=patches, grid_thw=grid, num_tokens=tokens, content_hash=content_hash(pixels, spec))
+    return PreparedImage(patches=patches, value_table=value_table(spec), grid_thw=grid, num_tokens=tokens,
+                         content_hash=content_hash(pixels, spec))
 
 
 def prepare(data: bytes, spec: VisionSpec, max_pixels: int) -> PreparedImage:

@@ -16,9 +16,8 @@ from typing import NamedTuple
 import torch
 
 from infer_protocol.messages import ImageInput
+from infer_worker.application.patch_values import check_patches, patch_values
 from infer_worker.components.vision import VisionTower
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class StepChunk(NamedTuple):
@@ -34,13 +33,6 @@ class StepChunk(NamedTuple):
 class _SeqImages:
     images: list[ImageInput]
     embeddings: dict[int, torch.Tensor] = field(default_factory=dict)  # image index -> [num_tokens, out_hidden]
-
-
-def _pixels(image: ImageInput, device: str) -> torch.Tensor:
-    if image.dtype not in _DTYPES:
-        raise ValueError(f"image pixel dtype {image.dtype!r} is not one of {sorted(_DTYPES)}")
-    flat = torch.frombuffer(bytearray(image.pixel_values), dtype=_DTYPES[image.dtype])
-    return flat.view(image.shape).to(device, non_blocking=True)
 
 
 class ImageEmbeddings:
@@ -60,6 +52,10 @@ class ImageEmbeddings:
                     image.grid_thw[0] * image.grid_thw[1] * image.grid_thw[2]):
                 raise ValueError(f"image {i} of sequence {seq_id}: grid {image.grid_thw} does not give its "
                                  f"{image.num_tokens} tokens and {image.shape[0]} patches")
+            try:
+                check_patches(image, self.tower.config)
+            except ValueError as exc:
+                raise ValueError(f"image {i} of sequence {seq_id}: {exc}") from None
         if images:
             self._seqs[seq_id] = _SeqImages(list(images))
         else:
@@ -100,7 +96,8 @@ class ImageEmbeddings:
 
     def _encode(self, images: list[tuple[_SeqImages, int]]) -> None:
         device = self.tower.device
-        pixels = torch.cat([_pixels(state.images[i], device) for state, i in images])
+        per_channel = self.tower.config.values_per_channel
+        pixels = torch.cat([patch_values(state.images[i], per_channel, device) for state, i in images])
         out = self.tower(pixels, [state.images[i].grid_thw for state, i in images])
         for (state, i), part in zip(images, out.split([state.images[i].num_tokens for state, i in images]),
                                     strict=True):

@@ -68,8 +68,13 @@ class VisionConfig:
         )
 
     @property
+    def values_per_channel(self) -> int:
+        """A patch's values of one channel (T * P * P): a flattened patch is channel major."""
+        return self.temporal_patch_size * self.patch_size**2
+
+    @property
     def patch_dim(self) -> int:
-        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+        return self.in_channels * self.values_per_channel
 
     @property
     def head_dim(self) -> int:
