@@ -67,6 +67,18 @@ def test_awq_split_k_sums_every_range_once(m, split, device):
     torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales, bias), **tol(torch.float32))
 
 
+def test_awq_split_k_last_range_stops_at_k(device):
+    """K = 160 in groups of 32 with 16-row steps: 10 steps in ranges of 3, so the last range would run two steps
+    past K. The scale rows after the last group are NaN here (memory past the tensor, as on the H200, where
+    reading it gave NaN partials and then an illegal address): a kernel that reads them cannot match."""
+    qweight, qzeros, scales = _awq(40, 160, 32, device)
+    padded = torch.cat([scales, torch.full_like(scales[:1], float("nan"))])
+    x = _x(1, 160, torch.float32, device)
+    out = poison(torch.empty((1, 40), dtype=torch.float32, device=device))
+    y = A.awq_linear(x, qweight, qzeros, padded[:5], out=out, config=A.AwqConfig(1, 16, 16, 2, 1, 4))
+    torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales), **tol(torch.float32))
+
+
 def test_awq_decode_config_splits_k_to_fill_the_gpu():
     """Qwen3-4B's o_proj (N = K = 2560) at batch 1: 20 column tiles, so K is cut until the launch has hundreds of
     programs; a wide GEMM (gate_up, N = 19456) needs little splitting."""

@@ -94,7 +94,9 @@ def _awq_skinny_kernel(
     m_mask = rm < M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_first = pid_k * K_SPLIT
-    for k0 in range(k_first, k_first + K_SPLIT, BLOCK_K):
+    # The last range stops at K: past it the group index would read scale and zero rows that do not exist (seen
+    # on the H200: NaN partials, then an illegal address), which the masked activations cannot cancel (0 * NaN).
+    for k0 in range(k_first, tl.minimum(k_first + K_SPLIT, K), BLOCK_K):
         kk = k0 + rk
         x = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :], other=0.0)
         w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, kk, rn, k0 // GROUP, N, K, qw_stride, qz_stride, s_stride)
