@@ -5,6 +5,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from infer_backend_cuda.kernels._common import next_pow2
+
+# Kernels whose launches see a step's batch size as an argument: Triton compiles a variant per value class
+# (1, multiple of 16, other) of an integer argument unless told not to.
+STEP_SIZE_ARGS = ("n_seq",)
+
+
+def ragged_block_b(n_seq: int) -> int:
+    """`BLOCK_B` of `batch_block` for a batch of `n_seq` sequences: one compiled variant for every batch of up to
+    64 sequences, one per power of two above. A hybrid model's mixed steps run eager, so a variant per batch size
+    would compile (seconds) in the middle of serving, stalling every request."""
+    return max(64, next_pow2(n_seq))
+
 
 @triton.jit
 def batch_block(cu_ptr, n_seq, pid, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr, ROWS_PER_TOKEN: tl.constexpr):

@@ -32,10 +32,10 @@ from infer_backend_cuda.kernels._common import (
     next_pow2,
     pdl_launch,
 )
-from infer_backend_cuda.kernels._ragged import batch_block
+from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, batch_block, ragged_block_b
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_SIZE_ARGS)
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,
@@ -218,7 +218,7 @@ def paged_attention_prefill(
         BLOCK_N=bn,
         BLOCK_D=max(16, next_pow2(head_dim)),
         DOT_F32=dot_in_fp32(q.dtype),
-        BLOCK_B=max(2, next_pow2(n_seq)),
+        BLOCK_B=ragged_block_b(n_seq),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),

@@ -14,10 +14,10 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
-from infer_backend_cuda.kernels._ragged import batch_block
+from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, batch_block, ragged_block_b
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_SIZE_ARGS)
 def _causal_conv1d_kernel(
     x_ptr, w_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
     x_st, w_sc, s_ss, s_sc, o_st,
@@ -85,7 +85,9 @@ def causal_conv1d(
     if n_seq == 0:
         return out
     kp = next_pow2(k - 1)
-    bt = max(kp, min(64, next_pow2(max(max_query_len, 1))))
+    # Two token tiles (decode-sized, prefill-sized) rather than one per power of two of the longest query: each
+    # is a compiled variant, and eager mixed steps would meet them while serving.
+    bt = kp if max_query_len <= kp else max(kp, 64)
     bc = min(next_pow2(c), max(64, 2048 // bt))
     # Every sequence's token blocks but its last are full: at most cdiv(T, BT) + B of them, so the grid is
     # bounded by the step's tokens, not by B x max_query_len (a mixed step of many decode rows).
@@ -93,6 +95,6 @@ def causal_conv1d(
     _causal_conv1d_kernel[grid](
         x, weight, conv_states, out, cu_seqlens, slot_ids,
         x.stride(0), weight.stride(0), conv_states.stride(0), conv_states.stride(1), out.stride(0),
-        c, n_seq, K=k, KP=kp, BT=bt, BC=bc, BLOCK_B=max(2, next_pow2(n_seq)), num_warps=4, **pdl_launch(x.device),
+        c, n_seq, K=k, KP=kp, BT=bt, BC=bc, BLOCK_B=ragged_block_b(n_seq), num_warps=4, **pdl_launch(x.device),
     )
     return out

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
-from infer_backend_cuda.kernels._ragged import batch_block
+from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, batch_block, ragged_block_b
 from infer_backend_cuda.kernels.gdn_recurrent import gdn_kernel_args, prepare_gdn_out, sequence_head_block
 
 CHUNK = 64
@@ -37,7 +37,7 @@ def _l2_rows(x):
     return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_SIZE_ARGS)
 def _gdn_chunk_wy_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, cu_ptr,
     k_st, k_sh, v_st, v_sh, g_st, beta_st, w_st, w_sh, u_st, u_sh,
@@ -155,7 +155,7 @@ def gdn_chunk(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         w.stride(0), w.stride(1), u.stride(0), u.stride(1),
         dk, dv, hv // q.shape[1], n_seq,
-        CH=CHUNK, BK=bk, BDV=bdv, BLOCK_B=max(2, next_pow2(n_seq)), num_warps=8, **pdl,
+        CH=CHUNK, BK=bk, BDV=bdv, BLOCK_B=ragged_block_b(n_seq), num_warps=8, **pdl,
     )
     _gdn_chunk_state_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
         *gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids),

@@ -19,7 +19,7 @@ import triton.language as tl
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch, rows_view
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("N",))  # N: the step's tokens x heads
 def _gated_rms_norm_kernel(
     x_ptr, z_ptr, w_ptr, out_ptr, x_st, z_st, o_st, N, D, eps,
     BR: tl.constexpr, BD: tl.constexpr, USE_PDL: tl.constexpr,
@@ -63,7 +63,7 @@ def gated_rms_norm(
     return out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("T",))  # T: the step's tokens
 def _gdn_gates_kernel(
     a_ptr, b_ptr, alog_ptr, dtb_ptr, g_ptr, beta_ptr, a_st, b_st, o_st, T, H,
     BT: tl.constexpr, BH: tl.constexpr, USE_PDL: tl.constexpr,
