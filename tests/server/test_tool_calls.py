@@ -181,7 +181,7 @@ def test_the_forcing_grammar_takes_exactly_the_calls_the_parser_reads(compiler: 
     compiled = compiler.compile_structural_tag(plan.grammar.spec.schema)
 
     def takes(text: str) -> bool:
-        matcher = xgr.GrammarMatcher(compiled)
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=[tok.eos_token_id])  # as the worker's
         return all(matcher.accept_token(t) for t in tok.encode(text, add_special_tokens=False)) and \
             matcher.accept_token(tok.eos_token_id)
 
