@@ -1,12 +1,11 @@
 """The model's tokenizer as xgrammar sees it (the vocabulary its token bitmasks are over).
 
 Built from the model directory's `tokenizer.json` through the `tokenizers` library, the file and library the server
-detokenizes with, so that the bytes a grammar allows for a token are the bytes the client receives for it. (Going
-through transformers' AutoTokenizer, xgrammar's `from_huggingface`, is not safe: some transformers versions rebuild
-the tokenizer and drop the decoder that xgrammar reads the vocabulary's encoding from. On the H200's image a
-byte-level vocabulary was then read as raw text, `\u0109` as two bytes rather than a tab, and 3 of 16 JSON outputs
-held raw tabs inside strings.) A self-check then decodes a probe text token by token through xgrammar's view and
-refuses to serve grammars when that differs from the text.
+detokenizes with, so that the bytes a grammar allows for a token are the bytes the client receives for it. (Through
+transformers' AutoTokenizer, xgrammar's `from_huggingface`, the two can part: transformers may rebuild a tokenizer
+and drop the decoder xgrammar detects the vocabulary's encoding from. On the H200's image, with another
+transformers version, JSON outputs held raw tabs inside strings that the grammar forbids.) A self-check decodes a
+probe text token by token through xgrammar's view and refuses to serve grammars when that differs from the text.
 
 Loaded on the first structured-output request only (the vocabulary scan costs a second or two).
 """
