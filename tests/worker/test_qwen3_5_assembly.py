@@ -74,3 +74,36 @@ def test_state_slots_that_leave_no_room_for_blocks_name_max_batch_seqs(tiny_dir:
                     cpu_kv_cache_bytes=100_000, max_batch_seqs=8, block_size=4, max_model_len=256)
     with pytest.raises(StartupError, match="state slots of max_batch_seqs = 8 sequences take .* lower max_batch_seqs"):
         bootstrap(config, lambda _s: None)  # 9 slots of 16,896 bytes are more than the whole 100 kB budget
+
+
+def test_warm_up_batches_cross_each_ragged_bucket_edge_the_batch_can_reach() -> None:
+    from infer_worker.application.assembly import warm_batch_sizes
+
+    assert warm_batch_sizes(256, 10_000) == [65, 129]
+    assert warm_batch_sizes(64, 10_000) == [] and warm_batch_sizes(65, 10_000) == [65]
+    assert warm_batch_sizes(1024, 100) == [65]  # each warm-up sequence holds a block of its own
+
+
+def test_the_eager_prefill_warm_up_leaves_served_sequences_their_tokens(tiny_dir: Path) -> None:
+    """The warm-up's 65 sequences run in the scratch state slot and write KV into blocks a sequence then takes:
+    a sequence served after it gets the tokens it gets without it."""
+    from infer_worker.application.assembly import warm_eager_prefill
+    from infer_worker.application.model_runner import ModelRunner
+    from infer_worker.domain.sequence import GREEDY, Sequence
+    from infer_worker.infrastructure.backend_registry import create_backend
+    from infer_worker.application.cache_layout import allocate_caches
+    from infer_worker.infrastructure.model_loader import load_model
+    from tests.worker.tiny_checkpoints import greedy_steps
+
+    def served(warm: bool) -> list[int]:
+        backend = create_backend("cpu", "cpu", DType.FLOAT32)
+        model, spec = load_model(tiny_dir, backend, DType.FLOAT32, "dummy", 0)
+        caches = allocate_caches(backend, spec, 80, 4, DType.FLOAT32, 2, spec.num_kv_heads)
+        runner = ModelRunner(model, backend, caches.per_layer, 4, 8, "cpu", state_pools=caches.state_pools)
+        if warm:
+            warm_eager_prefill(runner, 100, 80, 512)
+        seq = Sequence(0, [5, 17, 33, 2, 9], 0, list(range(8)), GREEDY, state_slot=1)
+        greedy_steps(runner, [seq], 6)
+        return seq.token_ids[5:]
+
+    assert served(warm=True) == served(warm=False)

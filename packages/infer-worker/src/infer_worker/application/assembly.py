@@ -136,6 +136,32 @@ def self_check(runner: ModelRunner, vocab_size: int, block_size: int) -> None:
         seq.token_ids.append(out.token_ids[0])
 
 
+# The ragged prefill kernels compile one variant per power of two of a step's sequences from 64 up
+# (infer_backend_cuda's kernels/_ragged.py); smaller batches share the first.
+_RAGGED_FIRST_BUCKET = 64
+
+
+def warm_batch_sizes(max_batch_seqs: int, num_blocks: int) -> list[int]:
+    """The batch sizes whose prefill steps compile the ragged kernels' larger variants: one past each bucket edge
+    a step can reach (at most `max_batch_seqs` sequences, each holding one of the `num_blocks` blocks)."""
+    sizes, edge = [], _RAGGED_FIRST_BUCKET
+    while edge < min(max_batch_seqs, num_blocks):
+        sizes.append(edge + 1)
+        edge *= 2
+    return sizes
+
+
+def warm_eager_prefill(runner: ModelRunner, max_batch_seqs: int, num_blocks: int, vocab_size: int) -> None:
+    """Run a 2-token prefill of each of `warm_batch_sizes` sequences, so that a model whose mixed steps run eagerly
+    (a hybrid one: no mixed graphs) compiles its prefill kernels' variants here rather than while serving, where a
+    compile of seconds stalls every request. The sequences share the scratch state slot and write KV that the
+    scheduler's blocks overwrite."""
+    for size in warm_batch_sizes(max_batch_seqs, num_blocks):
+        seqs = [Sequence(-2 - i, [(3 * i + 1) % vocab_size, (5 * i + 2) % vocab_size], 0, [i], GREEDY)
+                for i in range(size)]
+        runner.execute([ScheduledSeq(seq, 2) for seq in seqs])
+
+
 def context_limit(config: Config, spec: ModelSpec) -> int:
     """`max_model_len`, or the model's `max_position_embeddings` when it is 0 (auto). Beyond the model's positions
     the RoPE table has no rows (and the model was never trained there): refused."""
@@ -213,6 +239,9 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     runner = build_runner(config, backend, model, caches.per_layer, max_model_len, progress, caches.state_pools)
     progress("self-check: prefill + decode")
     self_check(runner, spec.vocab_size, config.block_size)
+    if caches.state_pools and backend.supports_graphs:
+        progress("compiling the eager prefill kernels' batch variants")
+        warm_eager_prefill(runner, config.max_batch_seqs, num_blocks, spec.vocab_size)
     info = ModelInfo(
         model_dir=str(model_dir),
         max_model_len=max_model_len,
