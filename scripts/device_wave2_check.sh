@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: the GPU tests (the second wave's new modules first, so that a time-out loses the old ones),
-# then the decode roofline for the quantized and hybrid shapes. Everything lands in $OUT/wave2.tar.gz
+# then the decode roofline for the quantized and hybrid shapes, a profile of a 16k prefill, the vision tower and
+# the grammar mask. Everything lands in $OUT/wave2.tar.gz
 # (the device returns at most 8 files).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; bash scripts/device_wave2_check.sh
 set -u
@@ -19,6 +20,11 @@ for m in ${ROOFLINE_MODELS:-qwen3-4b-awq qwen3-4b-fp8 qwen3.5-4b}; do
   timeout "${BENCH_TIMEOUT:-70}" python3 bench/decode_roofline.py --model-dir "bench/models/$m" --batches 1,32 \
     --eager-batches "" --steps 20 --out "$LOGS/roofline_$m.json" > "$LOGS/roofline_$m.log" 2>&1
   echo "roofline $m rc=$?"; tail -6 "$LOGS/roofline_$m.log"
+done
+for m in ${PROFILE_MODELS:-qwen3.5-4b qwen3-4b}; do  # where a 16k prefill's time goes (issues 14, 16)
+  timeout "${PROFILE_TIMEOUT:-90}" python3 bench/prefill_profile.py --model-dir "bench/models/$m" --tokens 16384 \
+    --chunk 8192 --out "$LOGS/prefill_profile_$m.json" > "$LOGS/prefill_profile_$m.log" 2>&1
+  echo "prefill profile $m rc=$?"; grep -A12 "^prefill of" "$LOGS/prefill_profile_$m.log"
 done
 timeout "${TOWER_TIMEOUT:-45}" python3 bench/vision_tower.py --sizes 448,1024 > "$LOGS/vision_tower.log" 2>&1
 echo "vision_tower rc=$?"; tail -3 "$LOGS/vision_tower.log"
