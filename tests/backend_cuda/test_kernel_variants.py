@@ -1,0 +1,58 @@
+"""On the GPU: the ragged prefill kernels compile one variant for every batch of up to 64 sequences and any
+token count, and one per power of two above, so an eager step (a hybrid model's mixed steps) meets no compile
+the start-up warm-up (`assembly.warm_eager_prefill`) did not make. Counted in Triton's per-device kernel cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer_backend_cuda.kernels import causal_conv1d as C
+from infer_backend_cuda.kernels import gdn_chunk as G
+from tests.backend_cuda.conftest import gpu, needs_cuda
+
+pytestmark = [gpu, needs_cuda]
+BATCHES = [[1], [5, 3], [16] * 16, [7] * 17, [2] * 40, [70, 1, 1], [3] * 64]  # batch sizes 1..64, odd and even
+WIDE = [[2] * 65, [2] * 100, [2] * 129]  # the next two buckets
+
+
+def _variants(kernel) -> int:  # noqa: ANN001 - a triton JITFunction
+    return len(kernel.device_caches[torch.cuda.current_device()][0])
+
+
+def _cu(lens: list[int]) -> torch.Tensor:
+    return torch.tensor([0, *torch.cumsum(torch.tensor(lens), 0).tolist()], dtype=torch.int32, device="cuda")
+
+
+def _conv(lens: list[int], channels: int = 256) -> None:
+    t = sum(lens)
+    x = torch.randn(t, channels, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(channels, 4, device="cuda", dtype=torch.bfloat16)
+    states = torch.zeros(len(lens) + 1, channels, 3, device="cuda", dtype=torch.bfloat16)
+    slots = torch.arange(1, len(lens) + 1, dtype=torch.int32, device="cuda")
+    C.causal_conv1d(x, w, states, _cu(lens), slots, max(lens))
+
+
+def _chunk(lens: list[int], hk: int = 2, hv: int = 4, d: int = 64) -> None:
+    t = sum(lens)
+    q, k = (torch.randn(t, hk, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(t, hv, d, device="cuda", dtype=torch.bfloat16)
+    g = -torch.rand(t, hv, device="cuda")
+    beta = torch.rand(t, hv, device="cuda")
+    states = torch.zeros(len(lens) + 1, hv, d, d, device="cuda")
+    slots = torch.arange(1, len(lens) + 1, dtype=torch.int32, device="cuda")
+    G.gdn_chunk(q, k, v, g, beta, states, _cu(lens), slots)
+
+
+@pytest.mark.parametrize("run,kernel", [(_conv, C._causal_conv1d_kernel), (_chunk, G._gdn_chunk_wy_kernel)],
+                         ids=["causal_conv1d", "gdn_chunk_wy"])
+def test_prefill_batches_up_to_64_sequences_share_one_variant(run, kernel) -> None:  # noqa: ANN001
+    kernel.device_caches.clear()  # count from none (the variants reload from Triton's disk cache)
+    for lens in BATCHES:
+        run(lens)
+    torch.cuda.synchronize()
+    assert _variants(kernel) == 1
+    for lens in WIDE:
+        run(lens)
+    torch.cuda.synchronize()
+    assert _variants(kernel) == 3  # 64, 128 and 256 lanes
