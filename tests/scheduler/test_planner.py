@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import deque
+
+import msgspec
 import pytest
 
 from infer_protocol.messages import StepResult
@@ -257,3 +260,36 @@ def test_a_result_that_does_not_match_its_step_fails_the_step():
     assert not e.in_flight and not e.requests and not e.running
     assert e.kv.num_free + e.kv.num_cached == e.kv.num_blocks
     e.check_invariants()
+
+
+def test_a_request_that_reads_its_output_waits_for_its_token_under_the_pipeline():
+    """With the one-step-ahead pipeline a request under a grammar (or with penalties) is not planned into the step
+    after one that samples its token: its next mask reads that token. The batch's other requests are, and the
+    waiting one comes back in the step after, with every output the same as without the pipeline."""
+    from infer_protocol.messages import SamplingParams, StructuredOutput
+
+    def submits():
+        grammar = SamplingParams(temperature=0.0, structured=StructuredOutput("json_object"))
+        penalised = SamplingParams(temperature=0.0, presence_penalty=0.5)
+        return [make_submit([1, 2, 3], max_tokens=6, rid="free"),
+                msgspec.structs.replace(make_submit([4, 5, 6], max_tokens=6, rid="grammar"), sampling=grammar),
+                msgspec.structs.replace(make_submit([7, 8, 9], max_tokens=6, rid="penalised"), sampling=penalised)]
+
+    e = make_engine(max_inflight_steps=2)
+    for s in submits():
+        e.submit(s)
+    ids = {r.request_id: r.seq_id for r in e.waiting}
+    first = e.plan_step()
+    second = e.plan_step()  # planned while the first is in flight: only the free request decodes in it
+    assert first is not None and second is not None
+    assert {n.seq_id for n in first.new_seqs} == set(ids.values())
+    assert [c.seq_id for c in second.continuing] == [ids["free"]]
+    worker = SimWorker(64, 4)
+    held = deque([worker.step(first), worker.step(second)])
+    piped = run_to_completion(e, worker, held=held)
+    alone = make_engine(max_inflight_steps=1)
+    for s in submits():
+        alone.submit(s)
+    sync = run_to_completion(alone, SimWorker(64, 4))
+    assert {k: tokens_of(v) for k, v in piped.items()} == {k: tokens_of(v) for k, v in sync.items()}
+    assert all(len(tokens_of(v)) == 6 for v in piped.values())

@@ -173,3 +173,23 @@ def test_aborts_while_steps_are_in_flight_change_no_other_request(model_dir: Pat
         else:
             assert (toks, reason) == ref[rid], rid
     assert engine.kv.num_free + engine.kv.num_cached == engine.kv.num_blocks
+
+
+def test_a_row_that_reads_its_output_stalls_no_other_row(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """r5's penalties read its own tokens: the scheduler plans it only once its last token is back, so the worker
+    never has to collect a step in flight before launching the next (the pipeline keeps every other row going),
+    and the tokens are the synchronous run's."""
+    subs = submits()
+    early: list[int] = []
+    launch = WorkerService.launch
+
+    def counting(self: WorkerService, plan: Any) -> list:
+        results = launch(self, plan)
+        early.append(len(results))
+        return results
+
+    sync, _ = serve(make_runner(model_dir, False, 64), subs, overlap=False, num_blocks=64)
+    monkeypatch.setattr(WorkerService, "launch", counting)
+    piped, _ = serve(make_runner(model_dir, False, 64), subs, overlap=True, num_blocks=64)
+    assert piped == sync
+    assert len(early) > 20 and sum(early) == 0

@@ -58,6 +58,13 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     prompt_logprobs: bool = False  # the logprob (and top_logprobs alternatives) of every prompt token after the first
     structured: StructuredOutput | None = None  # response_format: the output follows this grammar
 
+    @property
+    def reads_its_output(self) -> bool:
+        """Each sample depends on the request's own tokens so far (a grammar's state, penalties' counts): with
+        the one-step-ahead pipeline such a request waits for its token rather than stalling the batch's."""
+        return self.structured is not None or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or \
+            self.repetition_penalty != 1.0
+
 
 class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One image of a prompt, preprocessed by the server as the model's own image processor does: its flattened

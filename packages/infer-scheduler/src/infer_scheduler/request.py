@@ -58,6 +58,7 @@ class Request:
         "min_tokens", "max_len", "min_len", "want_logprobs", "status", "num_computed", "block_ids", "cache_node",
         "cache_len", "num_cached_tokens", "num_preemptions", "scheduled_step", "on_worker", "finish_reason",
         "decode_msg", "num_pending", "prompt_lps", "prompt_top", "state_slot", "images", "key_prompt",
+        "reads_output",
     )
 
     def __init__(self, msg: Submit, seq_id: int, max_model_len: int) -> None:
@@ -75,6 +76,7 @@ class Request:
         self.max_len = min(p + msg.max_tokens, max_model_len)  # "length" once len(token_ids) reaches this
         self.min_len = p + msg.min_tokens  # stop tokens count once len(token_ids) is beyond this
         self.want_logprobs = msg.sampling.logprobs
+        self.reads_output = msg.sampling.reads_its_output  # (planner.py: it skips a step while its token is in flight)
         self.status = RequestStatus.WAITING
         self.num_computed = 0
         self.block_ids: list[int] = []

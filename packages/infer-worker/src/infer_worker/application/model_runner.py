@@ -256,7 +256,7 @@ class ModelRunner:
         self.images: ImageInputs | None = None
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        """One array to the device (the logits-processing path, which runs synchronously anyway)."""
+        """One array to the device for the logits-processing path (a pageable copy: the array may go at once)."""
         return torch.from_numpy(array).to(self.device)
 
     def _fill_pending(self, input_ids: torch.Tensor, step: HostStep, pending_pos: torch.Tensor,
@@ -344,7 +344,9 @@ class ModelRunner:
         if plan is None:  # the fast path: no penalties, no min_tokens mask, no top logprobs
             out = self._sampler.sample(logits, sampling)
             return self._launched(seqs, out.token_ids, out.logprobs)
-        # Logits processing reads the rows' history and returns top logprobs as lists: done synchronously.
+        # Logits processing reads the rows' history (complete at launch: WorkerService.launch) and stays on the
+        # device, so the step's tokens come back as the fast path's do; only top logprobs, returned as lists,
+        # make it synchronous.
         processed = process_logits(logits, plan, self._tensor)
         errors: list[SeqError] = []
         if plan.grammar_rows:
@@ -354,13 +356,14 @@ class ModelRunner:
             else:
                 errors = self.grammars.mask(processed, seqs, plan.grammar_rows, self._tensor)
         out = self._sampler.sample(processed, sampling)
-        done = SampledTokens(
-            seq_ids=[s.seq_id for s in seqs],
-            token_ids=out.token_ids.tolist(),
-            logprobs=raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor).tolist(),
-            top_logprobs=top_logprobs(logits, plan, len(seqs), self._tensor),
-        )
-        launched = self._launched(seqs, out.token_ids, out.logprobs, done)
+        logprobs = raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor)
+        if not plan.top_counts:
+            launched = self._launched(seqs, out.token_ids, logprobs)
+        else:
+            done = SampledTokens(seq_ids=[s.seq_id for s in seqs], token_ids=out.token_ids.tolist(),
+                                 logprobs=logprobs.tolist(), top_logprobs=top_logprobs(logits, plan, len(seqs),
+                                                                                       self._tensor))
+            launched = self._launched(seqs, out.token_ids, logprobs, done)
         launched.seq_errors = errors
         return launched
 

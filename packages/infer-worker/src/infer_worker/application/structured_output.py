@@ -9,10 +9,12 @@ protocol's `StructuredOutput.kind`).
   sequence arrived. A schema xgrammar refuses, or one still compiling at the deadline, fails that request
   alone: the row samples unconstrained, its token is void, and the step's result names it in `seq_errors`
   (the scheduler ends the request with that error). The rest of the batch is untouched.
-- Rows with a grammar count as needing logits processing (`process_until`), so the worker collects every step
-  in flight before launching theirs: each row's history is complete, and its matcher catches up with the
-  tokens it has not seen (at most one a step; a whole output after a preemption's recompute) before it fills
-  the row's bitmask. No rollback, no speculation.
+- Rows with a grammar need logits processing (`process_until`) and read their own output: under the
+  one-step-ahead pipeline the scheduler plans such a row only once its last token is back (it decodes every
+  other step), so its history is complete at launch without stalling the batch (the worker still collects the
+  steps in flight first if a row's token is PENDING). Its matcher catches up with the tokens it has not seen
+  (at most one a step; a whole output after a preemption's recompute) before it fills the row's bitmask. No
+  rollback, no speculation.
 - The matcher's stop tokens are the request's (EOS + stop_token_ids, as the scheduler stops on them): once the
   grammar is complete only they are allowed, so the request ends with finish_reason "stop".
 

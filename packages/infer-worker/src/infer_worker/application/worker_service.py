@@ -125,9 +125,12 @@ class WorkerService:
             scheduled = [self._admit(new) for new in plan.new_seqs if new.seq_id not in dropped]
             scheduled += [self._continue(cont.seq_id, cont.num_tokens, cont.new_block_ids)
                           for cont in plan.continuing if cont.seq_id not in dropped]
-            if self._inflight and any(s.seq.needs_processing for s in scheduled):
-                while self._inflight:
-                    early.append(self.collect())
+            # A row that reads its own output needs it whole: collect until none of its tokens is PENDING (the
+            # scheduler plans such a row only once its token is back, so this waits only in the worker's own
+            # tests and the synchronous paths).
+            while self._inflight and any(s.seq.reads_its_output and PENDING in s.seq.token_ids[-2:]
+                                         for s in scheduled):
+                early.append(self.collect())
             work = self._executor.launch(ScheduledBatch(scheduled, self._table))
         except Exception as exc:
             if self._is_fatal(exc):

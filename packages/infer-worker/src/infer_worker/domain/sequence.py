@@ -96,6 +96,14 @@ class Sequence:
         return len(self.token_ids) - self.prompt_len
 
     @property
+    def reads_its_output(self) -> bool:
+        """Its next sample reads its own tokens so far (a grammar's state, penalties' counts), so none of them may
+        still be PENDING when its step launches."""
+        p = self.sampling
+        return p.structured is not None or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or \
+            p.repetition_penalty != 1.0
+
+    @property
     def needs_processing(self) -> bool:
         """The next sample needs the logits-processing step (the fast path cannot serve it)."""
         return len(self.token_ids) < self.process_until
