@@ -256,8 +256,13 @@ class ModelRunner:
         self.images: ImageInputs | None = None
 
     def _tensor(self, array: np.ndarray) -> torch.Tensor:
-        """One array to the device for the logits-processing path (a pageable copy: the array may go at once)."""
-        return torch.from_numpy(array).to(self.device)
+        """One array to the device for the logits-processing path, without waiting for the device: a copy from
+        pageable memory would synchronise the stream, so it goes through pinned memory (which torch's host
+        allocator keeps until the copy is done)."""
+        host = torch.from_numpy(array)
+        if self.backend.host_memory:
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     def _fill_pending(self, input_ids: torch.Tensor, step: HostStep, pending_pos: torch.Tensor,
                       pending_rows: torch.Tensor) -> None:

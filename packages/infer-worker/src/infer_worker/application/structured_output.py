@@ -49,7 +49,6 @@ COMPILE_TIMEOUT_S = 30.0
 COMPILER_TIMEOUT_S = 300.0
 MAX_CACHED_GRAMMARS = 256  # compiled grammars kept (least recently used dropped first)
 _JSON_OBJECT_SCHEMA = '{"type": "object"}'
-_BITS = torch.arange(32, dtype=torch.int32)
 
 TokenizerInfoFactory = Callable[[int], Any]  # vocab size -> xgrammar.TokenizerInfo (loads the tokenizer)
 _FOREVER = 2**62
@@ -178,7 +177,7 @@ class GrammarBook:
             # The packed words travel (vocab / 8 bytes a row) and are unpacked where the logits are: unpacking
             # on the host would build and copy 32x the bytes (a bool per token).
             bits = to_device(bitmask[: len(masked)].numpy())
-            shifts = _BITS.to(bits.device)
+            shifts = torch.arange(32, dtype=torch.int32, device=bits.device)  # (made there: no copy to wait on)
             allowed = ((bits[:, :, None] >> shifts) & 1).to(torch.bool).reshape(len(masked), -1)
             allowed = allowed[:, : logits.shape[-1]]
             index = to_device(np.asarray(masked, dtype=np.int64))
