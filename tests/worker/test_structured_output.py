@@ -252,3 +252,27 @@ def test_admission_gives_the_domain_its_own_grammar_value() -> None:
     wire = SamplingParams(temperature=0.5, structured=StructuredOutput(kind="json_schema", schema='{"type":"object"}'))
     assert to_sampling(wire).structured == Grammar("json_schema", '{"type":"object"}')
     assert to_sampling(wire).temperature == 0.5 and to_sampling(SamplingParams()).structured is None
+
+
+def test_a_tokenizer_the_grammar_engine_cannot_read_fails_each_request_without_retrying() -> None:
+    """The factory's refusal (e.g. grammar_tokenizer's decode self-check) fails every constrained request with a
+    400 that says why, and is not retried: each retry would cost the vocabulary scan again, under the lock."""
+    import torch
+
+    from infer_worker.domain.sequence import Grammar, Sampling, Sequence
+
+    calls = []
+
+    def misread(vocab_size: int) -> object:
+        calls.append(vocab_size)
+        raise ValueError("the grammar engine reads this tokenizer's vocabulary differently from its decoder")
+
+    book = GrammarBook(misread, 64)
+    seqs = [Sequence(i, [1, 2, 3], 3, [0], Sampling(temperature=0.0, structured=Grammar("regex", pattern)),
+                     stop_token_ids=(EOS,)) for i, pattern in enumerate(["a+", "b+"])]
+    for seq in seqs:
+        book.admit(seq)
+    errors = book.mask(torch.zeros(2, 64), seqs, [0, 1], lambda a: torch.from_numpy(a))
+    assert [(e.seq_id, e.code, e.status) for e in errors] == [(0, "invalid_grammar", 400), (1, "invalid_grammar", 400)]
+    assert all("differently from its decoder" in e.message for e in errors)
+    assert calls == [64]

@@ -83,6 +83,7 @@ class GrammarBook:
     _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "grammar-compile"))
     _compiler: Any = None
     _compiler_ready: float | None = None  # time.monotonic() when the compiler was made
+    _compiler_error: Exception | None = None  # why it could not be made (kept: a retry would take as long again)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ready: threading.Event = field(default_factory=threading.Event)  # set once the compiler exists (or failed)
 
@@ -118,6 +119,8 @@ class GrammarBook:
         import xgrammar as xgr  # here, not at import: a worker that never sees a grammar never loads it
 
         with self._lock:
+            if self._compiler_error is not None:
+                raise self._compiler_error
             if self._compiler is None:
                 try:
                     if self.tokenizer_info is None:
@@ -126,6 +129,10 @@ class GrammarBook:
                     self._compiler = xgr.GrammarCompiler(self.tokenizer_info(self.vocab_size), max_threads=1)
                     self._compiler_ready = time.monotonic()
                     log.info("grammar compiler ready in %.1f s", time.perf_counter() - started)
+                except Exception as exc:
+                    self._compiler_error = exc
+                    log.error("structured outputs are unavailable: %s", exc)
+                    raise
                 finally:
                     self._ready.set()
         if spec.kind == "regex":
