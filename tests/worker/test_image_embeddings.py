@@ -116,3 +116,32 @@ def test_an_image_whose_bytes_do_not_fit_the_tower_is_refused(field: str, value:
     cache = ImageEmbeddings(RecordingTower())
     with pytest.raises(ValueError, match=match):
         cache.admit(1, [replaced(image(0, (1, 4, 4), 1), **{field: value})])
+
+
+def test_tower_calls_hold_at_most_the_profiled_patches() -> None:
+    """A step reaching many images first encodes them in calls of at most the budget the memory profile covered
+    (a larger image alone), with each image's embeddings those it gets alone."""
+    from infer_worker.application.image_embeddings import tower_groups
+
+    assert tower_groups([10, 10, 10], 25) == [range(0, 2), range(2, 3)]
+    assert tower_groups([40, 5, 5, 30], 25) == [range(0, 1), range(1, 3), range(3, 4)]
+    assert tower_groups([], 25) == []
+    tower = RecordingTower()
+    cache = ImageEmbeddings(tower, patches_per_call=24)
+    ims = [image(0, (1, 4, 4), 1), image(4, (1, 4, 4), 2), image(8, (1, 2, 4), 3)]  # 16, 16 and 8 patches
+    cache.admit(1, ims)
+    rows, emb = cache.step_embeddings([StepChunk(1, 0, 10, 0)])
+    assert tower.calls == [[(1, 4, 4)], [(1, 4, 4), (1, 2, 4)]]
+    torch.testing.assert_close(emb, torch.cat([alone(tower, im) for im in ims]))
+
+
+def test_the_worst_case_tower_call_covers_the_largest_accepted_image() -> None:
+    from infer_worker.application.image_embeddings import TOWER_PATCHES_PER_CALL, profile_tower, worst_case_grid
+
+    tower = RecordingTower()  # patch 2, merge 2
+    t, h, w = worst_case_grid(tower, 1000 * 1000)  # 250,000 patches of 2x2 pixels
+    assert t == 1 and h == w and h % 2 == 0 and h * w >= 250_000 and (h - 2) ** 2 < 250_000
+    _, h, w = worst_case_grid(tower, 16)  # a tiny image limit: the call budget rules
+    assert h * w >= TOWER_PATCHES_PER_CALL and (h - 2) ** 2 < TOWER_PATCHES_PER_CALL
+    profile_tower(tower, 16)  # what the memory profile runs
+    assert tower.calls == [[(1, h, w)]]

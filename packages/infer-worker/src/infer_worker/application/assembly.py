@@ -23,6 +23,7 @@ from infer_protocol.messages import ModelInfo
 from infer_worker.application.cache_layout import allocate_caches, state_geometry
 from infer_worker.application.fault_injection import FAULT_ENV, with_fault_injection
 from infer_worker.application.graph_runner import GraphModelRunner
+from infer_worker.application.image_embeddings import profile_tower
 from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.kv_sizing import KvGeometry, blocks_for_budget, profiled_budget
 from infer_worker.application.model_runner import ModelRunner
@@ -112,6 +113,8 @@ def profile_num_blocks(config: Config, backend: LlmBackend, model: CausalLM, dty
     runner = ModelRunner(model, backend, caches.per_layer, config.block_size, scratch_blocks, backend.device,
                          state_pools=caches.state_pools)
     runner.execute(_profile_sequences(tokens, max_model_len, config.block_size))
+    if model.visual is not None:  # a step's tower calls run before its text forward, freed before it starts
+        profile_tower(model.visual, config.max_image_pixels)
     backend.synchronize()
     peak = backend.peak_memory_bytes()
     del runner, caches

@@ -1,7 +1,8 @@
 """The image embeddings of a step: the vision tower's output for the image placeholders the step computes.
 
-An image goes through the tower once, in the first step whose chunk reaches one of its placeholders; all the images a
-step reaches first go through together (one tower call, each image attending to itself). Its embeddings are kept
+An image goes through the tower once, in the first step whose chunk reaches one of its placeholders; the images a
+step reaches first go through together, in tower calls of at most `TOWER_PATCHES_PER_CALL` patches (or one image,
+if larger; each image attends to itself), so that the memory profile's worst-case tower call bounds every step's. Its embeddings are kept
 for the sequence while later chunks of its prefill still need some of them (chunked prefill never recomputes an
 image), and dropped once a step has consumed its last placeholder. A sequence admitted again (after preemption)
 starts over. The model scatters the step's embeddings into its input embeddings at the rows returned.
@@ -9,6 +10,7 @@ starts over. The model scatters the step's embeddings into its input embeddings 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -18,6 +20,41 @@ import torch
 from infer_protocol.messages import ImageInput
 from infer_worker.application.patch_values import check_patches, patch_values
 from infer_worker.components.vision import VisionTower
+
+# Patches per tower call (four 1024x1024 images): what the memory profile gives the tower at least.
+TOWER_PATCHES_PER_CALL = 16384
+
+
+def tower_groups(patches: Sequence[int], budget: int = TOWER_PATCHES_PER_CALL) -> list[range]:
+    """Consecutive images (by their patch counts) in groups of at most `budget` patches, a larger image alone."""
+    groups, start, total = [], 0, 0
+    for i, n in enumerate(patches):
+        if i > start and total + n > budget:
+            groups.append(range(start, i))
+            start, total = i, 0
+        total += n
+    if start < len(patches):
+        groups.append(range(start, len(patches)))
+    return groups
+
+
+def worst_case_grid(tower: VisionTower, max_image_pixels: int) -> tuple[int, int, int]:
+    """The patch grid of the largest tower call a step can make: the largest image the server accepts
+    (`max_image_pixels`) or a full call of `TOWER_PATCHES_PER_CALL` patches, whichever is more; square, and
+    divisible by the merge size."""
+    config = tower.config
+    patches = max(TOWER_PATCHES_PER_CALL, max_image_pixels // config.patch_size**2)
+    merge = config.spatial_merge_size
+    root = math.isqrt(patches - 1) + 1  # the smallest side whose square holds `patches`
+    side = -(-root // merge) * merge
+    return 1, side, side
+
+
+def profile_tower(tower: VisionTower, max_image_pixels: int) -> None:
+    """Run the tower on its worst-case call (for the worker's memory profile)."""
+    grid = worst_case_grid(tower, max_image_pixels)
+    pixels = torch.zeros(grid[0] * grid[1] * grid[2], tower.config.patch_dim, dtype=tower.dtype, device=tower.device)
+    tower(pixels, [grid])
 
 
 class StepChunk(NamedTuple):
@@ -36,8 +73,9 @@ class _SeqImages:
 
 
 class ImageEmbeddings:
-    def __init__(self, tower: VisionTower) -> None:
+    def __init__(self, tower: VisionTower, patches_per_call: int = TOWER_PATCHES_PER_CALL) -> None:
         self.tower = tower
+        self.patches_per_call = patches_per_call
         self._seqs: dict[int, _SeqImages] = {}
 
     @property
@@ -97,8 +135,11 @@ class ImageEmbeddings:
     def _encode(self, images: list[tuple[_SeqImages, int]]) -> None:
         device = self.tower.device
         per_channel = self.tower.config.values_per_channel
-        pixels = torch.cat([patch_values(state.images[i], per_channel, device) for state, i in images])
-        out = self.tower(pixels, [state.images[i].grid_thw for state, i in images])
-        for (state, i), part in zip(images, out.split([state.images[i].num_tokens for state, i in images]),
-                                    strict=True):
-            state.embeddings[i] = part
+        sizes = [math.prod(state.images[i].grid_thw) for state, i in images]
+        for group in tower_groups(sizes, self.patches_per_call):
+            part_images = [images[j] for j in group]
+            pixels = torch.cat([patch_values(state.images[i], per_channel, device) for state, i in part_images])
+            out = self.tower(pixels, [state.images[i].grid_thw for state, i in part_images])
+            for (state, i), part in zip(part_images, out.split([state.images[i].num_tokens
+                                                                for state, i in part_images]), strict=True):
+                state.embeddings[i] = part
