@@ -16,21 +16,11 @@ model_dir() {  # a checkpoint folder: the carried dummy's tokenizer with the nam
   cp "bench/models/$1/config.json" "$dir/config.json"; echo "$dir"
 }
 
-engine_up() {  # engine_up LABEL [RUSTINFER_X=... ...]: start the three processes, wait until /ready
-  env "${@:2}" python3 -c "from rustinfer.launcher import main; main()" serve --config bench/serve_h200.toml \
-    > "$LOGS/serve_$1.log" 2>&1 &
-  ENGINE_PID=$!
-  python3 - <<'PY'
-import time, httpx
-t = time.time()
-for _ in range(300):
-    try:
-        if httpx.get("http://127.0.0.1:8000/ready", timeout=2).status_code == 200:
-            print(f"ready in {time.time() - t:.0f} s"); break
-    except httpx.HTTPError:
-        pass
-    time.sleep(1)
-PY
+engine_up() {  # engine_up LABEL [RUSTINFER_X=... ...]: device_engine.sh with these overrides for this engine alone
+  local kv
+  for kv in "${@:2}"; do export "$kv"; done
+  SERVE_LOG="$LOGS/serve_$1.log" source "$(dirname "$0")/device_engine.sh"
+  for kv in "${@:2}"; do unset "${kv%%=*}"; done
 }
 
 engine_down() {

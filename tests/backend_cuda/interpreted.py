@@ -23,11 +23,11 @@ class InterpretedCudaBackend:
         from infer_backend_cuda.linear_ops import CudaLinears
         from infer_backend_cuda.ops import CudaMathOps, SingleDeviceCollective, TritonFusedOps
 
-        self._cpu = create_backend("cpu", "cpu", dtype)
+        self.cpu = create_backend("cpu", "cpu", dtype)
         math = CudaMathOps(skinny_gemm=True)
         fused = TritonFusedOps(math)
-        self.ops = OpPorts(math=math, fused=fused, sampler=self._cpu.ops.sampler, collective=SingleDeviceCollective(),
+        self.ops = OpPorts(math=math, fused=fused, sampler=self.cpu.ops.sampler, collective=SingleDeviceCollective(),
                            linears=CudaLinears(math, fused), gdn=CudaGatedDeltaOps(self.device))
 
     def __getattr__(self, name: str) -> Any:  # memory, dtypes, KV allocation: the CPU backend's
-        return getattr(self._cpu, name)
+        return getattr(self.cpu, name)

@@ -44,12 +44,12 @@ def _greedy(model_dir: Path, backend, prompts, steps: int = 3) -> list[list[int]
 def test_hybrid_text_model_through_the_cuda_ports_equals_cpu(tmp_path: Path) -> None:
     write_qwen3_5(tmp_path, seed=0, hidden_size=64, intermediate_size=128, head_dim=32, vocab_size=512)
     prompts = [(p, []) for p in TEXT_PROMPTS]
-    expected = _greedy(tmp_path, InterpretedCudaBackend()._cpu, prompts)
+    expected = _greedy(tmp_path, InterpretedCudaBackend().cpu, prompts)
     assert _greedy(tmp_path, InterpretedCudaBackend(), prompts) == expected
 
 
 def test_image_and_text_prompts_through_the_cuda_ports_equal_cpu(tmp_path: Path) -> None:
     random_qwen3_5(qwen3_5_vl_config(IMAGE_PAD, VISION_START, VISION_END), seed=5).save_pretrained(tmp_path)
     prompts = [image_prompt(ONE), (text(9, 7), []), image_prompt(TWO)]
-    expected = _greedy(tmp_path, InterpretedCudaBackend()._cpu, prompts)
+    expected = _greedy(tmp_path, InterpretedCudaBackend().cpu, prompts)
     assert _greedy(tmp_path, InterpretedCudaBackend(), prompts) == expected

@@ -84,7 +84,7 @@ class Planner:
                 continue  # preempted earlier in this step
             if nc + 1 >= req.max_len:
                 continue  # the token a step in flight samples is its last (one-step-ahead pipeline)
-            if req.num_pending and req.reads_output:
+            if req.reads_output and req.num_pending:
                 continue  # its next sample reads the token still in flight: it waits a step, the batch does not
             if nc < len(req.block_ids) * bs:
                 add(req.decode_msg)

@@ -128,7 +128,7 @@ class WorkerService:
             # A row that reads its own output needs it whole: collect until none of its tokens is PENDING (the
             # scheduler plans such a row only once its token is back, so this waits only in the worker's own
             # tests and the synchronous paths).
-            while self._inflight and any(s.seq.reads_its_output and PENDING in s.seq.token_ids[-2:]
+            while self._inflight and any(s.seq.reads_output and PENDING in s.seq.token_ids[-2:]
                                          for s in scheduled):
                 early.append(self.collect())
             work = self._executor.launch(ScheduledBatch(scheduled, self._table))

@@ -74,13 +74,18 @@ class Sequence:
     # plus `rope_delta` (where the prompt's 3-D positions left off). 0 and 0 for a text prompt.
     multimodal_until: int = 0
     rope_delta: int = 0
+    # Its next sample reads its own tokens so far (a grammar's state, penalties' counts), so none of them may
+    # still be PENDING when its step launches (set from `sampling`; the scheduler's rule is
+    # `SamplingParams.reads_its_output`).
+    reads_output: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_len < 0:
             self.prompt_len = len(self.token_ids)
         p = self.sampling
-        if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0 or (
-                p.logprobs and p.top_logprobs > 0) or p.logit_bias or p.allowed_token_ids:
+        penalised = p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+        self.reads_output = penalised or p.structured is not None
+        if penalised or (p.logprobs and p.top_logprobs > 0) or p.logit_bias or p.allowed_token_ids:
             self.process_until = _FOREVER
         elif p.min_tokens > 0 and self.stop_token_ids:
             self.process_until = self.prompt_len + p.min_tokens
@@ -94,14 +99,6 @@ class Sequence:
     @property
     def num_generated(self) -> int:
         return len(self.token_ids) - self.prompt_len
-
-    @property
-    def reads_its_output(self) -> bool:
-        """Its next sample reads its own tokens so far (a grammar's state, penalties' counts), so none of them may
-        still be PENDING when its step launches."""
-        p = self.sampling
-        return p.structured is not None or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or \
-            p.repetition_penalty != 1.0
 
     @property
     def needs_processing(self) -> bool:

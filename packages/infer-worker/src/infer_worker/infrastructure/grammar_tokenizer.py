@@ -39,10 +39,11 @@ def tokenizer_info(tokenizer: Any, vocab_size: int) -> Any:
 
     spec = json.loads(tokenizer.to_str())
     vocab = tokenizer.get_vocab(with_added_tokens=True)
-    encoded = [""] * max(vocab_size, max(vocab.values()) + 1)
+    encoded = [""] * vocab_size
     for token, index in vocab.items():
-        encoded[index] = token
-    info = xgr.TokenizerInfo(encoded[:vocab_size], vocab_type=vocab_type(spec), vocab_size=vocab_size,
+        if index < vocab_size:
+            encoded[index] = token
+    info = xgr.TokenizerInfo(encoded, vocab_type=vocab_type(spec), vocab_size=vocab_size,
                              stop_token_ids=None, add_prefix_space=adds_prefix_space(spec))
     check_decoding(tokenizer, info)
     return info
