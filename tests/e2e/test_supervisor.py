@@ -73,6 +73,9 @@ def test_a_killed_worker_is_restarted_and_the_cluster_serves_again(tmp_path: Pat
         metrics = scrape(url)
         assert metrics["rustinfer_worker_restarts_total"] == 1
         assert metrics["rustinfer_num_requests_inflight"] == 0
+        # The launcher says "serving again" when its own poll sees the new worker ready, which may come after the
+        # server's /ready does (seen once in CI): wait for the line rather than read the log at one instant.
+        wait_for("the launcher's 'serving again'", lambda: "serving again" in cluster.log(), 20)
         log = cluster.log()
         assert "restarting it in 2 s" in log and "serving again" in log, log
         assert cluster.proc is not None and cluster.proc.poll() is None
