@@ -55,6 +55,13 @@ if [ -f bench/structured_batch.py ]; then
     > "$LOGS/structured.log" 2>&1; echo "structured rc=$?"; tail -12 "$LOGS/structured.log"
 fi
 engine_down bf16
+if [ "${BF16_4K:-1}" = 1 ]; then  # the same engine at the default 4k context: does the 32k block table cost offline / qps 32?
+  engine_up bf16_4k
+  timeout 120 python3 bench/offline_throughput.py --url $URL --model qwen3-4b --num-seqs 256 --input-len 512 \
+    --output-len 256 --out "$LOGS/offline_4k.json" > "$LOGS/offline_4k.log" 2>&1; echo "offline 4k rc=$?"; tail -4 "$LOGS/offline_4k.log"
+  sweep bf16_4k_chat 32
+  engine_down bf16_4k
+fi
 
 for q in awq fp8; do
   engine_up $q RUSTINFER_MODEL="$(model_dir qwen3-4b-$q)"
