@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from infer_protocol.messages import ContinueSeq, NewSeq, SamplingParams, StepPlan, StructuredOutput
-from infer_worker.application.structured_output import GrammarBook
+from infer_worker.application.structured_output import GrammarBook, compile_spec
 from infer_worker.application.worker_service import WorkerService
 from tests.worker.tiny_checkpoints import Engine, llama_config, write_checkpoint
 
@@ -123,6 +123,34 @@ def test_regex_ebnf_and_structural_tag_grammars(model_dir: Path, kind: str, text
     row = SamplingParams(temperature=1.0, seed=3, structured=StructuredOutput(kind=kind, schema=text))
     out, errors = _run(model_dir, [row], 12)
     assert not errors and check(_text(out[0]))
+
+
+_BOUNDED_STRINGS = {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 8}, "code": {"type": "string", "minLength": 2},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 4}, "maxItems": 2}},
+    "required": ["title", "code", "tags"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("kind,schema,prefix", [
+    ("json_schema", json.dumps(_BOUNDED_STRINGS, sort_keys=True), ""),
+    ("structural_tag", json.dumps({"type": "structural_tag", "format": {
+        "type": "tags_with_separator", "separator": ",", "at_least_one": True, "stop_after_first": True,
+        "tags": [{"type": "tag", "begin": "<f>", "end": "</f>", "content": {
+            "type": "json_schema", "json_schema": _BOUNDED_STRINGS}}]}}, sort_keys=True), "<f>"),
+])
+@pytest.mark.parametrize("field", ["title", "code", "tags"])
+def test_bounded_json_strings_refuse_raw_control_characters(kind: str, schema: str, prefix: str, field: str) -> None:
+    # xgrammar writes length-bounded strings with a class that admits raw tabs (json.loads refuses them): on the
+    # H200 a random model's JSON outputs held raw tabs and half of them did not parse.
+    compiled = compile_spec(xgr.GrammarCompiler(_tokenizer_info(256)), StructuredOutput(kind=kind, schema=schema))
+    values = {"code": '"xy"', "tags": '["t"]', "title": '"ab"'}  # strict mode: the schema's (sorted) order
+    body = lambda: prefix + "{" + ", ".join(f'"{k}": {v}' for k, v in values.items()) + "}"
+    assert xgr.GrammarMatcher(compiled).accept_string(body())
+    for raw in ("\t", "\x01", "\x1f"):
+        values[field] = f'["a{raw}"]' if field == "tags" else f'"a{raw}b"'
+        assert not xgr.GrammarMatcher(compiled).accept_string(body()), (field, raw)
+    values[field] = '["a b"]' if field == "tags" else '"a b"'
+    assert xgr.GrammarMatcher(compiled).accept_string(body())
 
 
 @pytest.mark.parametrize("kind,text", [("regex", "(("), ("grammar", "root ::= undefined_rule"),

@@ -54,6 +54,41 @@ TokenizerInfoFactory = Callable[[int], Any]  # vocab size -> xgrammar.TokenizerI
 _FOREVER = 2**62
 
 
+# xgrammar (0.2.9) writes a string with maxLength / minLength as repeats of this class, which admits the control
+# characters but CR and LF; JSON forbids them raw in a string (json.loads refuses a tab there). Seen on the H200: a
+# random model's outputs held raw tabs and 7 of 16 did not parse. Its unbounded strings already exclude \0-\x1f.
+_LAX_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+
+
+def strict_json_strings(grammar: Any) -> Any:
+    """The grammar with every JSON string character class that admits raw control characters made strict."""
+    import xgrammar as xgr
+
+    text = str(grammar)
+    return grammar if _LAX_STRING_CHAR not in text else xgr.Grammar.from_ebnf(text.replace(_LAX_STRING_CHAR,
+                                                                                            _JSON_STRING_CHAR))
+
+
+def compile_spec(compiler: Any, spec: Grammar) -> Any:
+    """The request's grammar compiled by an xgrammar GrammarCompiler (raises on a grammar it refuses)."""
+    import xgrammar as xgr
+
+    if spec.kind == "regex":
+        return compiler.compile_regex(spec.schema)
+    if spec.kind == "grammar":
+        return compiler.compile_grammar(spec.schema)  # EBNF (GBNF), root rule `root`
+    if spec.kind == "structural_tag":
+        return compiler.compile_grammar(strict_json_strings(xgr.Grammar.from_structural_tag(spec.schema)))
+    if spec.kind not in ("json_schema", "json_object"):
+        raise ValueError(f"unknown grammar kind {spec.kind!r}")
+    schema = spec.schema if spec.kind == "json_schema" else _JSON_OBJECT_SCHEMA
+    # Compact JSON (no free whitespace): a model cannot wander into endless blank runs, and every output is
+    # still valid JSON. strict_mode: no properties beyond the schema's (outputs still validate against it).
+    grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=False, strict_mode=True)
+    return compiler.compile_grammar(strict_json_strings(grammar))
+
+
 def constrain(seq: Sequence) -> None:
     """Route every sample of the sequence through logits processing (where the grammar masks it)."""
     seq.process_until = _FOREVER
@@ -135,18 +170,7 @@ class GrammarBook:
                     raise
                 finally:
                     self._ready.set()
-        if spec.kind == "regex":
-            return self._compiler.compile_regex(spec.schema)
-        if spec.kind == "grammar":
-            return self._compiler.compile_grammar(spec.schema)  # EBNF (GBNF), root rule `root`
-        if spec.kind == "structural_tag":
-            return self._compiler.compile_structural_tag(spec.schema)
-        if spec.kind not in ("json_schema", "json_object"):
-            raise ValueError(f"unknown grammar kind {spec.kind!r}")
-        schema = spec.schema if spec.kind == "json_schema" else _JSON_OBJECT_SCHEMA
-        # Compact JSON (no free whitespace): a model cannot wander into endless blank runs, and every output is
-        # still valid JSON. strict_mode: no properties beyond the schema's (outputs still validate against it).
-        return self._compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
+        return compile_spec(self._compiler, spec)
 
     # ------------------------------------------------------------------ the step (the model runner)
 
