@@ -31,6 +31,22 @@ PREFILL_LARGE = [
     ([100, 7], [150, 1200], 16, 4, 256, 16),
     ([77], [77], 14, 2, 64, 16),
 ]
+# Tile shapes other than the interpreter's 16 x 16, with the cases that put the split between the unmasked key
+# tiles and the causally masked (diagonal) ones where it is easiest to get wrong. (BLOCK_M, BLOCK_N, warps, stages).
+PREFILL_TILED = [
+    # 32-row tiles of 16 tokens (GQA 2) over 16-key tiles: a prefix of 13 puts tile 1's unmasked bound
+    # (30 keys -> 16) mid-page of 8; after a prefix of 14 each tile's first token sees one key short of a whole
+    # key tile (which must stay masked); after 15 it sees exactly whole key tiles, so the masked loop opens on a
+    # key tile that row cannot see (its running max comes from the unmasked loop).
+    (([40, 33, 20, 1], [53, 47, 35, 70], 4, 2, 16, 8), (32, 16, 4, 1)),
+    # 16-row tiles over 32-key tiles: the diagonal region is narrower than one key tile; GQA 4, pages of 4.
+    (([21, 9, 0, 30], [50, 9, 0, 95], 8, 2, 16, 4), (16, 32, 4, 1)),
+    # The GPU's head_dim-128 shape (128 rows = 32 tokens of GQA 4, 64-key tiles): 100 tokens straddle four
+    # row tiles (the last part-full), after prefixes of 80 (mid-page of 16) and 0, with a decode row between.
+    (([100, 1, 70], [180, 333, 70], 8, 2, 32, 16), (128, 64, 8, 3)),
+    # GQA 3 (a token's heads straddle row tiles) with 64-row tiles over 32-key tiles, a prefix of 37.
+    (([50, 5], [87, 5], 6, 2, 16, 16), (64, 32, 4, 2)),
+]
 # (ctx_lens, Hq, Hkv, head_dim, block_size, num_splits)
 DECODE_SMALL = [
     ([1, 9, 33, 0], 2, 2, 16, 4, 3),
@@ -49,13 +65,14 @@ DECODE_LARGE = [
 ]
 
 
-def _prefill(case, dtype, device):
+def _prefill(case, dtype, device, config=None):
     q_lens, ctx_lens, hq, hkv, d, bs = case
     pb = make_paged_batch(q_lens, ctx_lens, hq, hkv, d, bs, dtype, device, seed=len(q_lens) + d)
     scale = d**-0.5
     out = poison(torch.empty_like(pb.q))
     y = K.paged_attention_prefill(
-        pb.q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables, pb.max_query_len, scale, out=out
+        pb.q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables, pb.max_query_len, scale,
+        out=out, config=config,
     )
     assert y is out
     torch.testing.assert_close(y.float().cpu(), ref_paged_attention(pb, scale).float(), **tol(dtype))
@@ -91,6 +108,12 @@ def _decode(case, dtype, device):
 @pytest.mark.parametrize("case", PREFILL_SMALL)
 def test_prefill(case, dtype, device):
     _prefill(case, dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case,config", PREFILL_TILED)
+def test_prefill_tile_shapes(case, config, dtype, device):
+    _prefill(case, dtype, device, config)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -6,17 +6,19 @@ length `ctx = seq_lens[b]` after this step; its query rows are the LAST `q_len` 
 so row `i` sits at absolute position `ctx - q_len + i` and sees keys `0..ctx - q_len + i`. Keys and values
 are read from the paged cache through `block_tables[b]` (the new tokens must already be stored there).
 
-Grid `(cdiv(T * group, BLOCK_M) + B, Hkv)`, flattened over the ragged batch: program p of a KV head takes the
-p-th query tile of the whole batch (sequence b has `cdiv(q_len_b * group, BLOCK_M)` tiles; each program finds its
-sequence from a prefix sum of those counts over `query_start_loc`, in registers), so the grid is bounded by the
-step's tokens, not by `B x max_query_len`: a captured mixed graph of 256 sequences padded to a 2,048-token
-bucket launches ~3k programs instead of ~131k of which 98% would exit at once. One program = one query tile of
-one KV head of one sequence, whose BLOCK_M rows are (token, query head) pairs of that KV head's `group` query
-heads (GQA packing: row r is token r // group, head kvh * group + r % group), so each K/V tile is read once for
-the whole group — a decode row in a mixed batch costs one KV pass per KV head, not one per query head. FlashAttention-2 style
-online softmax in fp32 over BLOCK_N-key tiles; the K/V tiles are gathered row by row through the block table,
-so any `block_size` works. Tiles past `q_len` return at once. A query row with an empty context (padding:
-`seq_lens = 0`) gets zeros, never NaN.
+Grid `((cdiv(T * group, BLOCK_M) + B) * Hkv,)`, flattened over the ragged batch: the programs of query tile t
+(one per KV head) take the t-th query tile of the whole batch counted from its end (sequence b has
+`cdiv(q_len_b * group, BLOCK_M)` tiles; each program finds its sequence from a prefix sum of those counts over
+`query_start_loc`, in registers), so the grid is bounded by the step's tokens, not by `B x max_query_len`: a
+captured mixed graph of 256 sequences padded to a 2,048-token bucket launches ~3k programs instead of ~131k of
+which 98% would exit at once. One program = one query tile of one KV head of one sequence, whose BLOCK_M rows
+are (token, query head) pairs of that KV head's `group` query heads (GQA packing: row r is token r // group,
+head kvh * group + r % group), so each K/V tile is read once for the whole group — a decode row in a mixed
+batch costs one KV pass per KV head, not one per query head. FlashAttention-2 style online softmax in fp32
+(base 2) over BLOCK_N-key tiles, in two loops: the key tiles that the tile's first token already sees run
+unmasked, only the last one or two (the diagonal) apply the causal mask. The K/V tiles are gathered row by row
+through the block table, so any `block_size` works (a compile-time constant: one per engine). Tiles past
+`q_len` return at once. A query row with an empty context (padding: `seq_lens = 0`) gets zeros, never NaN.
 """
 
 from __future__ import annotations
@@ -33,6 +35,79 @@ from infer_backend_cuda.kernels._common import (
     pdl_launch,
 )
 from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, batch_block, ragged_block_b
+
+LOG2_E = 1.4426950408889634  # folded into the score scale: exp(x) = exp2(x * log2(e))
+
+
+@triton.jit
+def _kv_tile(
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    bt_row,
+    start,
+    kv_end,
+    q_pos,
+    offs_d,
+    kc_s0,
+    kc_s1,
+    vc_s0,
+    vc_s1,
+    qk_scale,
+    PAGE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    CAUSAL_MASK: tl.constexpr,
+    DOT_F32: tl.constexpr,
+):
+    """One BLOCK_N-key step of the online softmax. Without CAUSAL_MASK every key of the tile is visible to
+    every row (the tile lies wholly before the query tile's first token), so the bounds and causal compares,
+    the `-inf` guard and the masked loads are all left out: that is every step but the last one or two."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    kv_mask = offs_d[None, :] < HEAD_DIM
+    if CAUSAL_MASK:
+        n_mask = offs_n < kv_end
+        kv_mask = kv_mask & n_mask[:, None]
+        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+    else:
+        page = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
+    in_page = offs_n % PAGE
+    k_off = page * kc_s0 + in_page * kc_s1
+    if CAUSAL_MASK or BLOCK_D != HEAD_DIM:
+        k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    else:
+        k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
+    if DOT_F32:
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    # Scores stay in the log2 domain (log2(e) is folded into qk_scale), so one exp2 per element.
+    if CAUSAL_MASK:
+        s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees no key yet: exp2(-inf) = 0
+        p = tl.exp2(s - m_ref[:, None])
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+        m_ref = m_new
+        p = tl.exp2(s * qk_scale - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v_off = page * vc_s0 + in_page * vc_s1
+    if CAUSAL_MASK or BLOCK_D != HEAD_DIM:
+        v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    else:
+        v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+    acc = acc * alpha[:, None]
+    if DOT_F32:
+        acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
+    return acc, l_i, m_new
 
 
 @triton.jit(do_not_specialize=STEP_SIZE_ARGS)
@@ -55,9 +130,10 @@ def _prefill_kernel(
     vc_s1,
     vc_s2,
     bt_s0,
-    scale,
-    block_size,
+    qk_scale,
+    n_kv_heads,
     n_seq,
+    PAGE: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -70,9 +146,13 @@ def _prefill_kernel(
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    # Longest first: the blocks are scheduled in program order, so the batch's last tiles (a sequence's last
+    # tiles see the most keys) start first and the short ones fill the tail, instead of the causal triangle's
+    # longest tiles starting last and running alone. The KV heads of one tile are neighbours.
     pid = tl.program_id(0)
-    kvh = tl.program_id(1).to(tl.int64)
-    b, mt = batch_block(qsl_ptr, n_seq, pid, BLOCK_M, BLOCK_B, GROUP)
+    kvh = pid % n_kv_heads
+    tile = tl.num_programs(0) // n_kv_heads - 1 - pid // n_kv_heads
+    b, mt = batch_block(qsl_ptr, n_seq, tile, BLOCK_M, BLOCK_B, GROUP)
     if b >= n_seq:
         return  # past the batch's last tile (the grid is an upper bound)
     q_start = tl.load(qsl_ptr + b).to(tl.int64)
@@ -81,18 +161,15 @@ def _prefill_kernel(
 
     offs_r = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_m = offs_r // GROUP  # the row's token within the sequence's query chunk
-    heads = kvh * GROUP + (offs_r % GROUP).to(tl.int64)  # the row's query head
+    heads = kvh * GROUP + offs_r % GROUP  # the row's query head
     m_mask = offs_m < q_len
     q_pos = ctx - q_len + offs_m
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
 
     rows = q_start + offs_m.to(tl.int64)
-    q = tl.load(
-        q_ptr + rows[:, None] * q_s0 + heads[:, None] * q_s1 + offs_d[None, :],
-        mask=m_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
+    q_off = rows[:, None] * q_s0 + heads[:, None] * q_s1 + offs_d[None, :]
+    q = tl.load(q_ptr + q_off, mask=m_mask[:, None] & d_mask[None, :], other=0.0)
     if DOT_F32:
         q = q.to(tl.float32)
 
@@ -100,58 +177,43 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # Keys visible to the last token of this tile (exclusive bound).
+    first_tok = mt * BLOCK_M // GROUP
+    # Keys visible to the tile's last token (exclusive bound), and the whole BLOCK_N tiles of keys that its
+    # first token already sees (so every row does): those run without the causal mask.
     kv_end = ctx - q_len + tl.minimum(q_len, ((mt + 1) * BLOCK_M - 1) // GROUP + 1)
+    full_end = tl.maximum(ctx - q_len + first_tok + 1, 0) // BLOCK_N * BLOCK_N
     bt_row = bt_ptr + b.to(tl.int64) * bt_s0
-    for start in range(0, kv_end, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < kv_end
-        page = tl.load(bt_row + offs_n // block_size, mask=n_mask, other=0).to(tl.int64)
-        in_page = (offs_n % block_size).to(tl.int64)
-        k_rows = page * kc_s0 + in_page * kc_s1 + kvh * kc_s2
-        k = tl.load(
-            k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
-        )
-        if DOT_F32:
-            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k.to(q.dtype)))
-        s = s * scale
-        visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-
-        v_rows = page * vc_s0 + in_page * vc_s1 + kvh * vc_s2
-        v = tl.load(
-            v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0
-        )
-        if DOT_F32:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    k_base = k_cache_ptr + kvh.to(tl.int64) * kc_s2
+    v_base = v_cache_ptr + kvh.to(tl.int64) * vc_s2
+    for start in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _kv_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, start, kv_end, q_pos, offs_d,
+                                 kc_s0, kc_s1, vc_s0, vc_s1, qk_scale,
+                                 PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_F32)
+    for start in range(full_end, kv_end, BLOCK_N):
+        acc, l_i, m_i = _kv_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, start, kv_end, q_pos, offs_d,
+                                 kc_s0, kc_s1, vc_s0, vc_s1, qk_scale,
+                                 PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_F32)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    tl.store(
-        o_ptr + rows[:, None] * o_s0 + heads[:, None] * o_s1 + offs_d[None, :],
-        out.to(o_ptr.dtype.element_ty),
-        mask=m_mask[:, None] & d_mask[None, :],
-    )
+    o_off = rows[:, None] * o_s0 + heads[:, None] * o_s1 + offs_d[None, :]
+    tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-def _prefill_config(head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) of a launch.
+PrefillConfig = tuple[int, int, int, int]
+
+
+def _prefill_config(head_dim: int) -> PrefillConfig:
+    """Per head_dim on Hopper: 128-row tiles (two warpgroups of MMA) with 3 stages of K/V in flight fit in
+    shared memory up to head_dim 128 (Q 32 KiB + 3 x 32 KiB of K/V); head_dim 256 keeps the accumulator
+    in registers only with 64 rows. The interpreter runs 16-row tiles (small shapes, many tiles per test)."""
     if interpreting():
         return 16, 16, 4, 1
+    if head_dim <= 64:
+        return 128, 64, 4, 3
     if head_dim <= 128:
-        return 64, 64, 4, 2
+        return 128, 64, 8, 3
     return 64, 32, 8, 2
 
 
@@ -165,12 +227,11 @@ def paged_attention_prefill(
     max_query_len: int,
     scale: float,
     out: torch.Tensor | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
+    config: PrefillConfig | None = None,
 ) -> torch.Tensor:
     """q `[T, Hq, D]`, caches `[num_blocks, block_size, Hkv, D]`, query_start_loc `[B+1]`, seq_lens `[B]`,
     block_tables `[B, max_blocks]` -> `[T, Hq, D]` in q's dtype. Rows not owned by any sequence are left
-    unwritten."""
+    unwritten. `config` overrides the tile choice (tests, benchmarks)."""
     n_tok, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape:
@@ -184,12 +245,11 @@ def paged_attention_prefill(
     n_seq = seq_lens.shape[0]
     if n_tok == 0 or n_seq == 0 or max_query_len <= 0:
         return out
-    bm, bn, num_warps, num_stages = _prefill_config(head_dim)
-    bm, bn = block_m or bm, block_n or bn
+    bm, bn, num_warps, num_stages = config or _prefill_config(head_dim)
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     group = num_q_heads // num_kv_heads
     # Every sequence's tiles but its last are full, so the batch has at most cdiv(T * group, bm) + B of them.
-    grid = (triton.cdiv(n_tok * group, bm) + n_seq, num_kv_heads)
+    grid = ((triton.cdiv(n_tok * group, bm) + n_seq) * num_kv_heads,)
     _prefill_kernel[grid](
         q,
         k_cache,
@@ -209,9 +269,10 @@ def paged_attention_prefill(
         v_cache.stride(1),
         v_cache.stride(2),
         block_tables.stride(0),
-        float(scale),
-        block_size,
+        float(scale) * LOG2_E,
+        num_kv_heads,
         n_seq,
+        PAGE=block_size,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_M=bm,
