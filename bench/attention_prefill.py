@@ -3,7 +3,8 @@ of each `--chunks` size (as the scheduler splits it: each chunk attends causally
 of all earlier chunks), timed per launch with CUDA events, for the default tile config and candidates.
 
     python bench/attention_prefill.py                       # Qwen3-4B shape, 16k tokens in 1, 2 and 8 chunks
-    python bench/attention_prefill.py --configs default 128,64,8,3 128,128,8,2 --head-dim 256 --heads 16 --kv-heads 4
+    python bench/attention_prefill.py --head-dim 256 --heads 16 --kv-heads 4    # Qwen3.5's full-attention layers
+    python bench/attention_prefill.py --configs default 64,64,4,2 --chunks 8192
 
 Prints per (chunk size, config): the kernel time of one layer for the whole prompt, its TFLOP/s (4 * D * Hq per
 visible query-key pair), the time x `--layers`, and the same for the prompt's last chunk alone (the one after
@@ -26,7 +27,9 @@ from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import attention_prefill
 
 Config = tuple[int, int, int, int] | None  # (BLOCK_M, BLOCK_N, num_warps, num_stages); None: the kernel's choice
-CANDIDATES = ["default", "128,64,8,3", "128,64,8,4", "128,128,8,2", "64,64,4,2"]
+# Tried after the default when --configs is not given, per head_dim class (64,64,4,2 was the tile before the
+# 128-row one; 128,128,8,2 and 128,32,8,2 are at the edge of the registers on sm_90).
+CANDIDATES = {128: ["default", "64,64,4,3", "64,64,4,2", "128,128,8,2"], 256: ["default", "128,32,8,2", "64,32,8,3"]}
 
 
 def parse_config(text: str) -> Config:
@@ -106,11 +109,12 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--configs", nargs="+", default=CANDIDATES, help="'default' or BLOCK_M,BLOCK_N,warps,stages")
+    ap.add_argument("--configs", nargs="+", help="'default' or BLOCK_M,BLOCK_N,warps,stages (default: candidates)")
     ap.add_argument("--no-sdpa", action="store_true")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
+    args.configs = args.configs or CANDIDATES[128 if args.head_dim <= 128 else 256]
     prompt = Prompt(args)
     default = attention_prefill._prefill_config(args.head_dim)
     print(f"prompt {args.tokens} tokens, Hq {args.heads} Hkv {args.kv_heads} D {args.head_dim}, pages of "
