@@ -78,6 +78,23 @@ def _prefill(case, dtype, device, config=None):
     torch.testing.assert_close(y.float().cpu(), ref_paged_attention(pb, scale).float(), **tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_64_bit_cache_offsets(dtype, device, monkeypatch):
+    """The 64-bit K/V offsets that a cache view of over 2^31 elements takes, forced on a small cache."""
+    from infer_backend_cuda.kernels import attention_prefill
+
+    monkeypatch.setattr(attention_prefill, "OFF32_MAX_ELEMENTS", 0)
+    _prefill(PREFILL_TILED[0][0], dtype, device, PREFILL_TILED[0][1])
+
+
+def test_prefill_refuses_k_and_v_of_different_strides(device):
+    pb = make_paged_batch([3], [3], 2, 2, 16, 4, torch.float32, device)
+    v_cache = pb.v_cache.transpose(1, 2).contiguous().transpose(1, 2)  # same shape, other strides
+    with pytest.raises(ValueError, match="strides"):
+        K.paged_attention_prefill(pb.q, pb.k_cache, v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables,
+                                  pb.max_query_len, 0.25)
+
+
 def test_prefill_leaves_rows_past_the_batch_unwritten(device):
     """A captured mixed step pads its tokens to a bucket: rows past `query_start_loc[-1]` belong to no sequence
     (and the grid, bounded by the row count, has programs past the batch's last tile); they stay as they were."""

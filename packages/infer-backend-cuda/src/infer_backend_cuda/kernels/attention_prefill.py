@@ -37,6 +37,9 @@ from infer_backend_cuda.kernels._common import (
 from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, batch_block, ragged_block_b
 
 LOG2_E = 1.4426950408889634  # folded into the score scale: exp(x) = exp2(x * log2(e))
+# K/V offsets into a cache view of at most this many elements stay 32-bit: one multiply per key row in the
+# inner loop, no widening (a per-layer view of 2^31 bf16 elements is 4 GiB; larger ones take 64-bit offsets).
+OFF32_MAX_ELEMENTS = 2**31 - 1
 
 
 @triton.jit
@@ -52,12 +55,11 @@ def _kv_tile(
     kv_end,
     q_pos,
     offs_d,
-    kc_s0,
-    kc_s1,
-    vc_s0,
-    vc_s1,
+    kv_s0,
+    kv_s1,
     qk_scale,
     PAGE: tl.constexpr,
+    OFF64: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -66,21 +68,23 @@ def _kv_tile(
 ):
     """One BLOCK_N-key step of the online softmax. Without CAUSAL_MASK every key of the tile is visible to
     every row (the tile lies wholly before the query tile's first token), so the bounds and causal compares,
-    the `-inf` guard and the masked loads are all left out: that is every step but the last one or two."""
+    the `-inf` guard and the masked loads are all left out: that is every step but the last one or two.
+    K and V share their strides, so one offset per key row serves both."""
     offs_n = start + tl.arange(0, BLOCK_N)
     kv_mask = offs_d[None, :] < HEAD_DIM
     if CAUSAL_MASK:
         n_mask = offs_n < kv_end
         kv_mask = kv_mask & n_mask[:, None]
-        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0).to(tl.int64)
+        page = tl.load(bt_row + offs_n // PAGE, mask=n_mask, other=0)
     else:
-        page = tl.load(bt_row + offs_n // PAGE).to(tl.int64)
-    in_page = offs_n % PAGE
-    k_off = page * kc_s0 + in_page * kc_s1
+        page = tl.load(bt_row + offs_n // PAGE)
+    if OFF64:
+        page = page.to(tl.int64)
+    kv_off = (page * kv_s0 + (offs_n % PAGE) * kv_s1)[:, None] + offs_d[None, :]
     if CAUSAL_MASK or BLOCK_D != HEAD_DIM:
-        k = tl.load(k_base + k_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_base + kv_off, mask=kv_mask, other=0.0)
     else:
-        k = tl.load(k_base + k_off[:, None] + offs_d[None, :])
+        k = tl.load(k_base + kv_off)
     if DOT_F32:
         s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
@@ -97,11 +101,10 @@ def _kv_tile(
         p = tl.exp2(s * qk_scale - m_ref[:, None])
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v_off = page * vc_s0 + in_page * vc_s1
     if CAUSAL_MASK or BLOCK_D != HEAD_DIM:
-        v = tl.load(v_base + v_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
     else:
-        v = tl.load(v_base + v_off[:, None] + offs_d[None, :])
+        v = tl.load(v_base + kv_off)
     acc = acc * alpha[:, None]
     if DOT_F32:
         acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
@@ -123,17 +126,15 @@ def _prefill_kernel(
     q_s1,
     o_s0,
     o_s1,
-    kc_s0,
-    kc_s1,
-    kc_s2,
-    vc_s0,
-    vc_s1,
-    vc_s2,
+    kv_s0,
+    kv_s1,
+    kv_s2,
     bt_s0,
     qk_scale,
     n_kv_heads,
     n_seq,
     PAGE: tl.constexpr,
+    OFF64: tl.constexpr,
     GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -183,16 +184,14 @@ def _prefill_kernel(
     kv_end = ctx - q_len + tl.minimum(q_len, ((mt + 1) * BLOCK_M - 1) // GROUP + 1)
     full_end = tl.maximum(ctx - q_len + first_tok + 1, 0) // BLOCK_N * BLOCK_N
     bt_row = bt_ptr + b.to(tl.int64) * bt_s0
-    k_base = k_cache_ptr + kvh.to(tl.int64) * kc_s2
-    v_base = v_cache_ptr + kvh.to(tl.int64) * vc_s2
+    k_base = k_cache_ptr + kvh * kv_s2
+    v_base = v_cache_ptr + kvh * kv_s2
     for start in range(0, full_end, BLOCK_N):
         acc, l_i, m_i = _kv_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, start, kv_end, q_pos, offs_d,
-                                 kc_s0, kc_s1, vc_s0, vc_s1, qk_scale,
-                                 PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_F32)
+                                 kv_s0, kv_s1, qk_scale, PAGE, OFF64, HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_F32)
     for start in range(full_end, kv_end, BLOCK_N):
         acc, l_i, m_i = _kv_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, start, kv_end, q_pos, offs_d,
-                                 kc_s0, kc_s1, vc_s0, vc_s1, qk_scale,
-                                 PAGE, HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_F32)
+                                 kv_s0, kv_s1, qk_scale, PAGE, OFF64, HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_F32)
 
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -206,7 +205,7 @@ PrefillConfig = tuple[int, int, int, int]
 
 def _prefill_config(head_dim: int) -> PrefillConfig:
     """On Hopper up to head_dim 128: 128-row tiles (two warpgroups of wgmma, so each K/V tile feeds twice the
-    rows of a 64-row one) with 3 stages of K/V in flight (96 KiB of shared memory; sm_90 compiles it to 218
+    rows of a 64-row one) with 3 stages of K/V in flight (96 KiB of shared memory; sm_90 compiles it to 204
     registers at head_dim 128, no spills; with 4 warps it spills). head_dim 256 keeps its fp32 accumulator in
     registers without spills at 64 rows x 32 keys. The interpreter runs 16-row tiles (small shapes, many tiles
     per test)."""
@@ -236,6 +235,8 @@ def paged_attention_prefill(
     _, block_size, num_kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape:
         raise ValueError(f"cache {tuple(k_cache.shape)} does not match head_dim {head_dim}")
+    if v_cache.stride() != k_cache.stride():
+        raise ValueError(f"k_cache strides {k_cache.stride()} differ from v_cache's {v_cache.stride()}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -265,14 +266,12 @@ def paged_attention_prefill(
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
         block_tables.stride(0),
         float(scale) * LOG2_E,
         num_kv_heads,
         n_seq,
         PAGE=block_size,
+        OFF64=k_cache.shape[0] * k_cache.stride(0) > OFF32_MAX_ELEMENTS,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_M=bm,
