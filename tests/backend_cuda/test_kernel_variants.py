@@ -1,4 +1,4 @@
-"""On the GPU: the ragged prefill kernels compile one variant for every batch of up to 64 sequences and any
+"""On the GPU: the ragged prefill kernels (attention included) compile one variant for every batch of up to 64 sequences and any
 token count, and one per power of two above, so an eager step (a hybrid model's mixed steps) meets no compile
 the start-up warm-up (`assembly.warm_eager_prefill`) did not make. Counted in Triton's per-device kernel cache."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from infer_backend_cuda.kernels import attention_prefill as A
 from infer_backend_cuda.kernels import causal_conv1d as C
 from infer_backend_cuda.kernels import gdn_chunk as G
 from tests.backend_cuda.conftest import gpu, needs_cuda
@@ -44,9 +45,20 @@ def _chunk(lens: list[int], hk: int = 2, hv: int = 4, d: int = 64) -> None:
     G.gdn_chunk(q, k, v, g, beta, states, _cu(lens), slots)
 
 
+def _attention(lens: list[int], hq: int = 8, hkv: int = 2, d: int = 128, bs: int = 16) -> None:
+    """Each sequence's query after a prefix of 5 tokens, in a block table of one fixed width (as the engine's)."""
+    t, pages = sum(lens), 16
+    q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16)
+    kc = torch.randn(len(lens) * pages + 1, bs, hkv, d, device="cuda", dtype=torch.bfloat16)
+    bt = torch.arange(len(lens) * pages, dtype=torch.int32, device="cuda").view(len(lens), pages)
+    seq_lens = torch.tensor([n + 5 for n in lens], dtype=torch.int32, device="cuda")
+    A.paged_attention_prefill(q, kc, kc.clone(), _cu(lens), seq_lens, bt, max(lens), d**-0.5)
+
+
 # The conv has two token tiles (a step whose longest query fits the conv window, and the rest): twice the variants.
-@pytest.mark.parametrize("run,kernel,tiles", [(_conv, C._causal_conv1d_kernel, 2), (_chunk, G._gdn_chunk_wy_kernel, 1)],
-                         ids=["causal_conv1d", "gdn_chunk_wy"])
+@pytest.mark.parametrize("run,kernel,tiles", [(_conv, C._causal_conv1d_kernel, 2), (_chunk, G._gdn_chunk_wy_kernel, 1),
+                                               (_attention, A._prefill_kernel, 1)],
+                         ids=["causal_conv1d", "gdn_chunk_wy", "attention_prefill"])
 def test_prefill_batches_up_to_64_sequences_share_one_variant(run, kernel, tiles: int) -> None:  # noqa: ANN001
     kernel.device_caches.clear()  # count from none (the variants reload from Triton's disk cache)
     for lens in BATCHES:
