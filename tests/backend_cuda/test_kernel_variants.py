@@ -1,6 +1,7 @@
-"""On the GPU: the ragged prefill kernels (attention included) compile one variant for every batch of up to 64 sequences and any
-token count, and one per power of two above, so an eager step (a hybrid model's mixed steps) meets no compile
-the start-up warm-up (`assembly.warm_eager_prefill`) did not make. Counted in Triton's per-device kernel cache."""
+"""On the GPU: the ragged prefill kernels (attention included) compile one variant for every batch of up to 64
+sequences and any token count, and one per power of two above, so an eager step (a hybrid model's mixed steps)
+meets no compile the start-up warm-up (`assembly.warm_eager_prefill`) did not make. Counted in Triton's
+per-device kernel cache."""
 
 from __future__ import annotations
 
