@@ -10,30 +10,7 @@ OUT=${OUT:-/tmp/out}; LOGS=$OUT/sweeps; mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
 DURATION=${DURATION:-20}; COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo "${COMMIT:-unknown}")
 URL=http://127.0.0.1:8000
-
-model_dir() {  # a checkpoint folder: the carried dummy's tokenizer with the named shape's config.json
-  local dir=/tmp/models/$1; mkdir -p "$dir"; cp .bench-models/qwen3-4b-dummy/* "$dir/"; chmod u+w "$dir"/*
-  cp "bench/models/$1/config.json" "$dir/config.json"; echo "$dir"
-}
-
-engine_up() {  # engine_up LABEL [RUSTINFER_X=... ...]: device_engine.sh with these overrides for this engine alone
-  local kv
-  for kv in "${@:2}"; do export "$kv"; done
-  SERVE_LOG="$LOGS/serve_$1.log" source "$(dirname "$0")/device_engine.sh"
-  for kv in "${@:2}"; do unset "${kv%%=*}"; done
-}
-
-engine_down() {
-  python3 -c "import httpx; print(httpx.get('$URL/metrics').text)" > "$LOGS/metrics_$1.txt" 2>&1
-  kill -TERM $ENGINE_PID; wait $ENGINE_PID; echo "$1 serve rc=$?"; tail -3 "$LOGS/serve_$1.log"
-}
-
-sweep() {  # sweep LABEL QPS [serve_sweep args...]
-  timeout "${SWEEP_TIMEOUT:-200}" python3 bench/serve_sweep.py --url $URL --model qwen3-4b --qps "$2" \
-    --duration "$DURATION" --label "$1" --commit "$COMMIT" --clients 4 --out "$LOGS/sweep_$1.json" "${@:3}" \
-    > "$LOGS/sweep_$1.log" 2>&1
-  echo "sweep $1 rc=$?"; grep -E "^qps" "$LOGS/sweep_$1.log"
-}
+source "$(dirname "$0")/device_lib.sh"  # model_dir, engine_up, engine_down, sweep
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOGS/gpu.txt"
 echo "$COMMIT" > "$LOGS/commit.txt"
@@ -42,11 +19,6 @@ echo "$COMMIT" > "$LOGS/commit.txt"
 engine_up bf16 RUSTINFER_MAX_MODEL_LEN=32768
 sweep bf16_chat "${BF16_QPS:-1,8,32}"
 sweep bf16_long 4 --workload long
-ttft_16k() {  # ttft_16k LABEL: one 16k-token prompt alone, median of 5
-  timeout 120 python3 bench/long_prompts.py --url $URL --model qwen3-4b --lengths 16384 --repeats 5 --no-background \
-    --max-tokens 4 --out "$LOGS/ttft_16k_$1.json" > "$LOGS/ttft_16k_$1.log" 2>&1
-  echo "16k $1 rc=$?"; tail -4 "$LOGS/ttft_16k_$1.log"
-}
 ttft_16k bf16
 timeout 120 python3 bench/offline_throughput.py --url $URL --model qwen3-4b --num-seqs 256 --input-len 512 \
   --output-len 256 --out "$LOGS/offline.json" > "$LOGS/offline.log" 2>&1; echo "offline rc=$?"; tail -4 "$LOGS/offline.log"
@@ -63,7 +35,7 @@ if [ "${BF16_4K:-1}" = 1 ]; then  # the same engine at the default 4k context: d
   engine_down bf16_4k
 fi
 
-for q in awq fp8; do
+for q in ${QUANT_FORMATS:-awq fp8}; do
   engine_up $q RUSTINFER_MODEL="$(model_dir qwen3-4b-$q)"
   sweep ${q}_chat 1,32
   engine_down $q

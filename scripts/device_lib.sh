@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Sourced by the device sweep scripts (needs LOGS, URL, DURATION, COMMIT set): start and stop engines, run sweeps.
+
+model_dir() {  # a checkpoint folder: the carried dummy's tokenizer with the named shape's config.json
+  local dir=/tmp/models/$1; mkdir -p "$dir"; cp .bench-models/qwen3-4b-dummy/* "$dir/"; chmod u+w "$dir"/*
+  cp "bench/models/$1/config.json" "$dir/config.json"; echo "$dir"
+}
+
+engine_up() {  # engine_up LABEL [RUSTINFER_X=... ...]: device_engine.sh with these overrides for this engine alone
+  local kv
+  for kv in "${@:2}"; do export "$kv"; done
+  SERVE_LOG="$LOGS/serve_$1.log" source "$(dirname "${BASH_SOURCE[0]}")/device_engine.sh"
+  for kv in "${@:2}"; do unset "${kv%%=*}"; done
+}
+
+engine_down() {
+  python3 -c "import httpx; print(httpx.get('$URL/metrics').text)" > "$LOGS/metrics_$1.txt" 2>&1
+  kill -TERM $ENGINE_PID; wait $ENGINE_PID; echo "$1 serve rc=$?"; tail -3 "$LOGS/serve_$1.log"
+}
+
+sweep() {  # sweep LABEL QPS [serve_sweep args...]
+  timeout "${SWEEP_TIMEOUT:-200}" python3 bench/serve_sweep.py --url $URL --model qwen3-4b --qps "$2" \
+    --duration "$DURATION" --label "$1" --commit "$COMMIT" --clients 4 --out "$LOGS/sweep_$1.json" "${@:3}" \
+    > "$LOGS/sweep_$1.log" 2>&1
+  echo "sweep $1 rc=$?"; grep -E "^qps" "$LOGS/sweep_$1.log"
+}
+
+ttft_16k() {  # ttft_16k LABEL: one 16k-token prompt alone, median of 5
+  timeout 120 python3 bench/long_prompts.py --url $URL --model qwen3-4b --lengths 16384 --repeats 5 --no-background \
+    --max-tokens 4 --out "$LOGS/ttft_16k_$1.json" > "$LOGS/ttft_16k_$1.log" 2>&1
+  echo "16k $1 rc=$?"; tail -4 "$LOGS/ttft_16k_$1.log"
+}
