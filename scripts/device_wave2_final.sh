@@ -32,6 +32,11 @@ for m in ${ROOFLINE_MODELS-qwen3-4b-awq qwen3-4b-fp8}; do
     --eager-batches "" --steps 20 $extra --out "$LOGS/roofline_$m.json" > "$LOGS/roofline_$m.log" 2>&1
   echo "roofline $m rc=$?"; tail -18 "$LOGS/roofline_$m.log"
 done
+if [ "${LONG_DECODE:-1}" = 1 ]; then  # issue 14: decode at batch 32 with 16k of context per sequence
+  timeout 60 python3 bench/decode_roofline.py --model-dir bench/models/qwen3-4b --batches 32 --context 16384 \
+    --eager-batches "" --steps 20 --out "$LOGS/roofline_long.json" > "$LOGS/roofline_long.log" 2>&1
+  echo "roofline 16k context rc=$?"; tail -3 "$LOGS/roofline_long.log"
+fi
 for m in ${PROFILE_MODELS-qwen3.5-4b}; do
   timeout "${PROFILE_TIMEOUT:-60}" python3 bench/prefill_profile.py --model-dir "bench/models/$m" --tokens 16384 \
     --chunk 8192 --top 12 --out "$LOGS/prefill_profile_$m.json" > "$LOGS/prefill_profile_$m.log" 2>&1
