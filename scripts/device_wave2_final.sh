@@ -48,6 +48,11 @@ if [ "${BF16:-1}" = 1 ]; then
   ttft_16k bf16
   timeout 90 python3 bench/structured_batch.py --url $URL --model qwen3-4b --repeats 2 --out "$LOGS/structured.json" \
     > "$LOGS/structured.log" 2>&1; echo "structured rc=$?"; tail -7 "$LOGS/structured.log"
+  if [ "${OFFLINE:-1}" = 1 ]; then
+    timeout 90 python3 bench/offline_throughput.py --url $URL --model qwen3-4b --num-seqs 256 --input-len 512 \
+      --output-len 256 --vocab 150000 --out "$LOGS/offline.json" > "$LOGS/offline.log" 2>&1
+    echo "offline rc=$?"; tail -4 "$LOGS/offline.log"
+  fi
   engine_down bf16
 fi
 if [ "${QWEN35:-1}" = 1 ]; then
