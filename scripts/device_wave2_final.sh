@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call after a round of kernel changes: their GPU tests first, then each kernel alone (prefill attention,
 # the quantized decode GEMMs through the decode roofline, a 16k hybrid prefill profile), then two engines: BF16
-# (chat sweep, one 16k prompt, structured outputs at batch 64) and Qwen3.5-4B (chat sweep, one 16k prompt).
+# (chat sweep, one 16k prompt, structured outputs at batch 64, offline) and Qwen3.5-4B with its vision tower (chat
+# sweep, a quarter-image sweep, one 16k prompt).
 # Each part is bounded by its own timeout and can be left out (TESTS="", ROOFLINE_MODELS="", QWEN35=0, ...).
 # Logs and JSON go to $OUT/final.tar.gz (the device returns at most 8 files).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; bash scripts/device_wave2_final.sh
@@ -56,8 +57,12 @@ if [ "${BF16:-1}" = 1 ]; then
   engine_down bf16
 fi
 if [ "${QWEN35:-1}" = 1 ]; then
-  engine_up qwen35 RUSTINFER_MODEL="$(model_dir qwen3.5-4b)" RUSTINFER_MAX_MODEL_LEN=32768
+  # With its vision tower (bench/models/qwen3.5-4b-vl/README.md): text chat, then a quarter of the requests with an
+  # image at qps 1, 4 and 16 (issue 17), then one 16k prompt.
+  dir=$(model_dir qwen3.5-4b-vl); cp bench/models/qwen3.5-4b-vl/{preprocessor_config.json,chat_template.jinja} "$dir/"
+  engine_up qwen35 RUSTINFER_MODEL="$dir" RUSTINFER_MAX_MODEL_LEN=32768
   sweep qwen35_chat "${QWEN35_QPS:-1,8}"
+  [ -n "${IMAGE_QPS-1,4,16}" ] && sweep qwen35_images "${IMAGE_QPS-1,4,16}" --image-fraction 0.25 --image-side 1024
   ttft_16k qwen35
   engine_down qwen35
 fi
