@@ -11,6 +11,18 @@ from enum import Enum
 PENDING = -1
 
 
+def penalises_repeats(presence_penalty: float, frequency_penalty: float, repetition_penalty: float) -> bool:
+    """Whether a request's penalties change its logits (each needs the counts of its own tokens so far)."""
+    return presence_penalty != 0.0 or frequency_penalty != 0.0 or repetition_penalty != 1.0
+
+
+def reads_its_output(penalised: bool, constrained: bool) -> bool:
+    """Each sample depends on the request's own tokens so far (penalties' counts, a grammar's state): with the
+    one-step-ahead pipeline the scheduler plans such a request only once its last token is back, and the worker
+    never launches it with a PENDING token (the rule both sides apply, from the request's sampling values)."""
+    return penalised or constrained
+
+
 class FinishReason(str, Enum):
     STOP = "stop"  # EOS or a stop token / stop string
     LENGTH = "length"  # max_tokens or the context limit

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import msgspec
 
+from infer_core.plan import penalises_repeats, reads_its_output
+
 # Bumped whenever a message or its fields change: an older peer cannot decode a new tag or (forbid_unknown_fields)
 # a new field.
 # 1: the first protocol
@@ -60,10 +62,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def reads_its_output(self) -> bool:
-        """Each sample depends on the request's own tokens so far (a grammar's state, penalties' counts): with
-        the one-step-ahead pipeline such a request waits for its token rather than stalling the batch's."""
-        return self.structured is not None or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or \
-            self.repetition_penalty != 1.0
+        """infer_core.plan.reads_its_output: such a request waits for its token rather than stalling the batch's."""
+        penalised = penalises_repeats(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
+        return reads_its_output(penalised, self.structured is not None)
 
 
 class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

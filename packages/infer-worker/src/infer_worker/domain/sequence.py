@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from infer_core.plan import penalises_repeats, reads_its_output
 from infer_core.plan import PENDING as PENDING  # re-exported to the application (it fills the ids in on collection)
 
 
@@ -83,8 +84,8 @@ class Sequence:
         if self.prompt_len < 0:
             self.prompt_len = len(self.token_ids)
         p = self.sampling
-        penalised = p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
-        self.reads_output = penalised or p.structured is not None
+        penalised = penalises_repeats(p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+        self.reads_output = reads_its_output(penalised, p.structured is not None)
         if penalised or (p.logprobs and p.top_logprobs > 0) or p.logit_bias or p.allowed_token_ids:
             self.process_until = _FOREVER
         elif p.min_tokens > 0 and self.stop_token_ids:
