@@ -297,6 +297,17 @@ def commit() -> str:
         return "unknown"
 
 
+async def warm_up(url: str, model: str, n: int) -> list[float]:
+    """n short requests at once (each server process gets some); their TTFTs in ms. Raises if one fails."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
+        records = await asyncio.gather(*(one_request(client, url, model, [{"role": "user", "content": f"Hello {i}"}], 8)
+                                         for i in range(n)))
+    failed = [r.error for r in records if not r.ok]
+    if failed:
+        raise SystemExit(f"warm-up failed: {failed[:3]}")
+    return [round(r.ttft * 1e3, 1) for r in records]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -323,6 +334,9 @@ def main() -> None:
     ap.add_argument("--image-ttft", type=int, default=0, metavar="N",
                     help="instead of the sweep: the TTFT of one --image-side image plus a short question, N requests "
                     "one at a time after a warm-up (median)")
+    ap.add_argument("--warmup", type=int, default=8, metavar="N",
+                    help="N concurrent short requests before the first level, reported apart (as vLLM's bench sends a "
+                    "test request first): the first requests after start-up pay one-time costs (0: none)")
     args = ap.parse_args()
     if args.image_ttft:
         result = asyncio.run(image_ttft(args.url, args.model, args.image_side, args.image_ttft, args.max_tokens))
@@ -333,6 +347,9 @@ def main() -> None:
     tokens = args.prompt_tokens or WORKLOADS[args.workload]
     workload = Workload(args.workload, int(tokens * chars_per_token(args.url, args.model)) if tokens else 0,
                         args.image_fraction, args.image_side)
+    warmup_ttft_ms = asyncio.run(warm_up(args.url, args.model, args.warmup)) if args.warmup else []
+    if warmup_ttft_ms:
+        print(f"warm-up: {len(warmup_ttft_ms)} requests, TTFT max {max(warmup_ttft_ms):.1f} ms", flush=True)
     levels = []
     for qps in (float(q) for q in args.qps.split(",")):
         level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed,
@@ -352,7 +369,8 @@ def main() -> None:
     args.out.write_text(json.dumps({"label": args.label, "commit": args.commit or commit(), "model": args.model,
                                     "max_tokens": args.max_tokens, "workload": args.workload,
                                     "prompt_tokens": tokens, "image_fraction": args.image_fraction,
-                                    "image_side": args.image_side, "levels": levels}, indent=2))
+                                    "image_side": args.image_side, "warmup_ttft_ms": warmup_ttft_ms,
+                                    "levels": levels}, indent=2))
 
 
 if __name__ == "__main__":
