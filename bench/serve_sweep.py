@@ -297,11 +297,11 @@ def commit() -> str:
         return "unknown"
 
 
-async def warm_up(url: str, model: str, n: int) -> list[float]:
+async def warm_up(url: str, model: str, n: int, extra: dict[str, object]) -> list[float]:
     """n short requests at once (each server process gets some); their TTFTs in ms. Raises if one fails."""
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as client:
-        records = await asyncio.gather(*(one_request(client, url, model, [{"role": "user", "content": f"Hello {i}"}], 8)
-                                         for i in range(n)))
+        hello = [[{"role": "user", "content": f"Hello {i}"}] for i in range(n)]
+        records = await asyncio.gather(*(one_request(client, url, model, messages, 8, extra) for messages in hello))
     failed = [r.error for r in records if not r.ok]
     if failed:
         raise SystemExit(f"warm-up failed: {failed[:3]}")
@@ -347,7 +347,8 @@ def main() -> None:
     tokens = args.prompt_tokens or WORKLOADS[args.workload]
     workload = Workload(args.workload, int(tokens * chars_per_token(args.url, args.model)) if tokens else 0,
                         args.image_fraction, args.image_side)
-    warmup_ttft_ms = asyncio.run(warm_up(args.url, args.model, args.warmup)) if args.warmup else []
+    warmup_ttft_ms = asyncio.run(warm_up(args.url, args.model, args.warmup,
+                                                {} if args.no_ignore_eos else IGNORE_EOS)) if args.warmup else []
     if warmup_ttft_ms:
         print(f"warm-up: {len(warmup_ttft_ms)} requests, TTFT max {max(warmup_ttft_ms):.1f} ms", flush=True)
     levels = []
