@@ -76,12 +76,25 @@ def test_state_slots_that_leave_no_room_for_blocks_name_max_batch_seqs(tiny_dir:
         bootstrap(config, lambda _s: None)  # 9 slots of 16,896 bytes are more than the whole 100 kB budget
 
 
-def test_warm_up_batches_cross_each_ragged_bucket_edge_the_batch_can_reach() -> None:
-    from infer_worker.application.assembly import warm_batch_sizes
+def test_the_warm_up_steps_run_past_the_mixed_graphs_in_blocks_of_their_own() -> None:
+    from infer_worker.application.assembly import warm_eager_prefill
 
-    assert warm_batch_sizes(256, 10_000) == [65, 129]
-    assert warm_batch_sizes(64, 10_000) == [] and warm_batch_sizes(65, 10_000) == [65]
-    assert warm_batch_sizes(1024, 100) == [65]  # each warm-up sequence holds a block of its own
+    class Recorder:
+        def __init__(self, eager_min_tokens: int) -> None:
+            self.eager_min_tokens, self.steps = eager_min_tokens, []
+
+        def execute(self, scheduled: list) -> None:
+            self.steps.append(scheduled)
+
+    dense = Recorder(2049)  # mixed graphs up to 2048 tokens: the warm-up steps must be larger
+    assert warm_eager_prefill(dense, [65, 129], 1000, 16, 10_000) == [65, 129]
+    for step, size in zip(dense.steps, [65, 129]):
+        assert len(step) == size and sum(s.num_new for s in step) >= 2049
+        blocks = [b for s in step for b in s.seq.block_ids]
+        assert len(blocks) == len(set(blocks)) and all(len(s.seq.block_ids) * 16 >= s.num_new for s in step)
+    hybrid = Recorder(1)  # no mixed graphs: 2 tokens a sequence, one block each
+    assert warm_eager_prefill(hybrid, [65, 129], 1000, 16, 100) == [65]  # 129 sequences need more than 100 blocks
+    assert [s.num_new for s in hybrid.steps[0]] == [2] * 65
 
 
 def test_the_eager_prefill_warm_up_leaves_served_sequences_their_tokens(tiny_dir: Path) -> None:
@@ -101,7 +114,7 @@ def test_the_eager_prefill_warm_up_leaves_served_sequences_their_tokens(tiny_dir
         caches = allocate_caches(backend, spec, 80, 4, DType.FLOAT32, 2, spec.num_kv_heads)
         runner = ModelRunner(model, backend, caches.per_layer, 4, 8, "cpu", state_pools=caches.state_pools)
         if warm:
-            warm_eager_prefill(runner, 100, 80, 512)
+            assert warm_eager_prefill(runner, [65], 512, 4, 80) == [65]
         seq = Sequence(0, [5, 17, 33, 2, 9], 0, list(range(8)), GREEDY, state_slot=1)
         greedy_steps(runner, [seq], 6)
         return seq.token_ids[5:]

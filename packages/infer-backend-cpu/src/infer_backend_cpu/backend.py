@@ -98,6 +98,9 @@ class CpuBackend:
     def join_tensor_parallel(self, timeout_s: float) -> None:
         self.ops = dataclasses.replace(self.ops, collective=GlooCollective(timeout_s))
 
+    def eager_variant_batch_sizes(self, max_batch_seqs: int) -> list[int]:
+        return []  # torch ops on the CPU: nothing compiles per batch size
+
     def is_fatal_error(self, exc: BaseException) -> bool:
         return False  # host memory only: an exception never leaves state behind that later steps would trip on
 

@@ -149,6 +149,9 @@ class CudaBackend:
 
         self.ops = dataclasses.replace(self.ops, collective=NcclCollective(self._device, timeout_s))
 
+    def eager_variant_batch_sizes(self, max_batch_seqs: int) -> list[int]:
+        return ragged_variant_batch_sizes(max_batch_seqs)
+
     def is_fatal_error(self, exc: BaseException) -> bool:
         """A CUDA error (a device-side assert, an illegal address, a launch failure) is sticky: the context is
         unusable and every later call fails with it. torch raises it as `torch.AcceleratorError` (2.9+), a

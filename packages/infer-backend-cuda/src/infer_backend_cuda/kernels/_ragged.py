@@ -19,6 +19,15 @@ def ragged_block_b(n_seq: int) -> int:
     return max(64, next_pow2(n_seq))
 
 
+def ragged_variant_batch_sizes(max_seqs: int) -> list[int]:
+    """The smallest batch of each `ragged_block_b` variant past the first, up to `max_seqs` sequences."""
+    sizes, n = [], ragged_block_b(1) + 1
+    while n <= max_seqs:
+        sizes.append(n)
+        n = ragged_block_b(n) + 1
+    return sizes
+
+
 @triton.jit
 def batch_block(cu_ptr, n_seq, pid, BLOCK: tl.constexpr, BLOCK_B: tl.constexpr, ROWS_PER_TOKEN: tl.constexpr):
     """(sequence, block within it) of the batch's `pid`-th block of `BLOCK` rows, each token `ROWS_PER_TOKEN`

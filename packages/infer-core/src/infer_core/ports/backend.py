@@ -87,6 +87,12 @@ class LlmBackend(Protocol):
         collectives fail after `timeout_s`. Called once, before a model is built on `ops`."""
         ...
 
+    def eager_variant_batch_sizes(self, max_batch_seqs: int) -> list[int]:
+        """The numbers of sequences, up to `max_batch_seqs`, at which an eager step first meets a kernel variant
+        that smaller steps do not compile (kernels specialised on a bucket of the batch size). The worker runs one
+        step of each at start-up, so that no compile of seconds stalls serving. Empty when nothing compiles."""
+        ...
+
     def is_fatal_error(self, exc: BaseException) -> bool:
         """Whether `exc`, raised while a step was prepared or ran, leaves the device unusable (a device-side assert,
         an illegal address: every later call fails too), so the process must end; otherwise only that step failed."""

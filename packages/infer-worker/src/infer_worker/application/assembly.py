@@ -139,30 +139,25 @@ def self_check(runner: ModelRunner, vocab_size: int, block_size: int) -> None:
         seq.token_ids.append(out.token_ids[0])
 
 
-# The ragged prefill kernels compile one variant per power of two of a step's sequences from 64 up
-# (infer_backend_cuda's kernels/_ragged.py); smaller batches share the first.
-_RAGGED_FIRST_BUCKET = 64
-
-
-def warm_batch_sizes(max_batch_seqs: int, num_blocks: int) -> list[int]:
-    """The batch sizes whose prefill steps compile the ragged kernels' larger variants: one past each bucket edge
-    a step can reach (at most `max_batch_seqs` sequences, each holding one of the `num_blocks` blocks)."""
-    sizes, edge = [], _RAGGED_FIRST_BUCKET
-    while edge < min(max_batch_seqs, num_blocks):
-        sizes.append(edge + 1)
-        edge *= 2
-    return sizes
-
-
-def warm_eager_prefill(runner: ModelRunner, max_batch_seqs: int, num_blocks: int, vocab_size: int) -> None:
-    """Run a 2-token prefill of each of `warm_batch_sizes` sequences, so that a model whose mixed steps run eagerly
-    (a hybrid one: no mixed graphs) compiles its prefill kernels' variants here rather than while serving, where a
-    compile of seconds stalls every request. The sequences share the scratch state slot and write KV that the
-    scheduler's blocks overwrite."""
-    for size in warm_batch_sizes(max_batch_seqs, num_blocks):
-        seqs = [Sequence(-2 - i, [(3 * i + 1) % vocab_size, (5 * i + 2) % vocab_size], 0, [i], GREEDY)
-                for i in range(size)]
-        runner.execute([ScheduledSeq(seq, 2) for seq in seqs])
+def warm_eager_prefill(runner: ModelRunner, sizes: list[int], vocab_size: int, block_size: int,
+                       num_blocks: int) -> list[int]:
+    """One eager prefill step of each of `sizes` sequences (the backend's `eager_variant_batch_sizes`), so that
+    the kernels' batch-size variants compile here rather than while serving, where a compile of seconds stalls
+    every request: each step just over the token count the runner's mixed graphs cover (a hybrid model has none:
+    2 tokens a sequence), each sequence in blocks of its own (sizes the KV cache cannot hold are left out). The
+    sequences share the scratch state slot and write KV that the scheduler's blocks overwrite. Returns the sizes
+    run."""
+    ran = []
+    for size in sizes:
+        per_seq = max(2, -(-runner.eager_min_tokens // size))
+        blocks = -(-per_seq // block_size)
+        if size * blocks > num_blocks:
+            break
+        seqs = [Sequence(-2 - i, [(3 * i + 5 * j + 1) % vocab_size for j in range(per_seq)], 0,
+                         list(range(i * blocks, (i + 1) * blocks)), GREEDY) for i in range(size)]
+        runner.execute([ScheduledSeq(seq, per_seq) for seq in seqs])
+        ran.append(size)
+    return ran
 
 
 def context_limit(config: Config, spec: ModelSpec) -> int:
@@ -242,9 +237,10 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     runner = build_runner(config, backend, model, caches.per_layer, max_model_len, progress, caches.state_pools)
     progress("self-check: prefill + decode")
     self_check(runner, spec.vocab_size, config.block_size)
-    if caches.state_pools and backend.supports_graphs:
+    variant_sizes = backend.eager_variant_batch_sizes(config.max_batch_seqs)
+    if variant_sizes:
         progress("compiling the eager prefill kernels' batch variants")
-        warm_eager_prefill(runner, config.max_batch_seqs, num_blocks, spec.vocab_size)
+        warm_eager_prefill(runner, variant_sizes, spec.vocab_size, config.block_size, num_blocks)
     info = ModelInfo(
         model_dir=str(model_dir),
         max_model_len=max_model_len,

@@ -238,6 +238,11 @@ class GraphModelRunner(ModelRunner):
         self.mixed_graph_steps = 0
         self.eager_steps = 0
 
+    @property
+    def eager_min_tokens(self) -> int:
+        """Past the largest mixed graph (with none captured, as for a hybrid model: every mixed step)."""
+        return self.capture_tokens[-1] + 1 if self._mixed else 1
+
     def capture(self) -> None:
         max_seq_len = self.max_blocks_per_seq * self.block_size
         for size in reversed(self.capture_sizes):  # largest first: later graphs reuse its pool memory

@@ -302,6 +302,11 @@ class ModelRunner:
                                            all_greedy=bool((sampling["temperature"] == 0).all()))
         return dev[:n], batch, sampling_batch
 
+    @property
+    def eager_min_tokens(self) -> int:
+        """The fewest tokens a mixed (prefill) step runs eagerly with: every step here."""
+        return 1
+
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
         """Launch a step and wait for its tokens."""
         return self.launch(scheduled).result()
