@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer_backend_cuda.gated_delta import CudaGatedDeltaOps
+from infer_backend_cuda.gated_delta import SHORT_ROW, CudaGatedDeltaOps
+from infer_backend_cuda.kernels.gdn_chunk import gdn_chunk
+from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent
 from infer_core.ports.linear_attention import StateBatch
 from tests.backend_cuda.conftest import HAS_CUDA, gpu
 
@@ -145,6 +147,55 @@ def test_chunked_prefill_near_identical_keys(device):
     o = ops.gated_delta_rule(q, k, v, g, beta, states, _batch(lens, [1], device))
     torch.testing.assert_close(o.cpu(), ref_o, atol=2e-3, rtol=2e-3)
     torch.testing.assert_close(states.cpu(), ref_states, atol=2e-3, rtol=2e-3)
+
+
+# A mixed step: decode rows, rows just below / at / above the recurrent-vs-chunked threshold, rows with a partial
+# last chunk, an empty one. Under TRITON_INTERPRET=1 every tl.dot is computed in fp32 whatever its
+# input_precision, so these tolerances are those of fp32 rounding; on the GPU the same test checks tf32x3.
+MIXED = [1, 40, 1, SHORT_ROW - 1, SHORT_ROW, SHORT_ROW + 1, 1, 130, 0, 3, 64, 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_step_splits_rows_between_the_kernels(dtype, device):
+    """A ragged mixed batch through `gated_delta_rule` (short rows recurrent, the rest chunked, one step) equals
+    the per-token recurrence, outputs and every slot of the pool."""
+    _check_gdn(MIXED, dict(hk=1, hv=2, dk=16, dv=16), dtype, device, seed=8)
+
+
+def _routing_case(device, seed):
+    lens, hk, hv, dk, dv = MIXED, 1, 2, 16, 16
+    num_slots = len(lens) + 2
+    gen = _gen(seed)
+    states = torch.randn((num_slots, hv, dk, dv), generator=gen).to(device) * 0.5
+    slots = torch.randperm(num_slots - 1, generator=gen)[: len(lens)].add(1).tolist()
+    q, k, v, g, beta = _gdn_inputs(lens, hk, hv, dk, dv, torch.float32, device, seed)
+    ref_o, ref_states = ref_gated_delta_rule(q, k, v, g, beta, states, lens, slots)
+    batch = _batch(lens, slots, device)
+    out = torch.full(v.shape, float("nan"), device=device)
+    return lens, slots, states, (q, k, v, g, beta), ref_o, ref_states, batch, out
+
+
+@pytest.mark.parametrize("kernel", ["recurrent", "chunked"])
+def test_each_kernel_runs_only_its_rows(kernel, device):
+    """`gdn_recurrent(max_len=SHORT_ROW - 1)` and `gdn_chunk(min_len=SHORT_ROW)` each write exactly their rows'
+    outputs and slots (the others stay NaN / as they were), and those equal the reference."""
+    lens, slots, states, args, ref_o, ref_states, batch, out = _routing_case(device, 9)
+    start = states.clone()
+    if kernel == "recurrent":
+        gdn_recurrent(*args, states, batch.cu_seqlens, batch.slot_ids, out, max_len=SHORT_ROW - 1)
+    else:
+        gdn_chunk(*args, states, batch.cu_seqlens, batch.slot_ids, out, min_len=SHORT_ROW)
+    t = 0
+    for n, slot in zip(lens, slots):
+        mine = (n < SHORT_ROW) == (kernel == "recurrent")
+        rows = slice(t, t + n)
+        if mine:
+            torch.testing.assert_close(out[rows].cpu(), ref_o[rows], atol=2e-4, rtol=2e-4)
+            torch.testing.assert_close(states[slot].cpu(), ref_states[slot], atol=1e-3, rtol=2e-4)
+        else:
+            assert bool(out[rows].isnan().all()), f"row of {n} tokens written by the {kernel} kernel"
+            assert torch.equal(states[slot], start[slot]), f"slot of a {n}-token row changed by the {kernel} kernel"
+        t += n
 
 
 @gpu

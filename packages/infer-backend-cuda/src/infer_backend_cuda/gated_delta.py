@@ -1,8 +1,9 @@
 """The `GatedDeltaOps` port (linear-attention layers of hybrid models) on Triton kernels.
 
-Decode steps (every sequence one token) run the fused recurrent kernel, which is CUDA-graph capturable; other
-steps the chunked (WY form) kernel. The state pools are allocated once, so a captured graph keeps addressing
-the same slots.
+Decode steps (every sequence one token) run the fused recurrent kernel, which is CUDA-graph capturable. Other
+steps split by row length on the device: rows shorter than `SHORT_ROW` (decode rows of a mixed step) through the
+recurrent kernel, the others through the chunked (WY form) kernels, in the same step and without a host sync.
+The state pools are allocated once, so a captured graph keeps addressing the same slots.
 """
 
 from __future__ import annotations
@@ -10,10 +11,18 @@ from __future__ import annotations
 import torch
 
 from infer_backend_cuda.kernels.causal_conv1d import causal_conv1d
-from infer_backend_cuda.kernels.gdn_chunk import gdn_chunk
+from infer_backend_cuda.kernels.gdn_chunk import CHUNK, gdn_chunk
 from infer_backend_cuda.kernels.gdn_gates import gated_rms_norm, gdn_gates
-from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent
+from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent, prepare_gdn_out
 from infer_core.ports.linear_attention import StateBatch
+
+# Rows of fewer tokens run the recurrence, longer ones the chunks. A chunk pads a row to 64 tokens and costs a
+# chunk-local program plus one sequential step of four tf32x3 products with the state (a few us, ~2 MFLOP per
+# state tile), while the recurrence costs one dependent token step (~1 us: a load, three reductions) per token;
+# in a mixed step the recurrent launch runs before the chunked ones, so a quarter chunk bounds what its longest
+# row adds (~16 token steps) to about one long row's chunk step. Decode rows (1) and speculative verification
+# rows (a few tokens) always take the recurrence.
+SHORT_ROW = CHUNK // 4
 
 
 class CudaGatedDeltaOps:
@@ -48,10 +57,15 @@ class CudaGatedDeltaOps:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
         recurrent_states: torch.Tensor, batch: StateBatch,
     ) -> torch.Tensor:
-        # Decode: one token per sequence, the recurrence is the whole work. Prefill / mixed steps: chunks of 64.
-        if batch.is_decode:
-            return gdn_recurrent(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids)
-        return gdn_chunk(q, k, v, g, beta, recurrent_states, batch.cu_seqlens, batch.slot_ids)
+        cu, slots = batch.cu_seqlens, batch.slot_ids
+        if batch.is_decode:  # one token per sequence: the recurrence is the whole work
+            return gdn_recurrent(q, k, v, g, beta, recurrent_states, cu, slots)
+        # Each launch runs its own rows and its other programs exit; both run even when the host's
+        # max_query_len says one has no rows, so that the start-up warm-up's short prefills compile the chunked
+        # kernels' batch-size variants too (an idle launch costs a few us).
+        out = prepare_gdn_out(q, k, v, g, beta, recurrent_states, cu, slots, None)
+        gdn_recurrent(q, k, v, g, beta, recurrent_states, cu, slots, out, max_len=SHORT_ROW - 1)
+        return gdn_chunk(q, k, v, g, beta, recurrent_states, cu, slots, out, min_len=SHORT_ROW)
 
     def gated_rms_norm(self, x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return gated_rms_norm(x, gate, weight, eps)

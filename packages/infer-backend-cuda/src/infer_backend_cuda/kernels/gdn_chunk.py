@@ -27,7 +27,7 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, batch_block, ragged_block_b
-from infer_backend_cuda.kernels.gdn_recurrent import gdn_kernel_args, prepare_gdn_out, sequence_head_block
+from infer_backend_cuda.kernels.gdn_recurrent import prepare_gdn_out, sequence_head_block
 
 CHUNK = 64
 
@@ -37,11 +37,11 @@ def _l2_rows(x):
     return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
 
 
-@triton.jit(do_not_specialize=STEP_SIZE_ARGS)
+@triton.jit(do_not_specialize=STEP_SIZE_ARGS + ("min_len",))
 def _gdn_chunk_wy_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, w_ptr, u_ptr, cu_ptr,
     k_st, k_sh, v_st, v_sh, g_st, beta_st, w_st, w_sh, u_st, u_sh,
-    DK, DV, GROUP, n_seq,
+    DK, DV, GROUP, n_seq, min_len,
     CH: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, BLOCK_B: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Chunk-local pass, one program per (chunk of the batch, value head): T = (I + M)^-1, then
@@ -52,10 +52,11 @@ def _gdn_chunk_wy_kernel(
     pid = tl.program_id(0)
     h = tl.program_id(1)
     seq, chunk = batch_block(cu_ptr, n_seq, pid, CH, BLOCK_B, 1)
-    if seq < n_seq:  # else past the batch's last chunk (the grid is an upper bound)
+    # Past the batch's last chunk (the grid is an upper bound) and short rows (the recurrent kernel's) exit.
+    n = tl.load(cu_ptr + seq + 1, mask=seq < n_seq, other=0).to(tl.int64) - tl.load(cu_ptr + seq, mask=seq < n_seq, other=0)
+    if (seq < n_seq) & (n >= min_len):
         c0 = chunk * CH
         bos = tl.load(cu_ptr + seq).to(tl.int64)
-        n = tl.load(cu_ptr + seq + 1).to(tl.int64) - bos
         ci = tl.arange(0, CH)
         kk = tl.arange(0, BK)
         dd = tl.arange(0, BDV)
@@ -86,12 +87,12 @@ def _gdn_chunk_wy_kernel(
         tl.store(u_ptr + rows[:, None] * u_st + h * u_sh + dd[None, :], u, mask=vmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("min_len",))
 def _gdn_chunk_state_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
     q_st, q_sh, k_st, k_sh, v_st, v_sh, g_st, beta_st, o_st, o_sh,
     s_ss, s_sh, s_sk,
-    DK, DV, GROUP, scale,
+    DK, DV, GROUP, scale, min_len,
     w_ptr, u_ptr, w_st, w_sh, u_st, u_sh,
     CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_PDL: tl.constexpr,
 ):
@@ -106,7 +107,7 @@ def _gdn_chunk_state_kernel(
     ci = tl.arange(0, CH)
     lower = ci[:, None] >= ci[None, :]
     state = tl.load(s_ptrs, mask=smask, other=0.0)
-    for c0 in range(0, n, CH):
+    for c0 in range(0, tl.where(n >= min_len, n, 0), CH):
         rows = bos + c0 + ci
         tm = (c0 + ci) < n
         qkm = tm[:, None] & km[None, :]
@@ -134,8 +135,10 @@ def _gdn_chunk_state_kernel(
 def gdn_chunk(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, cu_seqlens: torch.Tensor, slot_ids: torch.Tensor, out: torch.Tensor | None = None,
+    min_len: int = 0,
 ) -> torch.Tensor:
-    """The gated delta rule in chunks of 64 tokens (same operands and result as `gdn_recurrent`)."""
+    """The gated delta rule in chunks of 64 tokens (same operands and result as `gdn_recurrent`), for the
+    sequences of at least `min_len` tokens; the others' output rows and state slots are left untouched."""
     out = prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out)
     n_seq, dk, hv, dv = slot_ids.shape[0], q.shape[2], v.shape[1], v.shape[2]
     if n_seq == 0 or q.shape[0] == 0:
@@ -154,11 +157,14 @@ def gdn_chunk(
         k, v, g, beta, w, u, cu_seqlens,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         w.stride(0), w.stride(1), u.stride(0), u.stride(1),
-        dk, dv, hv // q.shape[1], n_seq,
+        dk, dv, hv // q.shape[1], n_seq, min_len,
         CH=CHUNK, BK=bk, BDV=bdv, BLOCK_B=ragged_block_b(n_seq), num_warps=8, **pdl,
     )
     _gdn_chunk_state_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
-        *gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids),
+        q, k, v, g, beta, states, out, cu_seqlens, slot_ids,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
+        dk, dv, hv // q.shape[1], float(dk) ** -0.5, min_len,
         w, u, w.stride(0), w.stride(1), u.stride(0), u.stride(1),
         CH=CHUNK, BK=bk, BV=bv, num_warps=8, **pdl,
     )

@@ -5,6 +5,8 @@ registers and walks the sequence's tokens: per token it L2-normalises q and k (a
 decays the state by `exp(g)`, applies the delta update `S += k (beta (v - k^T S))^T` and emits `o = q^T S`.
 The state is read once and written once per call, so a decode step costs exactly its state bytes. Token ranges
 come from the device-side `cu_seqlens` and the grid only from shapes, so the launch is CUDA-graph capturable.
+In a mixed step it runs the short rows only (`max_len`; the programs of longer sequences exit at once) and
+`gdn_chunk` the others.
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ def sequence_head_block(
     return h // GROUP, h, bos, n, kk, vv, km, vm, s_ptrs, km[:, None] & vm[None, :]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("max_len",))
 def _gdn_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
     q_st, q_sh, k_st, k_sh, v_st, v_sh, g_st, beta_st, o_st, o_sh,
     s_ss, s_sh, s_sk,
-    DK, DV, GROUP, scale,
+    DK, DV, GROUP, scale, max_len,
     BK: tl.constexpr, BV: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
@@ -50,22 +52,23 @@ def _gdn_recurrent_kernel(
     hk, h, bos, n, kk, vv, km, vm, s_ptrs, smask = sequence_head_block(
         cu_ptr, slot_ptr, state_ptr, s_ss, s_sh, s_sk, DK, DV, GROUP, BK, BV
     )
-    state = tl.load(s_ptrs, mask=smask, other=0.0)
-    for i in range(0, n):
-        t64 = bos + i
-        q = tl.load(q_ptr + t64 * q_st + hk * q_sh + kk, mask=km, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + t64 * k_st + hk * k_sh + kk, mask=km, other=0.0).to(tl.float32)
-        v = tl.load(v_ptr + t64 * v_st + h * v_sh + vv, mask=vm, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + t64 * g_st + h).to(tl.float32)
-        beta = tl.load(beta_ptr + t64 * beta_st + h).to(tl.float32)
-        q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-        k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-        state = state * tl.exp(g)
-        delta = (v - tl.sum(state * k[:, None], axis=0)) * beta
-        state = state + k[:, None] * delta[None, :]
-        o = tl.sum(state * q[:, None], axis=0)
-        tl.store(out_ptr + t64 * o_st + h * o_sh + vv, o.to(out_ptr.dtype.element_ty), mask=vm)
-    tl.store(s_ptrs, state, mask=smask)
+    if n <= max_len:  # else a long row of a mixed step, which `gdn_chunk` runs
+        state = tl.load(s_ptrs, mask=smask, other=0.0)
+        for i in range(0, n):
+            t64 = bos + i
+            q = tl.load(q_ptr + t64 * q_st + hk * q_sh + kk, mask=km, other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + t64 * k_st + hk * k_sh + kk, mask=km, other=0.0).to(tl.float32)
+            v = tl.load(v_ptr + t64 * v_st + h * v_sh + vv, mask=vm, other=0.0).to(tl.float32)
+            g = tl.load(g_ptr + t64 * g_st + h).to(tl.float32)
+            beta = tl.load(beta_ptr + t64 * beta_st + h).to(tl.float32)
+            q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
+            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+            state = state * tl.exp(g)
+            delta = (v - tl.sum(state * k[:, None], axis=0)) * beta
+            state = state + k[:, None] * delta[None, :]
+            o = tl.sum(state * q[:, None], axis=0)
+            tl.store(out_ptr + t64 * o_st + h * o_sh + vv, o.to(out_ptr.dtype.element_ty), mask=vm)
+        tl.store(s_ptrs, state, mask=smask)
 
 
 def prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out: torch.Tensor | None) -> torch.Tensor:
@@ -87,25 +90,14 @@ def prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out: torch.T
     return torch.empty(v.shape, dtype=v.dtype, device=v.device) if out is None else out
 
 
-def gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids) -> tuple:
-    """The operands, strides and sizes shared by the recurrent and the chunked kernel, in their order."""
-    hk, dk = q.shape[1], q.shape[2]
-    hv, dv = v.shape[1], v.shape[2]
-    return (
-        q, k, v, g, beta, states, out, cu_seqlens, slot_ids,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        out.stride(0), out.stride(1),
-        states.stride(0), states.stride(1), states.stride(2),
-        dk, dv, hv // hk, float(dk) ** -0.5,
-    )
-
-
 def gdn_recurrent(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, cu_seqlens: torch.Tensor, slot_ids: torch.Tensor, out: torch.Tensor | None = None,
+    max_len: int = 2**31 - 1,
 ) -> torch.Tensor:
     """The gated delta rule token by token (q, k `[T, Hk, Dk]`, v `[T, Hv, Dv]`, g / beta `[T, Hv]`), starting
-    from `states[slot_ids[i]]` and writing the final state back there. Returns `[T, Hv, Dv]` in v's dtype."""
+    from `states[slot_ids[i]]` and writing the final state back there, for the sequences of at most `max_len`
+    tokens (the others' output rows and slots are left untouched). Returns `[T, Hv, Dv]` in v's dtype."""
     out = prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out)
     n_seq, dk, hv, dv = slot_ids.shape[0], q.shape[2], v.shape[1], v.shape[2]
     if n_seq == 0 or q.shape[0] == 0:
@@ -114,7 +106,10 @@ def gdn_recurrent(
     # A [Dk, BV] fp32 state tile of 4096 elements keeps one program within registers at Dk = 128.
     bv = max(1, min(next_pow2(dv), 4096 // bk))
     _gdn_recurrent_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
-        *gdn_kernel_args(q, k, v, g, beta, states, out, cu_seqlens, slot_ids),
+        q, k, v, g, beta, states, out, cu_seqlens, slot_ids,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
+        dk, dv, hv // q.shape[1], float(dk) ** -0.5, max_len,
         BK=bk, BV=bv, num_warps=4, **pdl_launch(q.device),
     )
     return out
