@@ -11,6 +11,7 @@ import torch
 from infer_backend_cuda.kernels import attention_prefill as A
 from infer_backend_cuda.kernels import causal_conv1d as C
 from infer_backend_cuda.kernels import gdn_chunk as G
+from infer_backend_cuda.kernels import gdn_wy as WY
 from tests.backend_cuda.conftest import gpu, needs_cuda
 
 pytestmark = [gpu, needs_cuda]
@@ -57,10 +58,12 @@ def _attention(lens: list[int], hq: int = 8, hkv: int = 2, d: int = 128, bs: int
 
 
 # The conv has two token tiles (a step whose longest query fits the conv window, and the rest): twice the variants.
-@pytest.mark.parametrize("run,kernel,tiles", [(_conv, C._causal_conv1d_kernel, 2), (_chunk, G._gdn_chunk_wy_kernel, 1),
-                                               (_attention, A._prefill_kernel, 1)],
-                         ids=["causal_conv1d", "gdn_chunk_wy", "attention_prefill"])
-def test_prefill_batches_up_to_64_sequences_share_one_variant(run, kernel, tiles: int) -> None:  # noqa: ANN001
+# The chunked rule's sequential pass has no batch-sized block (its grid is the batch): one variant for all.
+@pytest.mark.parametrize("run,kernel,tiles,wide", [
+    (_conv, C._causal_conv1d_kernel, 2, 2), (_chunk, WY._gdn_chunk_wy_kernel, 1, 2),
+    (_chunk, G._gdn_chunk_state_kernel, 1, 0), (_attention, A._prefill_kernel, 1, 2)],
+    ids=["causal_conv1d", "gdn_chunk_wy", "gdn_chunk_state", "attention_prefill"])
+def test_prefill_batches_up_to_64_sequences_share_one_variant(run, kernel, tiles: int, wide: int) -> None:  # noqa: ANN001
     kernel.device_caches.clear()  # count from none (the variants reload from Triton's disk cache)
     for lens in BATCHES:
         run(lens)
@@ -69,4 +72,4 @@ def test_prefill_batches_up_to_64_sequences_share_one_variant(run, kernel, tiles
     for lens in WIDE:
         run(lens)
     torch.cuda.synchronize()
-    assert _variants(kernel) == tiles + 2  # WIDE's batches (2-token queries): 128 and 256 lanes
+    assert _variants(kernel) == tiles + wide  # WIDE's batches (2-token queries): 128 and 256 lanes
