@@ -41,7 +41,7 @@ def _gdn_chunk_state_kernel(
     g_ptr, scr_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
     g_st, scr_st, scr_sh, o_st, o_sh, s_ss, s_sh, s_sk,
     DK, DV, min_len,
-    CH: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, USE_PDL: tl.constexpr,
+    CH: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, BV: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Sequential pass, grid `(B, Hv, cdiv(Dv, BV))`; programs of sequences shorter than `min_len` exit."""
     if USE_PDL:
@@ -51,30 +51,26 @@ def _gdn_chunk_state_kernel(
         cu_ptr, slot_ptr, state_ptr, s_ss, s_sh, s_sk, DK, DV, 1, BK, BV
     )
     if n >= min_len:
-        W, QG, KD, U, A = scratch_columns(DK, DV)
+        W, QG, KD, U, A = scratch_columns(BK, BDV)
         ci = tl.arange(0, CH)
-        lower = ci[:, None] >= ci[None, :]
-        # Per chunk a scalar 64-bit base and 32-bit offsets within it: tiles of 64-bit pointers would take two
-        # registers per element (the state kernel's tiles are 64 x 128).
-        w_offs = ci[:, None] * scr_st + kk[None, :]
-        u_offs = ci[:, None] * scr_st + U + vv[None, :]
-        a_offs = ci[:, None] * scr_st + A + ci[None, :]
-        o_offs = ci[:, None] * o_st + vv[None, :]
         state = tl.load(s_ptrs, mask=smask, other=0.0)
         for c0 in range(0, n, CH):
+            # No masks on the scratch tiles (their predicates and addresses, hoisted out of the loop, spilled):
+            # sections are written whole, and a partial chunk's rows past the end re-read its last row, whose
+            # v' is zeroed, so they reach neither the state (k^T v') nor a valid row's output (A is zero there).
             tm = (c0 + ci) < n
-            kmask = tm[:, None] & km[None, :]
-            vmask = tm[:, None] & vm[None, :]
+            r = tl.minimum(ci, n - 1 - c0).to(tl.int32) * scr_st
             scr = scr_ptr + (bos + c0) * scr_st + h * scr_sh
-            w = tl.load(scr + W + w_offs, mask=kmask, other=0.0)
-            u = tl.load(scr + u_offs, mask=vmask, other=0.0)
-            v_new = u - tl.dot(w, state, input_precision=PREC)
-            qg = tl.load(scr + QG + w_offs, mask=kmask, other=0.0)
-            a = tl.load(scr + a_offs, mask=tm[:, None] & lower, other=0.0)
+            w = tl.load(scr + W + r[:, None] + kk[None, :])
+            u = tl.load(scr + U + r[:, None] + vv[None, :])
+            v_new = tl.where(tm[:, None], u - tl.dot(w, state, input_precision=PREC), 0.0)
+            qg = tl.load(scr + QG + r[:, None] + kk[None, :])
+            a = tl.load(scr + A + r[:, None] + ci[None, :])
             o = tl.dot(qg, state, input_precision=PREC)
             o = tl.dot(a, v_new, o, input_precision=PREC)
-            tl.store(out_ptr + (bos + c0) * o_st + h * o_sh + o_offs, o.to(out_ptr.dtype.element_ty), mask=vmask)
-            kd = tl.load(scr + KD + w_offs, mask=kmask, other=0.0)
+            tl.store(out_ptr + (bos + c0) * o_st + h * o_sh + ci[:, None] * o_st + vv[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=tm[:, None] & vm[None, :])
+            kd = tl.load(scr + KD + r[:, None] + kk[None, :])
             g_last = tl.sum(tl.load(g_ptr + (bos + c0) * g_st + ci * g_st + h, mask=tm, other=0.0), axis=0)
             state = tl.dot(tl.trans(kd), v_new, state * tl.exp(g_last), input_precision=PREC)
         tl.store(s_ptrs, state, mask=smask)
@@ -96,7 +92,7 @@ def gdn_chunk(
     bv = min(bdv, BV)
     # fp32 scratch of the chunk-local pass, one row per token and value head (74 KB per token at Qwen3.5-4B,
     # 605 MB for an 8k-token step), freed after the call.
-    scr = torch.empty((q.shape[0], hv, scratch_width(dk, dv)), dtype=torch.float32, device=q.device)
+    scr = torch.empty((q.shape[0], hv, scratch_width(bk, bdv)), dtype=torch.float32, device=q.device)
     pdl = pdl_launch(q.device)
     # Every sequence's chunks but its last are full, so the batch has at most cdiv(T, 64) + B of them: the grid
     # is bounded by the step's tokens, not by B x max_query_len (a mixed step of many decode rows).
@@ -112,6 +108,6 @@ def gdn_chunk(
         g.stride(0), scr.stride(0), scr.stride(1), out.stride(0), out.stride(1),
         states.stride(0), states.stride(1), states.stride(2),
         dk, dv, min_len,
-        CH=CHUNK, BK=bk, BV=bv, num_warps=4, num_stages=1, **pdl,
+        CH=CHUNK, BK=bk, BDV=bdv, BV=bv, num_warps=4, num_stages=1, **pdl,
     )
     return out

@@ -28,16 +28,17 @@ CHUNK = 64
 PREC: tl.constexpr = tl.constexpr("tf32x3")
 
 
-def scratch_width(dk: int, dv: int) -> int:
-    """fp32 columns of one scratch row (token, value head): w, q * exp(G), k * exp(G_last - G) (Dk each), u (Dv),
-    the row of the decayed q k^T (CHUNK)."""
-    return 3 * dk + dv + CHUNK
+def scratch_width(bk: int, bdv: int) -> int:
+    """fp32 columns of one scratch row (token, value head): w, q * exp(G), k * exp(G_last - G) (BK each), u (BDV),
+    the whole row of A (CHUNK). Sections are padded to the power-of-two tiles and written whole (zeros past the
+    head dims, above A's diagonal), so the sequential pass loads them without masks."""
+    return 3 * bk + bdv + CHUNK
 
 
 @triton.jit
-def scratch_columns(DK, DV):
+def scratch_columns(BK: tl.constexpr, BDV: tl.constexpr):
     """First columns of w, q * exp(G), k * exp(G_last - G), u and A within a scratch row (see `scratch_width`)."""
-    return 0, DK, 2 * DK, 3 * DK, 3 * DK + DV
+    return 0, BK, 2 * BK, 3 * BK, 3 * BK + BDV
 
 
 @triton.jit
@@ -98,14 +99,21 @@ def _sub_block(k_ptr, g_ptr, beta_ptr, k_st, k_off, g_st, beta_st, h, bos, n, r0
 
 @triton.jit
 def _q_block(q_ptr, q_st, q_off, rows, tm, kk, km, scale, g, ks0, ks1, ks2, ks3, g0, g1, g2, g3,
-             scr_ptr, scr_st, scr_off, QG, A, DIAG_IDX: tl.constexpr, SUB: tl.constexpr):
+             scr_ptr, scr_st, scr_off, QG, A, DIAG_IDX: tl.constexpr, SUB: tl.constexpr, kw):
     """For one block of rows: `q * exp(G)` and the row block of `A` (blocks up to the diagonal; those above are
     never read) into the scratch."""
     q = _l2_rows(_rows(q_ptr, rows, tm, q_st, q_off, kk, km)) * scale
-    _put(scr_ptr, rows, tm, scr_st, scr_off + QG, kk, km, q * tl.exp(g)[:, None])
+    _put(scr_ptr, rows, tm, scr_st, scr_off + QG, kk, kw, q * tl.exp(g)[:, None])
     c = tl.arange(0, SUB)
     cm = c < SUB
+    zero = tl.zeros((SUB, SUB), dtype=tl.float32)
     _put(scr_ptr, rows, tm, scr_st, scr_off + A, c, cm, _decayed(q, ks0, g, g0, DIAG_IDX == 0, False))
+    if DIAG_IDX < 1:
+        _put(scr_ptr, rows, tm, scr_st, scr_off + A + SUB, c, cm, zero)
+    if DIAG_IDX < 2:
+        _put(scr_ptr, rows, tm, scr_st, scr_off + A + 2 * SUB, c, cm, zero)
+    if DIAG_IDX < 3:
+        _put(scr_ptr, rows, tm, scr_st, scr_off + A + 3 * SUB, c, cm, zero)
     if DIAG_IDX >= 1:
         _put(scr_ptr, rows, tm, scr_st, scr_off + A + SUB, c, cm, _decayed(q, ks1, g, g1, DIAG_IDX == 1, False))
     if DIAG_IDX >= 2:
@@ -122,11 +130,13 @@ def _wy_chunk(
     SUB: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr,
 ):
     """One chunk (tokens `c0 .. c0 + 4 SUB` of the sequence at `bos`, `n` tokens) of value head `h`."""
-    W, QG, KD, U, A = scratch_columns(DK, DV)
+    W, QG, KD, U, A = scratch_columns(BK, BDV)
     kk = tl.arange(0, BK)
     km = kk < DK
     dd = tl.arange(0, BDV)
     dm = dd < DV
+    kw = kk < BK  # stores: whole padded sections (the loads' masks zero the columns past the head dims)
+    dw = dd < BDV
     r0, tm0, k0, g0, b0 = _sub_block(k_ptr, g_ptr, beta_ptr, k_st, k_off, g_st, beta_st, h, bos, n,
                                          c0, kk, km, SUB)
     r1, tm1, k1, g1, b1 = _sub_block(k_ptr, g_ptr, beta_ptr, k_st, k_off, g_st, beta_st, h, bos, n,
@@ -147,17 +157,17 @@ def _wy_chunk(
 
     # The state-free parts of the output and of the state update.
     _q_block(q_ptr, q_st, q_off, r0, tm0, kk, km, scale, g0, k0, k1, k2, k3, g0, g1, g2, g3,
-             scr_ptr, scr_st, scr_off, QG, A, 0, SUB)
+             scr_ptr, scr_st, scr_off, QG, A, 0, SUB, kw)
     _q_block(q_ptr, q_st, q_off, r1, tm1, kk, km, scale, g1, k0, k1, k2, k3, g0, g1, g2, g3,
-             scr_ptr, scr_st, scr_off, QG, A, 1, SUB)
+             scr_ptr, scr_st, scr_off, QG, A, 1, SUB, kw)
     _q_block(q_ptr, q_st, q_off, r2, tm2, kk, km, scale, g2, k0, k1, k2, k3, g0, g1, g2, g3,
-             scr_ptr, scr_st, scr_off, QG, A, 2, SUB)
+             scr_ptr, scr_st, scr_off, QG, A, 2, SUB, kw)
     _q_block(q_ptr, q_st, q_off, r3, tm3, kk, km, scale, g3, k0, k1, k2, k3, g0, g1, g2, g3,
-             scr_ptr, scr_st, scr_off, QG, A, 3, SUB)
-    _put(scr_ptr, r0, tm0, scr_st, scr_off + KD, kk, km, k0 * tl.exp(g_last - g0)[:, None])
-    _put(scr_ptr, r1, tm1, scr_st, scr_off + KD, kk, km, k1 * tl.exp(g_last - g1)[:, None])
-    _put(scr_ptr, r2, tm2, scr_st, scr_off + KD, kk, km, k2 * tl.exp(g_last - g2)[:, None])
-    _put(scr_ptr, r3, tm3, scr_st, scr_off + KD, kk, km, k3 * tl.exp(g_last - g3)[:, None])
+             scr_ptr, scr_st, scr_off, QG, A, 3, SUB, kw)
+    _put(scr_ptr, r0, tm0, scr_st, scr_off + KD, kk, kw, k0 * tl.exp(g_last - g0)[:, None])
+    _put(scr_ptr, r1, tm1, scr_st, scr_off + KD, kk, kw, k1 * tl.exp(g_last - g1)[:, None])
+    _put(scr_ptr, r2, tm2, scr_st, scr_off + KD, kk, kw, k2 * tl.exp(g_last - g2)[:, None])
+    _put(scr_ptr, r3, tm3, scr_st, scr_off + KD, kk, kw, k3 * tl.exp(g_last - g3)[:, None])
 
     # M's blocks, then T = (I + M)^-1 blockwise: the diagonal blocks by substitution, 16 steps for all four.
     kb0 = k0 * b0[:, None]
@@ -196,19 +206,19 @@ def _wy_chunk(
     x1 = kb1 * tl.exp(g1)[:, None]
     x2 = kb2 * tl.exp(g2)[:, None]
     x3 = kb3 * tl.exp(g3)[:, None]
-    _put(scr_ptr, r0, tm0, scr_st, scr_off + W, kk, km, _mm(t00, x0))
-    _put(scr_ptr, r1, tm1, scr_st, scr_off + W, kk, km, _mm(t10, x0) + _mm(t11, x1))
-    _put(scr_ptr, r2, tm2, scr_st, scr_off + W, kk, km, _mm(t20, x0) + _mm(t21, x1) + _mm(t22, x2))
-    _put(scr_ptr, r3, tm3, scr_st, scr_off + W, kk, km,
+    _put(scr_ptr, r0, tm0, scr_st, scr_off + W, kk, kw, _mm(t00, x0))
+    _put(scr_ptr, r1, tm1, scr_st, scr_off + W, kk, kw, _mm(t10, x0) + _mm(t11, x1))
+    _put(scr_ptr, r2, tm2, scr_st, scr_off + W, kk, kw, _mm(t20, x0) + _mm(t21, x1) + _mm(t22, x2))
+    _put(scr_ptr, r3, tm3, scr_st, scr_off + W, kk, kw,
          _mm(t30, x0) + _mm(t31, x1) + _mm(t32, x2) + _mm(t33, x3))
     y0 = _rows(v_ptr, r0, tm0, v_st, v_off, dd, dm) * b0[:, None]
     y1 = _rows(v_ptr, r1, tm1, v_st, v_off, dd, dm) * b1[:, None]
     y2 = _rows(v_ptr, r2, tm2, v_st, v_off, dd, dm) * b2[:, None]
     y3 = _rows(v_ptr, r3, tm3, v_st, v_off, dd, dm) * b3[:, None]
-    _put(scr_ptr, r0, tm0, scr_st, scr_off + U, dd, dm, _mm(t00, y0))
-    _put(scr_ptr, r1, tm1, scr_st, scr_off + U, dd, dm, _mm(t10, y0) + _mm(t11, y1))
-    _put(scr_ptr, r2, tm2, scr_st, scr_off + U, dd, dm, _mm(t20, y0) + _mm(t21, y1) + _mm(t22, y2))
-    _put(scr_ptr, r3, tm3, scr_st, scr_off + U, dd, dm,
+    _put(scr_ptr, r0, tm0, scr_st, scr_off + U, dd, dw, _mm(t00, y0))
+    _put(scr_ptr, r1, tm1, scr_st, scr_off + U, dd, dw, _mm(t10, y0) + _mm(t11, y1))
+    _put(scr_ptr, r2, tm2, scr_st, scr_off + U, dd, dw, _mm(t20, y0) + _mm(t21, y1) + _mm(t22, y2))
+    _put(scr_ptr, r3, tm3, scr_st, scr_off + U, dd, dw,
          _mm(t30, y0) + _mm(t31, y1) + _mm(t32, y2) + _mm(t33, y3))
 
 

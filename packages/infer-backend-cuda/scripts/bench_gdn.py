@@ -1,0 +1,88 @@
+"""Gated delta rule timings on one GPU at Qwen3.5-4B shapes (16 key / 32 value heads of 128, BF16 inputs), one
+GDN layer per call, against the predictions of docs/kernels.md.
+
+Run on the GPU machine:  PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \
+    python3 packages/infer-backend-cuda/scripts/bench_gdn.py
+Eager calls timed with CUDA events (mixed and prefill steps of a hybrid model run eagerly), median of 20 after
+3 warm-ups; per kernel (recurrent, chunk-local `wy`, sequential `state`) from the torch profiler."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from infer_backend_cuda.gated_delta import CudaGatedDeltaOps
+from infer_core.ports.linear_attention import StateBatch
+
+HK, HV, D = 16, 32, 128
+dev = "cuda"
+
+
+def _ms(fn, reps: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def _step(lens: list[int]):
+    t = sum(lens)
+    q, k = (torch.randn(t, HK, D, device=dev, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(t, HV, D, device=dev, dtype=torch.bfloat16)
+    g = -torch.rand(t, HV, device=dev) * 0.1
+    beta = torch.rand(t, HV, device=dev)
+    states = torch.zeros(len(lens) + 1, HV, D, D, device=dev)
+    cu = torch.tensor([0, *torch.cumsum(torch.tensor(lens), 0).tolist()], dtype=torch.int32, device=dev)
+    slots = torch.arange(1, len(lens) + 1, dtype=torch.int32, device=dev)
+    batch = StateBatch(cu, slots, max(lens), all(n == 1 for n in lens))
+    return (q, k, v, g, beta), states, batch
+
+
+def _per_kernel_ms(fn, reps: int = 10) -> dict[str, float]:
+    """GPU time per call of each GDN kernel that `fn` launches (torch profiler, averaged over `reps` calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    out = {}
+    for evt in prof.key_averages():
+        for tag in ("wy", "state", "recurrent"):
+            if f"_gdn_{'chunk_' if tag != 'recurrent' else ''}{tag}_kernel" in evt.key:
+                total_us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+                out[tag] = total_us / reps / 1e3
+    return out
+
+
+def main() -> None:
+    ops = CudaGatedDeltaOps(dev)
+    rows = []
+    for name, lens, predicted in (
+        ("prefill 8192", [8192], "0.8-1.5"),
+        ("prefill 2048", [2048], "0.3-0.5"),
+        ("mixed 136 + 60 decode", [136] + [1] * 60, "0.09-0.11"),
+        ("decode 60", [1] * 60, "0.06"),
+    ):
+        args, states, batch = _step(lens)
+        total = _ms(lambda: ops.gated_delta_rule(*args, states, batch))
+        rows.append((name, total, _per_kernel_ms(lambda: ops.gated_delta_rule(*args, states, batch)), predicted))
+    print(f"{'step (one GDN layer)':<24}{'ms':>9}{'recur ms':>10}{'wy ms':>9}{'state ms':>10}  predicted ms")
+    for name, total, per, predicted in rows:
+        cols = "".join(f"{per[t]:>{w}.3f}" if t in per else f"{'-':>{w}}" for t, w in (("recurrent", 10), ("wy", 9),
+                                                                                     ("state", 10)))
+        print(f"{name:<24}{total:>9.3f}{cols}  {predicted}")
+
+
+if __name__ == "__main__":
+    main()
