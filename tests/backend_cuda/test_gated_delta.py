@@ -198,6 +198,22 @@ def test_each_kernel_runs_only_its_rows(kernel, device):
         t += n
 
 
+@pytest.mark.parametrize("shape", [dict(hk=1, hv=2, dk=16, dv=16), dict(hk=1, hv=3, dk=12, dv=40)],
+                         ids=["pow2-dims", "padded-dims"])
+def test_chunked_reads_only_scratch_it_wrote(shape, device, monkeypatch):
+    """The sequential pass loads its scratch tiles without masks (padded sections, partial chunks' rows past the
+    end re-read the last row): with every new buffer NaN-filled, a read of anything the chunk-local pass did not
+    write would turn the outputs or states NaN."""
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    _check_gdn([40, 1, SHORT_ROW, 130, 66], shape, torch.float32, device, seed=10)
+
+
 @gpu
 def test_chunked_prefill_qwen35_shapes(device):
     _check_gdn([700, 1, 64, 129], QWEN35, torch.bfloat16, device, seed=6)
