@@ -55,6 +55,19 @@ def test_awq_linear_matches_the_dequantized_reference(m, config, dtype, device):
     torch.testing.assert_close(y.float().cpu(), _awq_reference(x, qweight, qzeros, scales, bias), **tol(dtype))
 
 
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("m,config", [(1, None), (3, A.AwqConfig(4, 16, 16, 2, 1, 3)), (7, None),
+                                      (9, A.AwqConfig(16, 16, 32, 4, 1, 2)), (17, None)])
+def test_awq_group_sizes_odd_rows_and_partial_column_tiles(group, m, config, device):
+    """N = 72: no power-of-two column tile of 16 or more divides it (the last tile is one word); K = 256 is two to eight
+    groups; the row counts leave partial row tiles on both product paths, with and without split-K."""
+    qweight, qzeros, scales = _awq(72, 256, group, device, seed=group)
+    x = _x(m, 256, torch.float32, device)
+    out = poison(torch.empty((m, 72), dtype=torch.float32, device=device))
+    y = A.awq_linear(x, qweight, qzeros, scales, out=out, config=config)
+    torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales), **tol(torch.float32))
+
+
 @pytest.mark.parametrize("m,split", [(1, 3), (3, 4), (2, 64)])
 def test_awq_split_k_sums_every_range_once(m, split, device):
     """K = 96 in groups of 32 with 16-row steps: split 3 gives three whole groups, split 4 ranges of 32, and a

@@ -4,11 +4,12 @@
 eight sits in nibble `[0, 4, 1, 5, 2, 6, 3, 7][c]` of its word, i.e. at bit `4 * ((c % 2) * 4 + c // 2)`. Each K
 step stays inside one group (`BLOCK_K` divides the group), so a tile reads one row of zero points and scales.
 
-Two kernels: a tiled `tl.dot` GEMM for prefill, and for decode (<= 8 rows) a skinny kernel whose programs each
-stream `BLOCK_N` columns of the packed weight over one range of K (split-K, so that a decode GEMM launches a few
-programs per SM) with the products on the CUDA cores; a second small kernel sums the ranges in a fixed order. Dequantized weights
-are rounded to the activation dtype before the product, as the CPU reference's dequantized GEMM does.
-Launch configs: a shape heuristic (a tuning table like the skinny GEMM's can come later).
+One kernel: each program streams a `[BLOCK_K, BLOCK_N / 8]` tile of packed words per K step, reading each word
+once, unpacks it in registers and multiplies on the tensor cores (`tl.dot`, 16+ row tiles) or, for a single
+row, on the CUDA cores. K may be split into ranges (so that a decode GEMM launches a few programs per SM); a
+second small kernel sums the ranges in a fixed order. Dequantized weights are rounded to the activation dtype
+before the product, as the CPU reference's dequantized GEMM does.
+Launch configs: a shape heuristic (bench/quant_gemm_tune.py times alternatives on a GPU).
 """
 
 from __future__ import annotations
@@ -31,84 +32,87 @@ class AwqConfig(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
-    k_splits: int = 1  # skinny kernel only: K is cut into this many ranges (at most), summed by a second kernel
+    k_splits: int = 1  # K is cut into this many ranges (at most), summed by a second kernel (split_k.py)
 
 
 
 @triton.jit
-def _dequant_tile(qw_ptr, qz_ptr, s_ptr, kk, rn, g, N, K, qw_stride, qz_stride, s_stride):
-    """The fp32 weight tile `[BLOCK_K, BLOCK_N]` of rows `kk` (one group `g`) and columns `rn`."""
-    c = rn % 8
-    shift = ((c % 2) * 4 + c // 2) * 4
-    n_mask = rn < N
-    words = tl.load(qw_ptr + kk.to(tl.int64)[:, None] * qw_stride + (rn // 8)[None, :],
-                    mask=(kk < K)[:, None] & n_mask[None, :], other=0)
-    q = (words >> shift[None, :]) & 0xF
-    z = (tl.load(qz_ptr + g * qz_stride + rn // 8, mask=n_mask, other=0) >> shift) & 0xF
-    s = tl.load(s_ptr + g * s_stride + rn, mask=n_mask, other=0.0).to(tl.float32)
-    return (q - z[None, :]).to(tl.float32) * s[None, :]
+def _nibbles(words, BLOCK_N: tl.constexpr):
+    """int32 words `[R, BLOCK_N / 8]` -> fp32 `[R, BLOCK_N]` holding `2^23 + nibble`, nibble j of word w at
+    column `8 w + j`. OR-ing a nibble into the mantissa of 2^23 is an exact int -> float conversion without the
+    slow cvt instruction; the 2^23 cancels in `q - z`."""
+    shifts = 4 * tl.arange(0, 8)
+    q = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000
+    return tl.reshape(q, [words.shape[0], BLOCK_N]).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _awq_gemm_kernel(
-    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
-    M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    m_mask = rm < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        x = tl.load(x_ptr + rm.to(tl.int64)[:, None] * x_stride + kk[None, :],
-                    mask=m_mask[:, None] & (kk < K)[None, :], other=0.0)
-        w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, kk, rn, k0 // GROUP, N, K, qw_stride, qz_stride, s_stride)
-        w = w.to(x_ptr.dtype.element_ty)
-        if DOT_F32:
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(x, w)
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & (rn < N)[None, :])
-
-
-@triton.jit
-def _awq_skinny_kernel(
+def _awq_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, K_SPLIT: tl.constexpr, PARTIAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
-    """Program (n, s) covers columns `n * BLOCK_N` and rows `[s * K_SPLIT, (s + 1) * K_SPLIT)` of K. With PARTIAL
-    it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, see split_k.py)."""
-    pid, pid_k = tl.program_id(0), tl.program_id(1)
-    rm = tl.arange(0, BLOCK_M)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Program (m, n, s) covers rows `m * BLOCK_M`, columns `n * BLOCK_N` and K `[s * K_SPLIT, (s + 1) * K_SPLIT)`;
+    with PARTIAL it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, split_k.py).
+
+    Each K step loads the packed words `[BLOCK_K, BLOCK_N / 8]` once (contiguous rows) and unpacks them in
+    registers. The tile stays in nibble order (position `8 w + j` is column `8 w + AWQ_ORDER[j]`): the scales
+    are gathered in that order and the output stored through it, so no register permutation is needed."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    BLOCK_W: tl.constexpr = BLOCK_N // 8
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rw = pid_n * BLOCK_W + tl.arange(0, BLOCK_W)
     rk = tl.arange(0, BLOCK_K)
-    m_mask = rm < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    j = tl.arange(0, 8)
+    cols = tl.reshape(rw[:, None] * 8 + ((j % 4) * 2 + j // 4)[None, :], [BLOCK_N])  # AWQ_ORDER[j]
+    m_mask, w_mask, n_mask = rm < M, rw < N // 8, cols < N
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * x_stride
+    if USE_DOT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc3 = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
     k_first = pid_k * K_SPLIT
     # The last range stops at K: past it the group index would read scale and zero rows that do not exist (seen
     # on the H200: NaN partials, then an illegal address), which the masked activations cannot cancel (0 * NaN).
-    for k0 in range(k_first, tl.minimum(k_first + K_SPLIT, K), BLOCK_K):
+    k_end = tl.minimum(k_first + K_SPLIT, K)
+    w_ptrs = qw_ptr + (k_first + rk)[:, None] * qw_stride + rw[None, :]
+    # Triton pipelines only the loads that feed a tl.dot; the words are loaded one step ahead by hand so that
+    # the CUDA-core path, too, has the next tile in flight while it unpacks this one.
+    words_next = tl.load(w_ptrs, mask=((k_first + rk) < k_end)[:, None] & w_mask[None, :], other=0,
+                         eviction_policy="evict_first")
+    for k0 in range(k_first, k_end, BLOCK_K):
         kk = k0 + rk
-        x = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=m_mask[:, None] & (kk < K)[None, :], other=0.0)
-        w = _dequant_tile(qw_ptr, qz_ptr, s_ptr, kk, rn, k0 // GROUP, N, K, qw_stride, qz_stride, s_stride)
-        w = w.to(x_ptr.dtype.element_ty).to(tl.float32)
-        acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    mask = m_mask[:, None] & (rn < N)[None, :]
+        k_mask = kk < K
+        x = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        words = words_next
+        w_ptrs += BLOCK_K * qw_stride
+        words_next = tl.load(w_ptrs, mask=((kk + BLOCK_K) < k_end)[:, None] & w_mask[None, :], other=0,
+                             eviction_policy="evict_first")
+        g = k0 // GROUP
+        zeros = tl.load(qz_ptr + g * qz_stride + rw, mask=w_mask, other=0)
+        s = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0).to(tl.float32)
+        # (q - z) * s is exact in fp32 (a 5-bit integer times an fp16 scale), then rounded to x's dtype as the
+        # reference's dequantized GEMM does.
+        w = ((_nibbles(words, BLOCK_N) - _nibbles(zeros[None, :], BLOCK_N)) * s[None, :]).to(x.dtype)
+        if USE_DOT:
+            if DOT_F32:
+                acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(x, w)
+        else:
+            acc3 += x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :]
+    if not USE_DOT:
+        acc = tl.sum(acc3, axis=1)
+    mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
-        tl.store(out_ptr + pid_k * split_stride + rm[:, None] * N + rn[None, :], acc, mask=mask)
+        tl.store(out_ptr + pid_k * split_stride + rm[:, None] * N + cols[None, :], acc, mask=mask)
     else:
         if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+            acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def group_block_k(group: int, cap: int) -> int:
@@ -125,13 +129,19 @@ def check_group(group: int) -> None:
 
 
 def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
-    """Decode: ~8K fp32 products per K step and program. Prefill: 64-128 row tiles on the tensor cores."""
-    if m <= SKINNY_MAX_M:
-        bm = next_pow2(m)
-        block_k = group_block_k(group, 32)
-        block_n = max(16, min(128, 8192 // (bm * block_k)))
-        return AwqConfig(bm, block_n, block_k, 4, 2, split_k.num_splits(k // block_k, -(-n // block_n)))
-    return AwqConfig(64 if m <= 64 else 128, 128, group_block_k(group, 64), 8 if m > 64 else 4, 3)
+    """One row: CUDA-core products over 64 columns (a 32-byte sector of words per K row) and whole-group K steps
+    (128 rows: 4 KB of words a step). More rows: the tensor cores (16-row tiles at decode, up to 64 or 128 for
+    prefill). K is split to fill the GPU, but only while the fp32 workspace traffic (`16 * M * splits / K` of
+    the int4 weight's bytes) stays within a quarter."""
+    if m == 1:
+        bm, block_n, block_k, warps, stages = 1, 64, group_block_k(group, 128), 8, 1
+    elif m <= 64:
+        bm, block_n, block_k, warps, stages = max(16, next_pow2(m)), 128, group_block_k(group, 64), 4, 3
+    else:
+        bm, block_n, block_k, warps, stages = 128, 128, group_block_k(group, 64), 8, 3
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, block_n)
+    splits = min(split_k.num_splits(k // block_k, tiles), max(1, k // (64 * m)))
+    return AwqConfig(bm, block_n, block_k, warps, stages, splits)
 
 
 def awq_linear(
@@ -143,8 +153,8 @@ def awq_linear(
     out: torch.Tensor | None = None,
     config: AwqConfig | None = None,
 ) -> torch.Tensor:
-    """`x [M, K] @ dequant(qweight, qzeros, scales) (+ bias)` -> `[M, N]` in x's dtype; the skinny kernel for
-    `M <= 8`, the tiled GEMM otherwise."""
+    """`x [M, K] @ dequant(qweight, qzeros, scales) (+ bias)` -> `[M, N]` in x's dtype. A config's `block_m`
+    picks the product: <= 8 rows on the CUDA cores, >= 16 on the tensor cores (`tl.dot`)."""
     if x.dim() != 2 or qweight.shape[0] != x.shape[1] or scales.shape[1] != qweight.shape[1] * 8:
         raise ValueError(f"AWQ GEMM: input {tuple(x.shape)}, qweight {tuple(qweight.shape)} and scales "
                          f"{tuple(scales.shape)} do not match")
@@ -158,32 +168,21 @@ def awq_linear(
     cfg = config or default_config(m, n, k, group)
     if group % cfg.block_k:
         raise ValueError(f"block_k {cfg.block_k} must divide the group size {group}")
-    if m <= SKINNY_MAX_M and cfg.block_m >= m and cfg.block_m <= SKINNY_MAX_M:
-        _skinny(x, qweight, qzeros, scales, bias, out, group, cfg)
-    else:
-        _awq_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))](
-            x, qweight, qzeros, scales, bias if bias is not None else scales, out, m, n, k, x.stride(0),
-            qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
-            GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-    return out
-
-
-def _skinny(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-            bias: torch.Tensor | None, out: torch.Tensor, group: int, cfg: AwqConfig) -> None:
-    """The decode kernel, split over K when the config asks: each range whole BLOCK_K steps (so a step stays in
-    one group)."""
-    m, k = x.shape
-    n = out.shape[1]
+    if cfg.block_n % 8:
+        raise ValueError(f"block_n {cfg.block_n} must be a multiple of 8 (whole packed words)")
+    use_dot = cfg.block_m > SKINNY_MAX_M
+    if not use_dot and cfg.block_m < m:
+        raise ValueError(f"a CUDA-core config covers at most block_m = {cfg.block_m} rows, got {m}")
     steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)
     partial = splits > 1
     target = split_k.workspace(splits, m, n, x.device) if partial else out
-    _awq_skinny_kernel[(triton.cdiv(n, cfg.block_n), splits)](
+    _awq_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)](
         x, qweight, qzeros, scales, bias if bias is not None else scales, target, m, n, k, x.stride(0),
         qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n,
-        GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=partial, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=partial, USE_DOT=use_dot,
+        DOT_F32=dot_in_fp32(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if partial:
         split_k.reduce_splits(target, bias, out)
+    return out
