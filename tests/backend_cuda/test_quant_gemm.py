@@ -146,6 +146,24 @@ def test_fp8_block_linear_matches_the_w8a8_reference(m, config, dtype, device):
     torch.testing.assert_close(y.cpu().float(), ref.float(), **tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,splits", [(1, 1), (5, 2), (8, 4)])
+def test_fp8_decode_quantizes_its_own_activations_as_the_reference(m, splits, dtype, device):
+    """The skinny kernel quantizes x in its K loop: rows far apart in magnitude (each group its own scale), a
+    zero row (scale 1) and a partial last group must give the reference's codes, so the outputs agree to fp32
+    summation order (a code one e4m3 step off moves an output by ~1e-2 of its size)."""
+    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
+    x = _x(m, 200, torch.float32, device) * torch.logspace(-3, 3, m).reshape(m, 1).to(device)
+    x[m // 2, :] = 0
+    x[0, 64:128] *= 50  # one group of the first row far above the others
+    x = x.to(dtype)
+    out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, out=out,
+                            config=F8.Fp8Config(F8.next_pow2(m), 16, 4, 1, splits))
+    ref = ref_fp8_linear(x.cpu().float(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 64, None)
+    torch.testing.assert_close(y.cpu(), ref, atol=1e-6, rtol=1e-5)
+
+
 # ------------------------------------------------------------------ on the GPU
 
 QWEN3_4B = ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728))  # qkv, o, gate_up, down

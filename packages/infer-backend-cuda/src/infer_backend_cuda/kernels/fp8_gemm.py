@@ -5,8 +5,9 @@ e4m3(clamp(x / scale, ±448)), with IEEE division so that the codes equal the CP
 
 `fp8_block_linear`: `y = sum_g (x_q[:, g] @ w_q[:, g].T) * x_scale[:, g] * w_scale[row, g]` in fp32, one K step per
 group; `scale_row [N]` names the `weight_scale_inv` row of each output row (fused parts keep their own partial
-blocks). Prefill takes a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores), decode (<= 8 rows) a
-GEMV-style kernel with the products on the CUDA cores, split over K (split_k.py). `torch._scaled_mm`'s block-scaled recipes are not used:
+blocks). Prefill takes a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores) after the quantization
+kernel, decode (<= 8 rows) a GEMV-style kernel with the products on the CUDA cores, split over K (split_k.py),
+that quantizes the activations itself (the same numerics, one launch fewer). `torch._scaled_mm`'s block-scaled recipes are not used:
 they cannot be checked here without a GPU and they need whole 128-blocks, where SmolLM2 and fused parts have
 partial ones.
 """
@@ -48,20 +49,28 @@ def _round_to_e4m3_grid(v):
 
 
 @triton.jit
+def _quantize_groups(x, ROUND_IN_FP32: tl.constexpr):
+    """fp32 `x [R, group]` (zeros where masked) -> (fp32 codes on the e4m3 grid, fp32 scales `[R]`), the
+    reference's numerics: IEEE divisions, so that the codes equal the CPU's bit for bit."""
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, _E4M3_MAX, tl.float32)), 1.0)
+    codes = tl.clamp(tl.math.div_rn(x, tl.zeros_like(x) + scale[:, None]), -_E4M3_MAX, _E4M3_MAX)
+    if ROUND_IN_FP32:
+        codes = _round_to_e4m3_grid(codes)
+    return codes, scale
+
+
+@triton.jit
 def _act_quant_kernel(
     x_ptr, q_ptr, s_ptr, K, x_stride, q_stride, s_stride, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr
 ):
     row, g = tl.program_id(0), tl.program_id(1)
-    cols = g * GROUP + tl.arange(0, GROUP)
+    cols = (g * GROUP + tl.arange(0, GROUP))[None, :]
     mask = cols < K
     x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=0)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full((), _E4M3_MAX, tl.float32)), 1.0)
-    codes = tl.clamp(tl.math.div_rn(x, tl.zeros_like(x) + scale), -_E4M3_MAX, _E4M3_MAX)
-    if ROUND_IN_FP32:
-        codes = _round_to_e4m3_grid(codes)
+    codes, scale = _quantize_groups(x, ROUND_IN_FP32)
     tl.store(q_ptr + row.to(tl.int64) * q_stride + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row * s_stride + g, scale)
+    tl.store(s_ptr + row * s_stride + g + tl.arange(0, 1), scale)
 
 
 @triton.jit
@@ -70,9 +79,14 @@ def _fp8_gemm_kernel(
     M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SKINNY: tl.constexpr,
     GROUPS_PER_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FUSE_QUANT: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
 ):
     """Program (m, n, s) covers K groups `[s * GROUPS_PER_SPLIT, (s + 1) * GROUPS_PER_SPLIT)`; with PARTIAL it
-    stores fp32 partial sums at `out_ptr + s * M * N` (a split-K workspace `[splits, M, N]`)."""
+    stores fp32 partial sums at `out_ptr + s * M * N` (a split-K workspace `[splits, M, N]`).
+
+    With FUSE_QUANT `xq_ptr` is the unquantized input (`xs_ptr` unused): each program quantizes the activation
+    groups of its own K range, one group per K step (a few rows: the work is small next to the weight tile, and
+    it saves the quantization kernel's launch and its codes' round trip)."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -86,6 +100,11 @@ def _fp8_gemm_kernel(
         k_mask = kk < K
         a = tl.load(xq_ptr + rm.to(tl.int64)[:, None] * xq_stride + kk[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        if FUSE_QUANT:
+            codes, x_scale = _quantize_groups(a.to(tl.float32), ROUND_IN_FP32)
+            a = codes.to(w_ptr.dtype.element_ty)
+        else:
+            x_scale = tl.load(xs_ptr + rm * xs_stride + g, mask=m_mask, other=0.0)
         w = tl.load(w_ptr + rn.to(tl.int64)[None, :] * w_stride + kk[:, None],
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [GROUP, BLOCK_N]
         if SKINNY:
@@ -94,7 +113,6 @@ def _fp8_gemm_kernel(
             partial = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
             partial = tl.dot(a, w)
-        x_scale = tl.load(xs_ptr + rm * xs_stride + g, mask=m_mask, other=0.0)
         w_scale = tl.load(ws_ptr + scale_rows * ws_stride + g, mask=n_mask, other=0.0)
         acc += partial * (x_scale[:, None] * w_scale[None, :])
     mask = m_mask[:, None] & n_mask[None, :]
@@ -149,13 +167,15 @@ def fp8_block_linear(
         raise ValueError(f"FP8 GEMM: input {tuple(x.shape)}, weight {tuple(weight.shape)} and scale_row "
                          f"{tuple(scale_row.shape)} do not match")
     check_last_dim_contiguous("weight", weight)
+    check_last_dim_contiguous("input", x)
     m, k = x.shape
     n = weight.shape[0]
-    codes, x_scale = fp8_quantize_activation(x, group)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     cfg = config or default_config(m, n, k, group)
     skinny = cfg.block_m <= SKINNY_MAX_M
+    # The skinny kernel quantizes its own activation groups; the tensor-core tiles take them from one pass.
+    codes, x_scale = (x, x) if skinny else fp8_quantize_activation(x, group)
     per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits if skinny else 1)
     partial = splits > 1
     target = split_k.workspace(splits, m, n, x.device) if partial else out
@@ -163,8 +183,8 @@ def fp8_block_linear(
         codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, target,
         m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
         GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), SKINNY=skinny,
-        GROUPS_PER_SPLIT=per, PARTIAL=partial, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        GROUPS_PER_SPLIT=per, PARTIAL=partial, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FUSE_QUANT=skinny,
+        ROUND_IN_FP32=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if partial:
         split_k.reduce_splits(target, bias, out)
