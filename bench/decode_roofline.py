@@ -5,6 +5,9 @@ the median of the pure graph replay (GPU time, CUDA events) and of the served ru
 + the token copy back), and eager vs graph at the sizes in --eager-batches.
 
     python bench/decode_roofline.py --model-dir bench/models/qwen3-4b --batches 1,8,32,64,128,256
+
+`--profile` adds, per batch size, a torch.profiler pass over `--profile-steps` graph replays (eager decode steps
+where the profiler sees no kernel inside the graph), printing the top 12 device kernels by total time.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from infer_worker.application.model_runner import ModelRunner
 from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.model_loader import load_model
+from torch_profile import print_ranked, ranked
 
 
 def weight_bytes(model) -> int:  # noqa: ANN001 - a CausalLM
@@ -58,6 +62,22 @@ def commit() -> str:
     return out.stdout.strip() or "unknown"
 
 
+def profile_steps(batch: int, steps: int, replay, eager_step) -> list[dict]:  # noqa: ANN001 - callables
+    """The top 12 device kernels of `steps` graph replays, or of eager steps where the profiler records no
+    kernel inside the graph (CUPTI builds without graph-node tracing)."""
+    for name, step in (("graph replays", replay), ("eager steps", eager_step)):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+        rows, total_ms = ranked(prof, 12, on_device=True, kernels_only=True)
+        if rows:
+            print(f"batch {batch}: {steps} {name}")
+            print_ranked(rows, total_ms, "kernel")
+            return rows
+    return []
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", type=Path, default=Path("bench/models/qwen3-4b"))
@@ -67,6 +87,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--out", type=Path, default=Path("decode_roofline.json"))
+    ap.add_argument("--profile", action="store_true", help="rank the kernels of a few steps per batch size")
+    ap.add_argument("--profile-steps", type=int, default=5)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     eager_batches = {int(b) for b in args.eager_batches.split(",") if b}
@@ -79,7 +101,7 @@ def main() -> None:
     kv_per_token = 2 * spec.num_attention_layers * spec.num_kv_heads * spec.head_dim * 2
     geometry = state_geometry(spec, DType.BFLOAT16)
     state_bytes_per_seq = 2 * geometry.bytes_per_slot if geometry else 0
-    max_len = args.context + 3 * args.steps + 8
+    max_len = args.context + 3 * args.steps + 8 + (args.profile_steps if args.profile else 0)
     blocks_per_seq = math.ceil(max_len / args.block_size)
     max_batch = max(batches)
     caches = allocate_caches(backend, spec, max_batch * blocks_per_seq, args.block_size, DType.BFLOAT16,
@@ -133,6 +155,8 @@ def main() -> None:
         floor_ms = (wbytes + b * (ctx * kv_per_token + state_bytes_per_seq)) / bandwidth * 1e3
         row.update(replay_gpu_ms=statistics.median(gpu), floor_ms=floor_ms,
                    replay_over_floor=statistics.median(gpu) / floor_ms, context=ctx)
+        if args.profile:
+            row["top_kernels"] = profile_steps(b, args.profile_steps, g.replay, lambda: decode(eager))
         results.append(row)
         print(json.dumps(row), flush=True)
     report = {

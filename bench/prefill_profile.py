@@ -23,6 +23,7 @@ from infer_worker.application.model_runner import ModelRunner
 from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.model_loader import load_model
+from torch_profile import print_ranked, ranked
 
 
 def prefill(runner: ModelRunner, vocab: int, tokens: int, chunk: int, slot: int, block_size: int) -> list[float]:
@@ -67,16 +68,10 @@ def main() -> None:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         prefill(runner, spec.vocab_size, args.tokens, args.chunk, slot, args.block_size)
-    key = "device_time_total" if args.backend == "cuda" else "cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)
-    total = sum(getattr(e, "self_device_time_total" if args.backend == "cuda" else "self_cpu_time_total", 0.0)
-                for e in events)
-    rows = [{"name": e.key[:90], "calls": e.count, "total_ms": getattr(e, key, 0.0) / 1e3} for e in events[:args.top]]
+    rows, total_ms = ranked(prof, args.top, on_device=args.backend == "cuda")
     print(f"prefill of {args.tokens} tokens in chunks of {args.chunk}: first run {sum(warm):.3f} s (compiles), "
           f"then {sum(timed):.3f} s ({', '.join(f'{t * 1e3:.0f}' for t in timed)} ms per chunk)")
-    print(f"{'total ms':>10} {'calls':>7}  kernel / op  (self time of all: {total / 1e3:.1f} ms)")
-    for r in rows:
-        print(f"{r['total_ms']:>10.2f} {r['calls']:>7}  {r['name']}")
+    print_ranked(rows, total_ms)
     if args.out:
         args.out.write_text(json.dumps({"model": str(args.model_dir), "tokens": args.tokens, "chunk": args.chunk,
                                         "chunk_s": timed, "top": rows}, indent=2))

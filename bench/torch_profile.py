@@ -1,0 +1,28 @@
+"""The kernel ranking shared by the profiling benches: a torch.profiler run's events by total time, printed as a
+short table. Imported as a sibling module (the benches run as scripts from the repository root)."""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd import DeviceType
+
+
+def ranked(
+    prof: torch.profiler.profile, top: int, on_device: bool, kernels_only: bool = False
+) -> tuple[list[dict], float]:
+    """(the `top` events by total time, the self time of all of them in ms). `on_device` ranks by device time;
+    `kernels_only` keeps the device's own events (kernels, memcpy, memset), not the host ops that launched them
+    (whose device totals repeat their kernels')."""
+    key = "device_time_total" if on_device else "cpu_time_total"
+    events = [e for e in prof.key_averages()
+              if not kernels_only or getattr(e, "device_type", None) == DeviceType.CUDA]
+    events.sort(key=lambda e: getattr(e, key, 0.0), reverse=True)
+    total = sum(getattr(e, "self_device_time_total" if on_device else "self_cpu_time_total", 0.0) for e in events)
+    rows = [{"name": e.key[:90], "calls": e.count, "total_ms": getattr(e, key, 0.0) / 1e3} for e in events[:top]]
+    return rows, total / 1e3
+
+
+def print_ranked(rows: list[dict], total_ms: float, what: str = "kernel / op") -> None:
+    print(f"{'total ms':>10} {'calls':>7}  {what}  (self time of all: {total_ms:.1f} ms)")
+    for r in rows:
+        print(f"{r['total_ms']:>10.2f} {r['calls']:>7}  {r['name']}")
