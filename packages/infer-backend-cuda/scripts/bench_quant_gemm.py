@@ -1,0 +1,145 @@
+"""Time launch configs of the quantized GEMMs (AWQ W4A16, block-FP8 W8A8) at Qwen3-4B's decode shapes.
+
+Run on the GPU machine (one command, a table at the end):
+    PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \
+    python3 packages/infer-backend-cuda/scripts/bench_quant_gemm.py [--ms 1,8,32] [--formats awq,fp8] [--json out.json]
+
+Per (format, M, shape): the default config (`default_config` of the kernel's module), a small grid around it,
+and the best; each timed as CUDA-graph replays over enough weight copies (>= 256 MB) that no call finds its
+weight in L2, with the byte floor (weight + scale bytes / copy bandwidth) and cuBLAS BF16 at the same shape for
+scale. A config whose result differs from the default's is reported and skipped. `--budget-s` bounds the time,
+shared evenly by the cases (each config is a Triton compile); `tried` says how many configs a case timed."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from bench_skinny_gemm import BW, SHAPES
+from graph_timing import graph_replay_us
+from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8
+
+DECODE_SHAPES = ("qkv", "o_proj", "gate_up", "down")
+GROUP = 128
+
+
+def _splits(default: int) -> list[int]:
+    return sorted({1, max(1, default // 2), default, 2 * default})
+
+
+def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
+    d = A.default_config(m, n, k, GROUP)
+    if m == 1:
+        grid = [A.AwqConfig(1, bn, bk, w, 1, s) for bn, bk, w in itertools.product((32, 64, 128), (64, 128), (4, 8))
+                for s in _splits(d.k_splits)]
+    elif m <= A.SKINNY_MAX_M:
+        grid = [A.AwqConfig(16, bn, bk, 4, st, s) for bn, bk, st in itertools.product((64, 128), (32, 64, 128), (2, 3))
+                for s in _splits(d.k_splits)]
+        grid += [A.AwqConfig(8, 64, bk, 8, 1, s) for bk in (64, 128) for s in _splits(d.k_splits)]
+    else:
+        grid = [A.AwqConfig(bm, bn, bk, w, 3, s) for bm, bn, bk, w in itertools.product(
+            (32, 64), (64, 128), (64, 128), (4, 8)) for s in _splits(d.k_splits)]
+    return [d] + [c for c in grid if c != d]
+
+
+def fp8_candidates(m: int, n: int, k: int) -> list[F8.Fp8Config]:
+    d = F8.default_config(m, n, k, GROUP)
+    if m <= F8.SKINNY_MAX_M:
+        bm = F8.next_pow2(m)
+        grid = [F8.Fp8Config(bm, bn, w, st, s) for bn, w, st in itertools.product(
+            (8, 16, 32, 64) if m == 1 else (4, 8, 16, 32), (2, 4), (1, 2)) if bm * bn <= 64
+            for s in _splits(d.k_splits)]
+        grid += [F8.Fp8Config(16, bn, 4, 3) for bn in (32, 64, 128)]  # tensor cores, after the quantization kernel
+    else:
+        grid = [F8.Fp8Config(bm, bn, w, st) for bm, bn, w, st in itertools.product((32, 64), (64, 128), (4, 8), (3, 4))]
+    return [d] + [c for c in grid if c != d]
+
+
+class Case:
+    """One format at one shape: weight copies (random codes, small scales) and the call with a config."""
+
+    def __init__(self, fmt: str, m: int, n: int, k: int, dev: torch.device) -> None:
+        self.fmt = fmt
+        g = k // GROUP
+        if fmt == "awq":
+            self.nbytes = n * k // 2 + g * n * 2 + g * n // 2
+            copies = max(2, -(-256 * 2**20 // self.nbytes))
+            rand = lambda *s: torch.randint(-2**31, 2**31 - 1, s, dtype=torch.int32, device=dev)  # noqa: E731
+            self.ws = [(rand(k, n // 8), rand(g, n // 8),
+                        (torch.rand((g, n), device=dev) * 0.01 + 1e-3).half()) for _ in range(copies)]
+        else:
+            self.nbytes = n * k + (-(-n // GROUP)) * g * 4
+            copies = max(2, -(-256 * 2**20 // self.nbytes))
+            rows = (torch.arange(n, device=dev, dtype=torch.int32) // GROUP)
+            self.ws = [((torch.randn((n, k), device=dev) * 0.5).to(torch.float8_e4m3fn),
+                        torch.rand((-(-n // GROUP), g), device=dev) * 0.01 + 1e-3, rows) for _ in range(copies)]
+        self.x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+        self.out = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
+        self.dense = torch.randn((n, k), device=dev, dtype=torch.bfloat16) * 0.02
+
+    def run(self, i: int, cfg) -> torch.Tensor:  # noqa: ANN001 - either config type
+        if self.fmt == "awq":
+            return A.awq_linear(self.x, *self.ws[i], out=self.out, config=cfg)
+        return F8.fp8_block_linear(self.x, *self.ws[i], GROUP, out=self.out, config=cfg)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--formats", default="awq,fp8")
+    ap.add_argument("--ms", default="1,8,32")
+    ap.add_argument("--shapes", default=",".join(DECODE_SHAPES))
+    ap.add_argument("--budget-s", type=float, default=420.0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    cases = [(fmt, int(m), shape) for fmt in args.formats.split(",") for m in args.ms.split(",")
+             for shape in args.shapes.split(",")]
+    per_case_s = args.budget_s / len(cases)  # every case gets its share (each config is a Triton compile)
+    rows = []
+    for fmt, m, shape in cases:
+        t_start = time.perf_counter()
+        n, k = SHAPES[shape]
+        case = Case(fmt, m, n, k, dev)
+        copies = len(case.ws)
+        cublas = graph_replay_us(lambda i: torch.matmul(case.x, case.dense.T, out=case.out), copies)
+        configs = awq_candidates(m, n, k) if fmt == "awq" else fp8_candidates(m, n, k)
+        ref = case.run(0, configs[0]).float()
+        timed = []
+        for cfg in configs:
+            if timed and time.perf_counter() - t_start > per_case_s:
+                break
+            try:
+                err = (case.run(0, cfg).float() - ref).abs().max().item()
+                if err > 1e-2 * ref.abs().max().item() + 1e-3:
+                    raise RuntimeError(f"result differs from the default config's (max err {err:.3g})")
+                timed.append((graph_replay_us(lambda i: case.run(i, cfg), copies, reps=15), cfg))
+            except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
+                print(f"  skip {fmt} m={m} {shape} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+        if not timed:
+            continue
+        best_us, best = min(timed, key=lambda t: t[0])
+        default_us = timed[0][0] if timed[0][1] == configs[0] else float("nan")
+        row = dict(fmt=fmt, m=m, shape=shape, n=n, k=k, floor_us=round(case.nbytes / BW * 1e6, 2),
+                   default_us=round(default_us, 2), best_us=round(best_us, 2),
+                   cublas_bf16_us=round(cublas, 2), tried=len(timed), default=tuple(configs[0]),
+                   best=tuple(best))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del case
+        torch.cuda.empty_cache()
+    print(f"\n{'fmt':>4} {'m':>3} {'shape':>8} {'floor':>7} {'default':>8} {'best':>7} {'bf16':>7} (us) tried  "
+          "best config")
+    for r in rows:
+        print(f"{r['fmt']:>4} {r['m']:>3} {r['shape']:>8} {r['floor_us']:>7.2f} {r['default_us']:>8.2f} "
+              f"{r['best_us']:>7.2f} {r['cublas_bf16_us']:>7.2f} {r['tried']:>5}  {r['best']}")
+    if args.json:
+        args.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(dev), rows=rows), indent=2))
+
+
+if __name__ == "__main__":
+    main()
