@@ -34,13 +34,10 @@ def _splits(default: int) -> list[int]:
 
 def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
     d = A.default_config(m, n, k, GROUP)
-    if m == 1:
-        grid = [A.AwqConfig(1, bn, bk, w, 1, s) for bn, bk, w in itertools.product((32, 64, 128), (64, 128), (4, 8))
-                for s in _splits(d.k_splits)]
-    elif m <= A.SKINNY_MAX_M:
-        grid = [A.AwqConfig(16, bn, bk, 4, st, s) for bn, bk, st in itertools.product((64, 128), (32, 64, 128), (2, 3))
-                for s in _splits(d.k_splits)]
-        grid += [A.AwqConfig(8, 64, bk, 8, 1, s) for bk in (64, 128) for s in _splits(d.k_splits)]
+    if m <= A.SKINNY_MAX_M:
+        grid = [A.AwqConfig(16, bn, bk, w, st, s) for bn, bk, w, st in itertools.product(
+            (64, 128), (64, 128), (4, 8), (2, 3)) for s in _splits(d.k_splits)]
+        grid += [A.AwqConfig(A.next_pow2(m), 64, bk, 8, 1, s) for bk in (64, 128) for s in _splits(d.k_splits)]
     else:
         grid = [A.AwqConfig(bm, bn, bk, w, 3, s) for bm, bn, bk, w in itertools.product(
             (32, 64), (64, 128), (64, 128), (4, 8)) for s in _splits(d.k_splits)]

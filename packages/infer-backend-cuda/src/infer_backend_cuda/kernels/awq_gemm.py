@@ -5,11 +5,11 @@ eight sits in nibble `[0, 4, 1, 5, 2, 6, 3, 7][c]` of its word, i.e. at bit `4 *
 step stays inside one group (`BLOCK_K` divides the group), so a tile reads one row of zero points and scales.
 
 One kernel: each program streams a `[BLOCK_K, BLOCK_N / 8]` tile of packed words per K step, reading each word
-once, unpacks it in registers and multiplies on the tensor cores (`tl.dot`, 16+ row tiles) or, for a single
-row, on the CUDA cores. K may be split into ranges (so that a decode GEMM launches a few programs per SM); a
-second small kernel sums the ranges in a fixed order. Dequantized weights are rounded to the activation dtype
-before the product, as the CPU reference's dequantized GEMM does.
-Launch configs: a shape heuristic (bench/quant_gemm_tune.py times alternatives on a GPU).
+once, unpacks it in registers and multiplies on the tensor cores (`tl.dot`, 16+ row tiles; the default at
+every row count) or on the CUDA cores (a config of <= 8 rows). K may be split into ranges (so that a decode
+GEMM launches a few programs per SM); a second small kernel sums the ranges in a fixed order. Dequantized
+weights are rounded to the activation dtype before the product, as the CPU reference's dequantized GEMM does.
+Launch configs: a shape heuristic (`scripts/bench_quant_gemm.py` times alternatives on a GPU).
 """
 
 from __future__ import annotations
@@ -37,13 +37,35 @@ class AwqConfig(NamedTuple):
 
 
 @triton.jit
-def _nibbles(words, BLOCK_N: tl.constexpr):
-    """int32 words `[R, BLOCK_N / 8]` -> fp32 `[R, BLOCK_N]` holding `2^23 + nibble`, nibble j of word w at
-    column `8 w + j`. OR-ing a nibble into the mantissa of 2^23 is an exact int -> float conversion without the
-    slow cvt instruction; the 2^23 cancels in `q - z`."""
-    shifts = 4 * tl.arange(0, 8)
-    q = ((words[:, :, None] >> shifts[None, None, :]) & 0xF) | 0x4B000000
-    return tl.reshape(q, [words.shape[0], BLOCK_N]).to(tl.float32, bitcast=True)
+def _field(words, i: tl.constexpr):
+    """Nibble `i` of each word as the fp32 `2^23 + code * 16^e`, `e = _EXPONENT[i]`: masked in place (no shift:
+    the nibble sits in the mantissa of 2^23, an exact int -> float conversion without the slow cvt) for the five
+    low nibbles; the three high ones after one shared shift by 12 bits. The power of 16 cancels against the
+    column's scale (`_column_weight`), exactly."""
+    if i >= 5:
+        words = words >> 12
+        e: tl.constexpr = i - 3
+    else:
+        e: tl.constexpr = i
+    return ((words & (0xF << (4 * e))) | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _unpack(words, BLOCK_N: tl.constexpr):
+    """int32 words `[R, BLOCK_N / 8]` -> fp32 `[R, BLOCK_N]` of `_field`s in column order. Column `c` of a word is
+    nibble `4 (c % 2) + c // 2`; joined as a tree (each join adds a minor dimension, held in registers) the eight
+    fields of a word land in one thread's registers in column order, so that the reshape and the loads and
+    stores of whole column runs need no data movement."""
+    lo = tl.join(tl.join(_field(words, 0), _field(words, 2)), tl.join(_field(words, 1), _field(words, 3)))
+    hi = tl.join(tl.join(_field(words, 4), _field(words, 6)), tl.join(_field(words, 5), _field(words, 7)))
+    return tl.reshape(tl.join(lo, hi), [words.shape[0], BLOCK_N])
+
+
+@triton.jit
+def _column_unscale(cols):
+    """`16^-e` of each column's field (see `_field`): column c holds nibble `4 (c % 2) + c // 2` of its word."""
+    nibble = (cols % 2) * 4 + (cols % 8) // 2
+    return tl.exp2(-4.0 * tl.where(nibble >= 5, nibble - 3, nibble).to(tl.float32))
 
 
 @triton.jit
@@ -58,16 +80,15 @@ def _awq_kernel(
     with PARTIAL it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, split_k.py).
 
     Each K step loads the packed words `[BLOCK_K, BLOCK_N / 8]` once (contiguous rows) and unpacks them in
-    registers. The tile stays in nibble order (position `8 w + j` is column `8 w + AWQ_ORDER[j]`): the scales
-    are gathered in that order and the output stored through it, so no register permutation is needed."""
+    registers (`_unpack`)."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     BLOCK_W: tl.constexpr = BLOCK_N // 8
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rw = pid_n * BLOCK_W + tl.arange(0, BLOCK_W)
     rk = tl.arange(0, BLOCK_K)
-    j = tl.arange(0, 8)
-    cols = tl.reshape(rw[:, None] * 8 + ((j % 4) * 2 + j // 4)[None, :], [BLOCK_N])  # AWQ_ORDER[j]
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, w_mask, n_mask = rm < M, rw < N // 8, cols < N
+    unscale = _column_unscale(cols)
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * x_stride
     if USE_DOT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -92,10 +113,10 @@ def _awq_kernel(
                              eviction_policy="evict_first")
         g = k0 // GROUP
         zeros = tl.load(qz_ptr + g * qz_stride + rw, mask=w_mask, other=0)
-        s = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0).to(tl.float32)
-        # (q - z) * s is exact in fp32 (a 5-bit integer times an fp16 scale), then rounded to x's dtype as the
-        # reference's dequantized GEMM does.
-        w = ((_nibbles(words, BLOCK_N) - _nibbles(zeros[None, :], BLOCK_N)) * s[None, :]).to(x.dtype)
+        s = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0).to(tl.float32) * unscale
+        # ((q - z) 16^e) (s 16^-e) = (q - z) s, exact in fp32 (a 5-bit integer times an fp16 scale; the powers of
+        # two only move exponents), then rounded to x's dtype as the reference's dequantized GEMM does.
+        w = ((_unpack(words, BLOCK_N) - _unpack(zeros[None, :], BLOCK_N)) * s[None, :]).to(x.dtype)
         if USE_DOT:
             if DOT_F32:
                 acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
@@ -129,19 +150,18 @@ def check_group(group: int) -> None:
 
 
 def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
-    """One row: CUDA-core products over 64 columns (a 32-byte sector of words per K row) and whole-group K steps
-    (128 rows: 4 KB of words a step). More rows: the tensor cores (16-row tiles at decode, up to 64 or 128 for
-    prefill). K is split to fill the GPU, but only while the fp32 workspace traffic (`16 * M * splits / K` of
-    the int4 weight's bytes) stays within a quarter."""
-    if m == 1:
-        bm, block_n, block_k, warps, stages = 1, 64, group_block_k(group, 128), 8, 1
-    elif m <= 64:
-        bm, block_n, block_k, warps, stages = max(16, next_pow2(m)), 128, group_block_k(group, 64), 4, 3
+    """The tensor cores at every row count (16-row tiles at decode, up to 64 or 128 for prefill): a padded
+    `tl.dot` costs less than one row's CUDA-core products, which issue ~2x the instructions per weight (sm_90
+    SASS of this kernel: ~9.5 against ~18 per dequantized weight). K is split to fill the GPU, but only while
+    the fp32 workspace traffic (`16 * M * splits / K` of the int4 weight's bytes) stays within a quarter."""
+    if m <= 64:
+        bm, warps = max(16, next_pow2(m)), 4
     else:
-        bm, block_n, block_k, warps, stages = 128, 128, group_block_k(group, 64), 8, 3
+        bm, warps = 128, 8
+    block_n, block_k = 128, group_block_k(group, 64)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, block_n)
     splits = min(split_k.num_splits(k // block_k, tiles), max(1, k // (64 * m)))
-    return AwqConfig(bm, block_n, block_k, warps, stages, splits)
+    return AwqConfig(bm, block_n, block_k, warps, 3, splits)
 
 
 def awq_linear(
