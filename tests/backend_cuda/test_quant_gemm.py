@@ -117,8 +117,9 @@ def test_fp8_activation_quant_equals_the_reference_bit_for_bit(k, dtype, device)
     assert torch.equal(codes.cpu().view(torch.uint8), ref_codes.contiguous().view(torch.uint8))
 
 
+@pytest.mark.parametrize("block_m", [4, 16])  # CUDA-core products (quantizing x itself), tensor-core tiles
 @pytest.mark.parametrize("m,splits", [(1, 2), (3, 4), (2, 9)])
-def test_fp8_split_k_sums_every_group_once(m, splits, device):
+def test_fp8_split_k_sums_every_group_once(m, splits, block_m, device):
     """K = 200 in groups of 64 (the last partial): 2 ranges of 2 groups, 4 of one, and a request beyond the group
     count cut to one group a range; the bias is added once."""
     codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
@@ -126,14 +127,14 @@ def test_fp8_split_k_sums_every_group_once(m, splits, device):
     x = _x(m, 200, torch.float32, device)
     out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, out=out,
-                            config=F8.Fp8Config(4, 16, 4, 1, splits))
+                            config=F8.Fp8Config(block_m, 16, 4, 1, splits))
     ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 64, bias.cpu())
     torch.testing.assert_close(y.cpu(), ref.float(), **tol(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m,config", [(1, None), (3, F8.Fp8Config(4, 8, 2, 1)), (19, F8.Fp8Config(16, 16, 4, 1)),
-                                      (2, F8.Fp8Config(16, 32, 4, 1))])
+@pytest.mark.parametrize("m,config", [(1, None), (5, None), (3, F8.Fp8Config(4, 8, 2, 1)),
+                                      (19, F8.Fp8Config(16, 16, 4, 1)), (2, F8.Fp8Config(16, 32, 4, 1))])
 def test_fp8_block_linear_matches_the_w8a8_reference(m, config, dtype, device):
     # Parts 40 and 24 with blocks of 16 rows: part one ends in a partial block; K = 200 ends in a partial group.
     codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)

@@ -47,13 +47,16 @@ def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
 def fp8_candidates(m: int, n: int, k: int) -> list[F8.Fp8Config]:
     d = F8.default_config(m, n, k, GROUP)
     if m <= F8.SKINNY_MAX_M:
-        bm = F8.next_pow2(m)
+        bm = F8.next_pow2(m)  # the CUDA cores, quantizing x in the GEMM
         grid = [F8.Fp8Config(bm, bn, w, st, s) for bn, w, st in itertools.product(
             (8, 16, 32, 64) if m == 1 else (4, 8, 16, 32), (2, 4), (1, 2)) if bm * bn <= 64
             for s in _splits(d.k_splits)]
-        grid += [F8.Fp8Config(16, bn, 4, 3) for bn in (32, 64, 128)]  # tensor cores, after the quantization kernel
+        # the tensor cores, after the quantization kernel
+        grid += [F8.Fp8Config(16, bn, 4, st, s) for bn, st in itertools.product((32, 64, 128), (2, 3))
+                 for s in _splits(d.k_splits)]
     else:
-        grid = [F8.Fp8Config(bm, bn, w, st) for bm, bn, w, st in itertools.product((32, 64), (64, 128), (4, 8), (3, 4))]
+        grid = [F8.Fp8Config(bm, bn, w, 3, s) for bm, bn, w in itertools.product((32, 64), (64, 128), (4, 8))
+                for s in _splits(d.k_splits)]
     return [d] + [c for c in grid if c != d]
 
 

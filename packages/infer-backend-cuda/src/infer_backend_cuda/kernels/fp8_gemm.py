@@ -5,11 +5,11 @@ e4m3(clamp(x / scale, ±448)), with IEEE division so that the codes equal the CP
 
 `fp8_block_linear`: `y = sum_g (x_q[:, g] @ w_q[:, g].T) * x_scale[:, g] * w_scale[row, g]` in fp32, one K step per
 group; `scale_row [N]` names the `weight_scale_inv` row of each output row (fused parts keep their own partial
-blocks). Prefill takes a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores) after the quantization
-kernel, decode (<= 8 rows) a GEMV-style kernel with the products on the CUDA cores, split over K (split_k.py),
-that quantizes the activations itself (the same numerics, one launch fewer). `torch._scaled_mm`'s block-scaled recipes are not used:
-they cannot be checked here without a GPU and they need whole 128-blocks, where SmolLM2 and fused parts have
-partial ones.
+blocks). Prefill and 2-8 rows take a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores) after the
+quantization kernel; one row a GEMV-style kernel with the products on the CUDA cores that quantizes the
+activations itself (the same numerics, one launch fewer). Decode launches split K (split_k.py).
+`torch._scaled_mm`'s block-scaled recipes are not used: they cannot be checked here without a GPU and they
+need whole 128-blocks, where SmolLM2 and fused parts have partial ones.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Fp8Config(NamedTuple):
     block_n: int
     num_warps: int
     num_stages: int
-    k_splits: int = 1  # skinny kernel only: K groups cut into this many ranges (at most); see split_k.py
+    k_splits: int = 1  # K groups cut into this many ranges (at most); see split_k.py
 
 
 @triton.jit
@@ -143,13 +143,20 @@ def fp8_quantize_activation(
 
 
 def default_config(m: int, n: int, k: int, group: int) -> Fp8Config:
-    """Decode: ~8K fp32 products per K step and program, K split to fill the GPU. Prefill: 64-128 row tiles on the
-    tensor cores."""
-    if m <= SKINNY_MAX_M:
-        bm = next_pow2(m)
-        block_n = max(8, 8192 // (bm * group))
-        return Fp8Config(bm, block_n, 4, 2, split_k.num_splits(triton.cdiv(k, group), triton.cdiv(n, block_n)))
-    return Fp8Config(64 if m <= 64 else 128, 128, 8 if m > 64 else 4, 3)
+    """One row: the CUDA-core kernel (~8K fp32 products per K step and program), which quantizes x itself.
+    More rows: tensor-core tiles of 16-64 rows (sm_90 SASS at 2-8 rows: ~12 instructions per weight, where the
+    CUDA-core kernel issues ~20 at 2 rows and ~70 at 8), 128 for prefill. K is split to fill the GPU while the
+    fp32 workspace traffic (`8 * M * splits / K` of the weight's bytes) stays within a quarter (so a prefill's
+    tiles never split)."""
+    if m == 1:
+        bm, block_n, warps = 1, max(8, 8192 // group), 4
+    elif m <= 64:
+        bm, block_n, warps = max(16, next_pow2(m)), 64 if m <= SKINNY_MAX_M else 128, 4
+    else:
+        bm, block_n, warps = 128, 128, 8
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, block_n)
+    splits = min(split_k.num_splits(triton.cdiv(k, group), tiles), max(1, k // (32 * m)))
+    return Fp8Config(bm, block_n, warps, 2 if bm == 1 else 3, splits)
 
 
 def fp8_block_linear(
@@ -176,7 +183,7 @@ def fp8_block_linear(
     skinny = cfg.block_m <= SKINNY_MAX_M
     # The skinny kernel quantizes its own activation groups; the tensor-core tiles take them from one pass.
     codes, x_scale = (x, x) if skinny else fp8_quantize_activation(x, group)
-    per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits if skinny else 1)
+    per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits)
     partial = splits > 1
     target = split_k.workspace(splits, m, n, x.device) if partial else out
     _fp8_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)](
