@@ -134,7 +134,10 @@ def test_fp8_split_k_sums_every_group_once(m, splits, block_m, device):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,config", [(1, None), (5, None), (3, F8.Fp8Config(4, 8, 2, 1)),
-                                      (19, F8.Fp8Config(16, 16, 4, 1)), (2, F8.Fp8Config(16, 32, 4, 1))])
+                                      (19, F8.Fp8Config(16, 16, 4, 1)), (2, F8.Fp8Config(16, 32, 4, 1)),
+                                      # the row-streaming kernel: 1, 2 and 4 groups a step, a partial row tile
+                                      (1, F8.Fp8Config(1, 16, 4, 1, 1, 1)), (3, F8.Fp8Config(4, 8, 2, 1, 1, 2)),
+                                      (2, F8.Fp8Config(2, 128, 4, 1, 1, 4))])
 def test_fp8_block_linear_matches_the_w8a8_reference(m, config, dtype, device):
     # Parts 40 and 24 with blocks of 16 rows: part one ends in a partial block; K = 200 ends in a partial group.
     codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
@@ -145,6 +148,22 @@ def test_fp8_block_linear_matches_the_w8a8_reference(m, config, dtype, device):
     assert y is out
     ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 64, bias.cpu())
     torch.testing.assert_close(y.cpu().float(), ref.float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("m,config", [(1, None), (1, F8.Fp8Config(1, 8, 2, 1, 1, 2)),
+                                      (2, F8.Fp8Config(2, 16, 2, 1, 1, 1))])
+def test_fp8_row_streaming_whole_tiles_match_the_reference(m, config, device):
+    """K = 512 and N = 64 in whole tiles (the unmasked loads), with bias: the default one-row config takes
+    this kernel."""
+    codes, scale_inv, scale_row = _fp8([40, 24], 512, (16, 128), device)
+    bias = _x(64, 1, torch.float32, device, 7).reshape(64)
+    x = _x(m, 512, torch.float32, device) * 4
+    out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
+    if config is None:
+        assert F8.default_config(m, 64, 512, 128).row_groups == 4
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, bias, out=out, config=config)
+    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, bias.cpu())
+    torch.testing.assert_close(y.cpu(), ref, **tol(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -5,9 +5,10 @@ e4m3(clamp(x / scale, ±448)), with IEEE division so that the codes equal the CP
 
 `fp8_block_linear`: `y = sum_g (x_q[:, g] @ w_q[:, g].T) * x_scale[:, g] * w_scale[row, g]` in fp32, one K step per
 group; `scale_row [N]` names the `weight_scale_inv` row of each output row (fused parts keep their own partial
-blocks). Prefill and 2-8 rows take a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores) after the
-quantization kernel; one row a GEMV-style kernel with the products on the CUDA cores that quantizes the
-activations itself (the same numerics, one launch fewer). Decode launches split K (split_k.py).
+blocks). Prefill and 2-8 rows take a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores), split over
+K at decode (split_k.py); one row a kernel streaming whole weight rows like the BF16 skinny GEMM. A third,
+GEMV-style kernel (CUDA-core products per group, split-K) quantizes the activations itself (the same
+numerics, one launch fewer); each of the others follows the quantization kernel.
 `torch._scaled_mm`'s block-scaled recipes are not used: they cannot be checked here without a GPU and they
 need whole 128-blocks, where SmolLM2 and fused parts have partial ones.
 """
@@ -33,6 +34,7 @@ class Fp8Config(NamedTuple):
     num_warps: int
     num_stages: int
     k_splits: int = 1  # K groups cut into this many ranges (at most); see split_k.py
+    row_groups: int = 0  # > 0: the row-streaming kernel (`_fp8_rows_kernel`), this many K groups per step
 
 
 @triton.jit
@@ -125,6 +127,61 @@ def _fp8_gemm_kernel(
                  mask=mask)
 
 
+@triton.jit
+def _fp8_rows_kernel(
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, row_ptr, b_ptr, out_ptr,
+    M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
+    GROUP: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
+):
+    """Decode as the BF16 skinny GEMM streams it: each program takes `BLOCK_N` whole weight rows in their
+    natural layout (K contiguous, wide loads), several groups a K step, and accumulates every product, scaled
+    by its two block scales, in a `[BLOCK_M, BLOCK_N, BLOCK_K]` tile reduced once at the end. The other kernel's
+    per-group reduction across threads (shuffles every step) is what this avoids; scaling before the sum
+    changes only the fp32 rounding order against the reference's `sum(q_x q_w) * s_x * s_w`. EVEN (whole
+    tiles every way) drops the masks, which cost as many instructions as the products (predicated narrow
+    loads; sm_90 SASS)."""
+    BLOCK_K: tl.constexpr = GROUPS_PER_STEP * GROUP
+    pid = tl.program_id(0)
+    rm = tl.arange(0, BLOCK_M)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    rg = tl.arange(0, GROUPS_PER_STEP)
+    m_mask, n_mask = rm < M, rn < N
+    scale_rows = tl.load(row_ptr + rn, mask=n_mask, other=0)
+    groups = tl.cdiv(K, GROUP)
+    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + rk
+        k_mask = kk < K
+        g = k0 // GROUP + rg
+        g_mask = g < groups
+        if EVEN:
+            w = tl.load(w_ptr + rn.to(tl.int64)[:, None] * w_stride + kk[None, :], eviction_policy="evict_first")
+            w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :])
+            a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :])
+            x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :])
+        else:
+            w = tl.load(w_ptr + rn.to(tl.int64)[:, None] * w_stride + kk[None, :],
+                        mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
+            w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :],
+                              mask=n_mask[:, None] & g_mask[None, :], other=0.0)
+            a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                        other=0.0)
+            x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :], mask=m_mask[:, None] & g_mask[None, :],
+                              other=0.0)
+        w = w.to(tl.float32) * tl.reshape(tl.broadcast_to(w_scale[:, :, None], [BLOCK_N, GROUPS_PER_STEP, GROUP]),
+                                          [BLOCK_N, BLOCK_K])
+        a = a.to(tl.float32) * tl.reshape(tl.broadcast_to(x_scale[:, :, None], [BLOCK_M, GROUPS_PER_STEP, GROUP]),
+                                          [BLOCK_M, BLOCK_K])
+        acc += a[:, None, :] * w[None, :, :]
+    y = tl.sum(acc, axis=2)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
 def fp8_quantize_activation(
     x: torch.Tensor, group: int, codes: torch.Tensor | None = None, scales: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,20 +200,22 @@ def fp8_quantize_activation(
 
 
 def default_config(m: int, n: int, k: int, group: int) -> Fp8Config:
-    """One row: the CUDA-core kernel (~8K fp32 products per K step and program), which quantizes x itself.
-    More rows: tensor-core tiles of 16-64 rows (sm_90 SASS at 2-8 rows: ~12 instructions per weight, where the
-    CUDA-core kernel issues ~20 at 2 rows and ~70 at 8), 128 for prefill. K is split to fill the GPU while the
+    """One row: the row-streaming kernel, 4 rows of 4 groups a step on 2 warps (sm_90 SASS: ~7.5 instructions
+    per weight with whole tiles, inside the ~8 a weight byte leaves at the HBM rate; the split-K CUDA-core
+    kernel issues ~16.5), no split-K. More rows: tensor-core tiles of 16-64 rows (~12 instructions per weight
+    at 2-8 rows, where the CUDA-core kernel issues ~20-70), 128 for prefill, K split to fill the GPU while the
     fp32 workspace traffic (`8 * M * splits / K` of the weight's bytes) stays within a quarter (so a prefill's
     tiles never split)."""
     if m == 1:
-        bm, block_n, warps = 1, max(8, 8192 // group), 4
-    elif m <= 64:
+        steps = next((g for g in (4, 2, 1) if k % (g * group) == 0), 4)
+        return Fp8Config(1, 4, 2, 1, 1, steps)
+    if m <= 64:
         bm, block_n, warps = max(16, next_pow2(m)), 64 if m <= SKINNY_MAX_M else 128, 4
     else:
         bm, block_n, warps = 128, 128, 8
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, block_n)
     splits = min(split_k.num_splits(triton.cdiv(k, group), tiles), max(1, k // (32 * m)))
-    return Fp8Config(bm, block_n, warps, 2 if bm == 1 else 3, splits)
+    return Fp8Config(bm, block_n, warps, 3, splits)
 
 
 def fp8_block_linear(
@@ -181,6 +240,18 @@ def fp8_block_linear(
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     cfg = config or default_config(m, n, k, group)
     skinny = cfg.block_m <= SKINNY_MAX_M
+    if cfg.row_groups:
+        if cfg.block_m < m:
+            raise ValueError(f"a row-streaming config covers at most block_m = {cfg.block_m} rows, got {m}")
+        codes, x_scale = fp8_quantize_activation(x, group)
+        _fp8_rows_kernel[(triton.cdiv(n, cfg.block_n),)](
+            codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, out,
+            m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
+            GROUP=group, GROUPS_PER_STEP=cfg.row_groups, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, EVEN=m == cfg.block_m and n % cfg.block_n == 0 and k % (cfg.row_groups * group) == 0,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+        return out
     # The skinny kernel quantizes its own activation groups; the tensor-core tiles take them from one pass.
     codes, x_scale = (x, x) if skinny else fp8_quantize_activation(x, group)
     per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits)
