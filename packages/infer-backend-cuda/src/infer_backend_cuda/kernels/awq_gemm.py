@@ -38,10 +38,10 @@ class AwqConfig(NamedTuple):
 
 @triton.jit
 def _field(words, i: tl.constexpr):
-    """Nibble `i` of each word as the fp32 `2^23 + code * 16^e`, `e = _EXPONENT[i]`: masked in place (no shift:
-    the nibble sits in the mantissa of 2^23, an exact int -> float conversion without the slow cvt) for the five
-    low nibbles; the three high ones after one shared shift by 12 bits. The power of 16 cancels against the
-    column's scale (`_column_weight`), exactly."""
+    """Nibble `i` of each word as the fp32 `2^23 + code * 16^e` (`e = i`, or `i - 3` from nibble 5): masked in
+    place (no shift: the nibble sits in the mantissa of 2^23, an exact int -> float conversion without the slow
+    cvt) for the five low nibbles; the three high ones after one shared shift by 12 bits. The power of 16
+    cancels against the column's scale (`_column_unscale`), exactly."""
     if i >= 5:
         words = words >> 12
         e: tl.constexpr = i - 3
