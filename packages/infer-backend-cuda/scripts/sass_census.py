@@ -1,0 +1,101 @@
+"""Compile a Triton kernel for sm_90 on a machine without a GPU and count the SASS of its main loop.
+
+No GPU needed: Triton compiles to a cubin for a named target, and its bundled cuobjdump lists the SASS and the
+resource use (registers, spills). The instructions issued per weight element in the main loop bound a
+decode GEMM that is issue-limited rather than HBM-limited (an H200 issues ~128 thread-instructions per SM
+per clock; at 4.2 TB/s an SM must consume ~32 int4 or ~16 fp8 weights per clock, leaving ~4 or ~8).
+
+    python3 packages/infer-backend-cuda/scripts/sass_census.py
+prints, for the quantized GEMMs' decode configs, registers, spill bytes and instructions per weight element.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8
+
+_TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+_ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/")
+_OP = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
+
+
+def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int):  # noqa: ANN001
+    signature = dict(types) | {name: "constexpr" for name in constexprs}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    with tempfile.NamedTemporaryFile("wb", suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([_TOOL, flag, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def loop_census(kernel) -> tuple[str, int, collections.Counter]:  # noqa: ANN001 - a compiled kernel
+    """(resource line, instructions in the longest backward branch's range, their opcode counts)."""
+    cubin = kernel.asm["cubin"]
+    resources = _cuobjdump(cubin, "--dump-resource-usage").splitlines()
+    usage = next((line.strip() for line in resources if "REG" in line), "")
+    lines = [line for line in _cuobjdump(cubin, "-sass").splitlines() if _ADDR.search(line)]
+    addr = lambda line: int(_ADDR.search(line).group(1), 16)  # noqa: E731
+    span = (0, -1)
+    for line in lines:
+        target = re.search(r"0x([0-9a-f]+)", line.split("BRA")[1]) if "BRA" in line else None
+        start = int(target.group(1), 16) if target else addr(line)
+        if start < addr(line) and addr(line) - start > span[1] - span[0]:  # a backward branch: a loop
+            span = (start, addr(line))
+    body = [line for line in lines if span[0] <= addr(line) <= span[1]]
+    ops = collections.Counter(m.group(1).split(".")[0] for m in map(_OP.search, body) if m)
+    return usage, len(body), ops
+
+
+_AWQ_TYPES = dict(zip(
+    ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "M", "N", "K", "x_stride", "qw_stride", "qz_stride",
+     "s_stride", "out_stride", "split_stride"],
+    ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*fp32"] + ["i32"] * 9))
+_FP8_NAMES = ["xq_ptr", "xs_ptr", "w_ptr", "ws_ptr", "row_ptr", "b_ptr", "out_ptr", "M", "N", "K", "xq_stride",
+              "xs_stride", "w_stride", "ws_stride", "out_stride"]
+
+
+def _fp8_types(x: str) -> dict[str, str]:
+    return dict(zip(_FP8_NAMES, [x, "*fp32", "*fp8e4nv", "*fp32", "*i32", "*fp32", "*bf16"] + ["i32"] * 8))
+
+
+def cases():
+    """(label, kernel, weight elements per program-step, threads) for the decode configs worth comparing."""
+    for bm, bn, bk, warps, stages in ((1, 64, 128, 8, 1), (16, 128, 64, 4, 3), (32, 128, 64, 4, 3)):
+        ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, USE_DOT=bm > 8, DOT_F32=False,
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        yield f"awq {bm}x{bn}x{bk} w{warps}", compile_sm90(A._awq_kernel, _AWQ_TYPES, ce, warps, stages), bn * bk, warps
+    for bm, bn, warps, stages, fuse in ((1, 64, 4, 2, True), (16, 64, 4, 3, False)):
+        ce = dict(GROUP=128, HAS_BIAS=False, DOT_F32=False, SKINNY=bm <= 8, GROUPS_PER_SPLIT=8, PARTIAL=True,
+                  BLOCK_M=bm, BLOCK_N=bn, FUSE_QUANT=fuse, ROUND_IN_FP32=False)
+        kernel = compile_sm90(F8._fp8_gemm_kernel, _fp8_types("*bf16" if fuse else "*fp8e4nv"), ce, warps, stages)
+        yield f"fp8 gemm {bm}x{bn} w{warps}{' fused' if fuse else ''}", kernel, 128 * bn, warps
+    for bn, groups, warps in ((4, 4, 2), (8, 2, 4)):
+        ce = dict(GROUP=128, GROUPS_PER_STEP=groups, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=bn, EVEN=True)
+        kernel = compile_sm90(F8._fp8_rows_kernel, _fp8_types("*fp8e4nv"), ce, warps, 1)
+        yield f"fp8 rows {bn}x{groups * 128} w{warps}", kernel, bn * groups * 128, warps
+
+
+def main() -> None:
+    print(f"{'kernel':<26} {'instr/weight':>12}  resources; top opcodes of the main loop")
+    for label, kernel, weights, warps in cases():
+        usage, count, ops = loop_census(kernel)
+        per_weight = count * warps * 32 / weights
+        print(f"{label:<26} {per_weight:>12.2f}  {usage}\n{'':<40}{ops.most_common(8)}")
+
+
+if __name__ == "__main__":
+    main()
