@@ -100,9 +100,13 @@ class TritonFusedOps:
     def paged_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch, scale: float
     ) -> torch.Tensor:
+        """A decode batch runs the split-KV decode kernel. A mixed one runs both kernels over the whole batch, each
+        on its own sequences (chosen on the device, so a captured graph serves any mix): the decode kernel the
+        one-token ones, whose one row would otherwise fill a 128-row prefill tile with a few rows, paying the
+        full tile's tensor-core work for each of its K/V tiles; the prefill kernel all others."""
         if batch.is_decode:
             return kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale)
-        return kernels.paged_attention_prefill(
+        out = kernels.paged_attention_prefill(
             q,
             k_cache,
             v_cache,
@@ -111,6 +115,11 @@ class TritonFusedOps:
             batch.block_tables,
             batch.max_query_len,
             scale,
+            skip_single_token=True,
+        )
+        return kernels.paged_attention_decode(
+            q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
+            query_start_loc=batch.query_start_loc,
         )
 
 

@@ -32,6 +32,18 @@ MAX_SPLITS = 32
 
 
 @triton.jit
+def _query_row(qsl_ptr, b, RAGGED: tl.constexpr):
+    """Sequence b's query row: b itself in a decode batch; in a ragged batch its one row
+    `query_start_loc[b]`, or -1 when its query length is not 1 (a prefill chunk, an empty padding sequence)."""
+    if RAGGED:
+        start = tl.load(qsl_ptr + b).to(tl.int64)
+        one = (tl.load(qsl_ptr + b + 1).to(tl.int64) - start) == 1
+        return tl.where(one, start, -1)
+    else:
+        return b
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -40,6 +52,7 @@ def _decode_split_kernel(
     mid_lse_ptr,
     seq_lens_ptr,
     bt_ptr,
+    qsl_ptr,
     q_s0,
     q_s1,
     kc_s0,
@@ -63,6 +76,7 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     DOT_F32: tl.constexpr,
+    RAGGED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
@@ -71,6 +85,9 @@ def _decode_split_kernel(
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
+    row = _query_row(qsl_ptr, b, RAGGED)
+    if row < 0:
+        return  # not a one-token sequence: the prefill kernel owns its rows (and its workspace stays unread)
     ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
     chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = sp * chunk
@@ -82,7 +99,7 @@ def _decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     q = tl.load(
-        q_ptr + b * q_s0 + heads[:, None] * q_s1 + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :], other=0.0
+        q_ptr + row * q_s0 + heads[:, None] * q_s1 + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :], other=0.0
     )
     if DOT_F32:
         q = q.to(tl.float32)
@@ -140,6 +157,7 @@ def _decode_reduce_kernel(
     mid_o_ptr,
     mid_lse_ptr,
     o_ptr,
+    qsl_ptr,
     mo_s0,
     mo_s1,
     mo_s2,
@@ -151,6 +169,7 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    RAGGED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
@@ -158,6 +177,9 @@ def _decode_reduce_kernel(
         tl.extra.cuda.gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
+    row = _query_row(qsl_ptr, b, RAGGED)
+    if row < 0:
+        return
     offs_s = tl.arange(0, SPLITS_PAD)
     s_mask = offs_s < num_splits
     offs_d = tl.arange(0, BLOCK_D)
@@ -174,7 +196,7 @@ def _decode_reduce_kernel(
     )
     total = tl.sum(w, axis=0)
     out = tl.sum(parts * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(o_ptr + b * o_s0 + h * o_s1 + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
+    tl.store(o_ptr + row * o_s0 + h * o_s1 + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
 
 
 @functools.lru_cache(maxsize=8)
@@ -212,22 +234,32 @@ def paged_attention_decode(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     block_n: int | None = None,
+    query_start_loc: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[B, Hq, D]` (one token per sequence), caches `[num_blocks, block_size, Hkv, D]`, seq_lens `[B]`
-    (0 = padding row -> zeros), block_tables `[B, max_blocks]` -> `[B, Hq, D]` in q's dtype."""
-    n_seq, num_q_heads, head_dim = q.shape
+    (0 = padding row -> zeros), block_tables `[B, max_blocks]` -> `[B, Hq, D]` in q's dtype.
+
+    With `query_start_loc` (`[B+1]`) the batch is ragged (a mixed step): q and out are `[T, Hq, D]`, and only the
+    sequences whose query length is 1 are computed, each into its row `query_start_loc[b]`; the other rows are
+    left unwritten (the prefill kernel's, with `skip_single_token`). The lengths are read on the device, so the
+    launch (and `num_splits`, from B) depends on shapes only."""
+    n_tok, num_q_heads, head_dim = q.shape
+    n_seq = seq_lens.shape[0]
     _, block_size, num_kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape:
         raise ValueError(f"cache {tuple(k_cache.shape)} does not match head_dim {head_dim}")
     if num_q_heads % num_kv_heads:
         raise ValueError(f"Hq={num_q_heads} is not a multiple of Hkv={num_kv_heads}")
-    if seq_lens.shape[0] != n_seq:
-        raise ValueError(f"decode needs one query row per sequence: q has {n_seq} rows, {seq_lens.shape[0]} sequences")
+    ragged = query_start_loc is not None
+    if ragged and query_start_loc.shape[0] != n_seq + 1:
+        raise ValueError(f"query_start_loc has {query_start_loc.shape[0]} entries for {n_seq} sequences")
+    if not ragged and n_tok != n_seq:
+        raise ValueError(f"decode needs one query row per sequence: q has {n_tok} rows, {n_seq} sequences")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
     if out is None:
-        out = torch.empty((n_seq, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
-    if n_seq == 0:
+        out = torch.empty((n_tok, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
+    if n_seq == 0 or n_tok == 0:
         return out
     group = num_q_heads // num_kv_heads
     splits = int(num_splits or choose_num_splits(n_seq, num_kv_heads, q.device))
@@ -246,6 +278,7 @@ def paged_attention_decode(
         mid_lse,
         seq_lens,
         block_tables,
+        query_start_loc if ragged else seq_lens,  # unread unless RAGGED
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -269,6 +302,7 @@ def paged_attention_decode(
         BLOCK_N=bn,
         BLOCK_D=block_d,
         DOT_F32=dot_in_fp32(q.dtype),
+        RAGGED=ragged,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
@@ -277,6 +311,7 @@ def paged_attention_decode(
         mid_o,
         mid_lse,
         out,
+        query_start_loc if ragged else seq_lens,
         mid_o.stride(0),
         mid_o.stride(1),
         mid_o.stride(2),
@@ -288,6 +323,7 @@ def paged_attention_decode(
         HEAD_DIM=head_dim,
         SPLITS_PAD=max(2, next_pow2(splits)),
         BLOCK_D=block_d,
+        RAGGED=ragged,
         num_warps=1 if block_d <= 128 else 2,
         **pdl_launch(q.device),
     )

@@ -143,6 +143,7 @@ def _prefill_kernel(
     DOT_F32: tl.constexpr,
     USE_PDL: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
@@ -159,6 +160,11 @@ def _prefill_kernel(
     q_start = tl.load(qsl_ptr + b).to(tl.int64)
     q_len = (tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)).to(tl.int32)
     ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
+    if SKIP_SINGLE:
+        # A one-token sequence is the decode kernel's, in the same step. Its tile still counts in batch_block's
+        # prefix sum, so the tile -> sequence mapping of the others is the one without skipping.
+        if q_len == 1:
+            return
 
     offs_r = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_m = offs_r // GROUP  # the row's token within the sequence's query chunk
@@ -227,10 +233,13 @@ def paged_attention_prefill(
     scale: float,
     out: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
+    skip_single_token: bool = False,
 ) -> torch.Tensor:
     """q `[T, Hq, D]`, caches `[num_blocks, block_size, Hkv, D]`, query_start_loc `[B+1]`, seq_lens `[B]`,
     block_tables `[B, max_blocks]` -> `[T, Hq, D]` in q's dtype. Rows not owned by any sequence are left
-    unwritten. `config` overrides the tile choice (tests, benchmarks)."""
+    unwritten. `skip_single_token`: the rows of sequences whose query length is 1 are left unwritten too (the
+    decode kernel runs them: `paged_attention_decode` with `query_start_loc`). `config` overrides the tile choice
+    (tests, benchmarks)."""
     n_tok, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape:
@@ -279,6 +288,7 @@ def paged_attention_prefill(
         BLOCK_D=max(16, next_pow2(head_dim)),
         DOT_F32=dot_in_fp32(q.dtype),
         BLOCK_B=ragged_block_b(n_seq),
+        SKIP_SINGLE=skip_single_token,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
