@@ -64,6 +64,46 @@ DECODE_LARGE = [
     ([600, 77], 14, 2, 64, 16, 32),
 ]
 
+# Mixed steps, split between the two kernels: (q_lens, ctx_lens, Hq, Hkv, head_dim, block_size, num_splits).
+MIXED_SMALL = [
+    ([1, 1, 9, 4], [13, 6, 9, 21], 4, 2, 32, 4, 3),  # decode rows first, prefixes crossing pages of 4
+    ([7, 3, 1, 1], [7, 19, 33, 2], 8, 2, 16, 8, 2),  # decode rows last, GQA 4
+    ([1, 5, 1, 0, 12, 1], [9, 14, 40, 0, 12, 1], 6, 2, 16, 4, 4),  # interleaved, GQA 3, an empty sequence
+    ([2, 1, 17, 1], [30, 0, 17, 64], 2, 2, 16, 16, None),  # GQA 1, a one-token padding row (context 0)
+]
+
+
+def _mixed_batch(case, dtype, device):
+    q_lens, ctx_lens, hq, hkv, d, bs, splits = case
+    return make_paged_batch(q_lens, ctx_lens, hq, hkv, d, bs, dtype, device, seed=len(q_lens) * 5 + d), splits
+
+
+def _mixed(case, dtype, device, config=None):
+    """Each kernel writes exactly its own rows (the other's stay NaN), and together they equal the reference."""
+    pb, splits = _mixed_batch(case, dtype, device)
+    scale = pb.q.shape[-1] ** -0.5
+    single = (pb.query_start_loc[1:] - pb.query_start_loc[:-1]).cpu() == 1
+    decode_rows = pb.query_start_loc[:-1].cpu()[single]
+    other_rows = torch.ones(pb.q.shape[0], dtype=torch.bool)
+    other_rows[decode_rows] = False
+    ref = ref_paged_attention(pb, scale).float()
+
+    out = poison(torch.empty_like(pb.q))
+    K.paged_attention_prefill(pb.q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables,
+                              pb.max_query_len, scale, out=out, config=config, skip_single_token=True)
+    assert torch.isnan(out[decode_rows].float()).all()
+    torch.testing.assert_close(out[other_rows].float().cpu(), ref[other_rows], **tol(dtype))
+
+    alone = poison(torch.empty_like(pb.q))
+    K.paged_attention_decode(pb.q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, scale, out=alone,
+                             num_splits=splits, query_start_loc=pb.query_start_loc)
+    assert torch.isnan(alone[other_rows].float()).all()
+    torch.testing.assert_close(alone[decode_rows].float().cpu(), ref[decode_rows], **tol(dtype))
+
+    K.paged_attention_decode(pb.q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, scale, out=out,
+                             num_splits=splits, query_start_loc=pb.query_start_loc)
+    torch.testing.assert_close(out.float().cpu(), ref, **tol(dtype))
+
 
 def _prefill(case, dtype, device, config=None):
     q_lens, ctx_lens, hq, hkv, d, bs = case
@@ -139,6 +179,26 @@ def test_decode(case, dtype, device):
     _decode(case, dtype, device)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", MIXED_SMALL)
+def test_mixed_split_between_kernels(case, dtype, device):
+    _mixed(case, dtype, device)
+
+
+def test_mixed_split_with_gpu_tiles(device):
+    """The GPU's 128-row prefill tiles (32 tokens of GQA 4): a skipped one-token sequence between two chunks
+    that take several tiles each must not shift which tiles the later chunk's programs take."""
+    case = ([40, 1, 70, 1, 1, 33], [45, 90, 70, 17, 3, 100], 8, 2, 32, 16, 2)
+    _mixed(case, torch.float32, device, config=(128, 64, 8, 3))
+
+
+def test_ragged_decode_refuses_a_query_start_loc_of_another_batch(device):
+    pb, _ = _mixed_batch(MIXED_SMALL[0], torch.float32, device)
+    with pytest.raises(ValueError, match="query_start_loc"):
+        K.paged_attention_decode(pb.q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, 0.25,
+                                 query_start_loc=pb.query_start_loc[:-1])
+
+
 def test_fp16_prefill_and_decode(device):
     _prefill(PREFILL_SMALL[0], torch.float16, device)
     _decode(DECODE_SMALL[0], torch.float16, device)
@@ -181,3 +241,33 @@ def test_port_dispatch_decode_equals_prefill(device):
     b = ops.paged_attention(pb.q, pb.k_cache, pb.v_cache, batch(False), 0.25)
     torch.testing.assert_close(a, b, **tol(torch.float32))
     torch.testing.assert_close(a.cpu(), ref_paged_attention(pb, 0.25), **tol(torch.float32))
+
+
+def test_port_mixed_batch_runs_one_token_rows_on_the_decode_kernel(device, monkeypatch):
+    """Through the FusedOps port: a mixed batch padded like a captured graph (an empty sequence, token rows past
+    the batch) equals the reference, with its one-token sequences handed to the decode kernel by row."""
+    pb = make_paged_batch([1, 6, 1, 0, 1], [9, 11, 26, 0, 1], 4, 2, 16, 4, torch.float32, device, seed=5)
+    q = torch.cat([pb.q, torch.randn(3, 4, 16, device=device)])  # 3 padding token rows
+    tokens = q.shape[0]
+    batch = AttentionBatch(
+        positions=torch.zeros(tokens, dtype=torch.int64, device=device),
+        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=device),
+        query_start_loc=pb.query_start_loc,
+        seq_lens=pb.seq_lens,
+        block_tables=pb.block_tables,
+        max_query_len=6,
+        max_seq_len=26,
+        is_decode=False,
+        block_size=pb.block_size,
+    )
+    calls = []
+    decode = K.paged_attention_decode
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("query_start_loc"))
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(K, "paged_attention_decode", spy)
+    y = TritonFusedOps(CudaMathOps()).paged_attention(q, pb.k_cache, pb.v_cache, batch, 0.25)
+    assert len(calls) == 1 and calls[0] is pb.query_start_loc
+    torch.testing.assert_close(y[: pb.q.shape[0]].cpu(), ref_paged_attention(pb, 0.25), **tol(torch.float32))

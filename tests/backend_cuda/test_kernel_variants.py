@@ -1,6 +1,7 @@
-"""On the GPU: the ragged prefill kernels (attention included) compile one variant for every batch of up to 64
-sequences and any token count, and one per power of two above, so an eager step (a hybrid model's mixed steps)
-meets no compile the start-up warm-up (`assembly.warm_eager_prefill`) did not make. Counted in Triton's
+"""On the GPU: the ragged prefill kernels (attention included, and the decode pair that takes a mixed step's
+one-token sequences) compile one variant for every batch of up to 64 sequences and any token count, and one per
+power of two above, so an eager step (a hybrid model's mixed steps) meets no compile the start-up warm-up
+(`assembly.warm_eager_prefill`) did not make. Counted in Triton's
 per-device kernel cache."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from infer_backend_cuda.kernels import attention_decode as D
 from infer_backend_cuda.kernels import attention_prefill as A
 from infer_backend_cuda.kernels import causal_conv1d as C
 from infer_backend_cuda.kernels import gdn_chunk as G
@@ -54,7 +56,10 @@ def _attention(lens: list[int], hq: int = 8, hkv: int = 2, d: int = 128, bs: int
     kc = torch.randn(len(lens) * pages + 1, bs, hkv, d, device="cuda", dtype=torch.bfloat16)
     bt = torch.arange(len(lens) * pages, dtype=torch.int32, device="cuda").view(len(lens), pages)
     seq_lens = torch.tensor([n + 5 for n in lens], dtype=torch.int32, device="cuda")
-    A.paged_attention_prefill(q, kc, kc.clone(), _cu(lens), seq_lens, bt, max(lens), d**-0.5)
+    # As a mixed step runs it (TritonFusedOps.paged_attention): one-token sequences on the decode kernels.
+    out = A.paged_attention_prefill(q, kc, kc.clone(), _cu(lens), seq_lens, bt, max(lens), d**-0.5,
+                                    skip_single_token=True)
+    D.paged_attention_decode(q, kc, kc.clone(), seq_lens, bt, d**-0.5, out=out, query_start_loc=_cu(lens))
 
 
 # The conv has two token tiles (a step whose longest query fits the conv window, and the rest): twice the variants.
@@ -73,3 +78,14 @@ def test_prefill_batches_up_to_64_sequences_share_one_variant(run, kernel, tiles
         run(lens)
     torch.cuda.synchronize()
     assert _variants(kernel) == tiles + wide  # WIDE's batches (2-token queries): 128 and 256 lanes
+
+
+@pytest.mark.parametrize("kernel", [D._decode_split_kernel, D._decode_reduce_kernel], ids=["split", "reduce"])
+def test_mixed_step_decode_kernels_compile_once_for_any_batch(kernel) -> None:  # noqa: ANN001
+    """The decode pair in a mixed step: its split count follows the batch size (at Hkv 2 on an H200 from 32 at
+    one sequence to 2 at 129) but is no compile-time constant, so every batch shares one variant."""
+    kernel.device_caches.clear()
+    for lens in BATCHES + WIDE:
+        _attention(lens)
+    torch.cuda.synchronize()
+    assert _variants(kernel) == 1

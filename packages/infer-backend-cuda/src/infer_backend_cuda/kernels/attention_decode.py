@@ -10,6 +10,12 @@ nothing; a padding row (`seq_lens = 0`) gets zeros.
 
 `num_splits` is a launch-time constant chosen from (batch, Hkv, SM count) only, never from the per-step
 context lengths, so a CUDA graph captured once stays correct (and well balanced) for any lengths.
+
+Ragged (mixed-step) mode, with `query_start_loc`: q and out are a ragged batch's `[T, Hq, D]`; sequence b's
+query row is `query_start_loc[b]`, and both passes' programs of a sequence whose query length is not 1 return
+at once (the prefill kernel, told `skip_single_token`, computes those rows). The split workspace is indexed by
+sequence, so a skipped sequence's slots are neither written nor read. Which sequences run is read on the
+device: a captured mixed graph serves any mix of prefill chunks and one-token rows.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ from infer_backend_cuda.kernels._common import (
 )
 
 MAX_SPLITS = 32
+# The split count follows the batch size (`choose_num_splits`). Unspecialised, it compiles no variant of its
+# own, so a mixed step, whose batch sizes are not those of the captured decode graphs and may run eagerly,
+# meets no compile in the middle of serving (with the reduce pass's SPLITS_PAD fixed in ragged mode).
+SPLIT_ARGS = ("num_splits", "ml_s0", "ml_s1")  # the LSE workspace's strides are multiples of it
 
 
 @triton.jit
@@ -43,7 +53,7 @@ def _query_row(qsl_ptr, b, RAGGED: tl.constexpr):
         return b
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPLIT_ARGS)
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -152,7 +162,7 @@ def _decode_split_kernel(
     tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + sp, lse, mask=h_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=SPLIT_ARGS)
 def _decode_reduce_kernel(
     mid_o_ptr,
     mid_lse_ptr,
@@ -321,7 +331,7 @@ def paged_attention_decode(
         out.stride(1),
         splits,
         HEAD_DIM=head_dim,
-        SPLITS_PAD=max(2, next_pow2(splits)),
+        SPLITS_PAD=MAX_SPLITS if ragged else max(2, next_pow2(splits)),
         BLOCK_D=block_d,
         RAGGED=ragged,
         num_warps=1 if block_d <= 128 else 2,

@@ -13,8 +13,11 @@ Grid `((cdiv(T * group, BLOCK_M) + B) * Hkv,)`, flattened over the ragged batch:
 captured mixed graph of 256 sequences padded to a 2,048-token bucket launches ~3k programs instead of ~131k of
 which 98% would exit at once. One program = one query tile of one KV head of one sequence, whose BLOCK_M rows
 are (token, query head) pairs of that KV head's `group` query heads (GQA packing: row r is token r // group,
-head kvh * group + r % group), so each K/V tile is read once for the whole group — a decode row in a mixed
-batch costs one KV pass per KV head, not one per query head. FlashAttention-2 style online softmax in fp32
+head kvh * group + r % group), so each K/V tile is read once for the whole group. A one-token sequence would
+fill only `group` rows of its tile yet pay the whole tile's tensor-core work for each of its K/V tiles (at
+BLOCK_M 128, GQA 4: 97% wasted), so in a mixed step (`skip_single_token`) its programs return at once and the
+split-KV decode kernel runs it; its tiles still count in the prefix sum, so the other sequences' tiles are
+where they were. FlashAttention-2 style online softmax in fp32
 (base 2) over BLOCK_N-key tiles, in two loops: the key tiles that the tile's first token already sees run
 unmasked, only the last one or two (the diagonal) apply the causal mask. The K/V tiles are gathered row by row
 through the block table, so any `block_size` works (a compile-time constant: one per engine). Tiles past
