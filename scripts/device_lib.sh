@@ -11,6 +11,7 @@ engine_up() {  # engine_up LABEL [RUSTINFER_X=... ...]: device_engine.sh with th
   for kv in "${@:2}"; do export "$kv"; done
   SERVE_LOG="$LOGS/serve_$1.log" source "$(dirname "${BASH_SOURCE[0]}")/device_engine.sh"
   for kv in "${@:2}"; do unset "${kv%%=*}"; done
+  [ "$ENGINE_UP" = 1 ]  # the status: whether it serves
 }
 
 engine_down() {

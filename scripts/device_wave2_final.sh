@@ -43,8 +43,7 @@ for m in ${PROFILE_MODELS-qwen3.5-4b}; do
     --chunk 8192 --top 12 --out "$LOGS/prefill_profile_$m.json" > "$LOGS/prefill_profile_$m.log" 2>&1
   echo "prefill profile $m rc=$?"; grep -A12 "^prefill of" "$LOGS/prefill_profile_$m.log"
 done
-if [ "${BF16:-1}" = 1 ]; then
-  engine_up bf16 RUSTINFER_MAX_MODEL_LEN=32768
+if [ "${BF16:-1}" = 1 ] && engine_up bf16 RUSTINFER_MAX_MODEL_LEN=32768; then
   sweep bf16_chat "${BF16_QPS:-1,32}"
   ttft_16k bf16
   timeout 90 python3 bench/structured_batch.py --url $URL --model qwen3-4b --repeats 2 --out "$LOGS/structured.json" \
@@ -56,11 +55,10 @@ if [ "${BF16:-1}" = 1 ]; then
   fi
   engine_down bf16
 fi
-if [ "${QWEN35:-1}" = 1 ]; then
-  # With its vision tower (bench/models/qwen3.5-4b-vl/README.md): text chat, then a quarter of the requests with an
-  # image at qps 1, 4 and 16 (issue 17), then one 16k prompt.
-  dir=$(model_dir qwen3.5-4b-vl); cp bench/models/qwen3.5-4b-vl/{preprocessor_config.json,chat_template.jinja} "$dir/"
-  engine_up qwen35 RUSTINFER_MODEL="$dir" RUSTINFER_MAX_MODEL_LEN=32768
+# With its vision tower (bench/models/qwen3.5-4b-vl/README.md): text chat, then a quarter of the requests with an
+# image at qps 1, 4 and 16 (issue 17), then one 16k prompt.
+dir=$(model_dir qwen3.5-4b-vl); cp bench/models/qwen3.5-4b-vl/{preprocessor_config.json,chat_template.jinja} "$dir/"
+if [ "${QWEN35:-1}" = 1 ] && engine_up qwen35 RUSTINFER_MODEL="$dir" RUSTINFER_MAX_MODEL_LEN=32768; then
   sweep qwen35_chat "${QWEN35_QPS:-1,8}"
   [ -n "${IMAGE_QPS-1,4,16}" ] && sweep qwen35_images "${IMAGE_QPS-1,4,16}" --image-fraction 0.25 --image-side 1024
   ttft_16k qwen35

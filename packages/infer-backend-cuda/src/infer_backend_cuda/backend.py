@@ -16,6 +16,7 @@ import torch
 from infer_core.dtypes import DType
 from infer_core.ports.backend import MemoryInfo
 from infer_core.ports.op_ports import OpPorts
+from infer_backend_cuda.kernels._ragged import ragged_variant_batch_sizes
 
 SKINNY_GEMM_ENV = "INFER_CUDA_SKINNY_GEMM"  # not under RUSTINFER_, the config loader's prefix
 # What a sticky CUDA error's message contains when torch raises it as a RuntimeError.
