@@ -44,6 +44,8 @@ PREFILL_TILED = [
     # The GPU's head_dim-128 shape (128 rows = 32 tokens of GQA 4, 64-key tiles): 100 tokens straddle four
     # row tiles (the last part-full), after prefixes of 80 (mid-page of 16) and 0, with a decode row between.
     (([100, 1, 70], [180, 333, 70], 8, 2, 32, 16), (128, 64, 8, 3)),
+    # The same over 128-key tiles (the head_dim-128 default, fastest on the H200): a prefix of 180 ends mid key tile.
+    (([100, 1, 70], [180, 333, 70], 8, 2, 32, 16), (128, 128, 8, 2)),
     # GQA 3 (a token's heads straddle row tiles) with 64-row tiles over 32-key tiles, a prefix of 37.
     (([50, 5], [87, 5], 6, 2, 16, 16), (64, 32, 4, 2)),
 ]
@@ -190,6 +192,7 @@ def test_mixed_split_with_gpu_tiles(device):
     that take several tiles each must not shift which tiles the later chunk's programs take."""
     case = ([40, 1, 70, 1, 1, 33], [45, 90, 70, 17, 3, 100], 8, 2, 32, 16, 2)
     _mixed(case, torch.float32, device, config=(128, 64, 8, 3))
+    _mixed(case, torch.float32, device, config=(128, 128, 8, 2))
 
 
 def test_ragged_decode_refuses_a_query_start_loc_of_another_batch(device):

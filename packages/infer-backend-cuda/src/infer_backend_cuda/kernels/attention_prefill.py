@@ -214,13 +214,15 @@ PrefillConfig = tuple[int, int, int, int]
 
 def _prefill_config(head_dim: int) -> PrefillConfig:
     """On Hopper up to head_dim 128: 128-row tiles (two warpgroups of wgmma, so each K/V tile feeds twice the
-    rows of a 64-row one) with 3 stages of K/V in flight (96 KiB of shared memory; sm_90 compiles it to 204
-    registers at head_dim 128, no spills; with 4 warps it spills). head_dim 256 keeps its fp32 accumulator in
+    rows of a 64-row one; with 4 warps they spill). At head_dim 128 128-key tiles in 2 stages, measured fastest on
+    the H200; below it 64-key tiles in 3 stages (not measured against others). head_dim 256 keeps its fp32 accumulator in
     registers without spills at 64 rows x 32 keys. The interpreter runs 16-row tiles (small shapes, many tiles
     per test)."""
     if interpreting():
         return 16, 16, 4, 1
-    if head_dim <= 128:
+    if head_dim == 128:  # measured on the H200 (bench/attention_prefill.py, docs/benchmarks.md): 128-key tiles of
+        return 128, 128, 8, 2  # 2 stages beat 64-key ones of 3 at every chunking of a 16k prompt (389 vs 320 TFLOP/s)
+    if head_dim < 128:
         return 128, 64, 8, 3
     return 64, 32, 8, 2
 
