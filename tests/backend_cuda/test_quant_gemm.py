@@ -150,17 +150,14 @@ def test_fp8_block_linear_matches_the_w8a8_reference(m, config, dtype, device):
     torch.testing.assert_close(y.cpu().float(), ref.float(), **tol(dtype))
 
 
-@pytest.mark.parametrize("m,config", [(1, None), (1, F8.Fp8Config(1, 8, 2, 1, 1, 2)),
+@pytest.mark.parametrize("m,config", [(1, F8.Fp8Config(1, 4, 2, 1, 1, 4)), (1, F8.Fp8Config(1, 8, 2, 1, 1, 2)),
                                       (2, F8.Fp8Config(2, 16, 2, 1, 1, 1))])
 def test_fp8_row_streaming_whole_tiles_match_the_reference(m, config, device):
-    """K = 512 and N = 64 in whole tiles (the unmasked loads), with bias: the default one-row config takes
-    this kernel."""
+    """K = 512 and N = 64 in whole tiles (the unmasked loads), with bias."""
     codes, scale_inv, scale_row = _fp8([40, 24], 512, (16, 128), device)
     bias = _x(64, 1, torch.float32, device, 7).reshape(64)
     x = _x(m, 512, torch.float32, device) * 4
     out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
-    if config is None:
-        assert F8.default_config(m, 64, 512, 128).row_groups == 4
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, bias, out=out, config=config)
     ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, bias.cpu())
     torch.testing.assert_close(y.cpu(), ref, **tol(torch.float32))

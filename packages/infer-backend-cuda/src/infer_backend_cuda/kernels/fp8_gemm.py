@@ -6,9 +6,10 @@ e4m3(clamp(x / scale, ±448)), with IEEE division so that the codes equal the CP
 `fp8_block_linear`: `y = sum_g (x_q[:, g] @ w_q[:, g].T) * x_scale[:, g] * w_scale[row, g]` in fp32, one K step per
 group; `scale_row [N]` names the `weight_scale_inv` row of each output row (fused parts keep their own partial
 blocks). Prefill and 2-8 rows take a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores), split over
-K at decode (split_k.py); one row a kernel streaming whole weight rows like the BF16 skinny GEMM. A third,
-GEMV-style kernel (CUDA-core products per group, split-K) quantizes the activations itself (the same
-numerics, one launch fewer); each of the others follows the quantization kernel.
+K at decode (split_k.py). One row takes a GEMV-style kernel (CUDA-core products per group, split-K) that
+quantizes the activations itself (the same numerics, one launch fewer); the others follow the quantization
+kernel. A kernel streaming whole weight rows like the BF16 skinny GEMM (`row_groups`) measured slower at one row
+on the H200 (see `default_config`) and is not a default.
 `torch._scaled_mm`'s block-scaled recipes are not used: they cannot be checked here without a GPU and they
 need whole 128-blocks, where SmolLM2 and fused parts have partial ones.
 """
@@ -200,15 +201,15 @@ def fp8_quantize_activation(
 
 
 def default_config(m: int, n: int, k: int, group: int) -> Fp8Config:
-    """One row: the row-streaming kernel, 4 rows of 4 groups a step on 2 warps (sm_90 SASS: ~7.5 instructions
-    per weight with whole tiles, inside the ~8 a weight byte leaves at the HBM rate; the split-K CUDA-core
-    kernel issues ~16.5), no split-K. More rows: tensor-core tiles of 16-64 rows (~12 instructions per weight
+    """One row: the split-K CUDA-core kernel (~8K products per K step and program, as before the row-streaming
+    kernel: on the H200 that one made the Qwen3-4B batch-1 step 3.597 ms against this kernel's 3.295, although its
+    SASS issues ~7.5 instructions per weight against ~16.5; it stays selectable by `row_groups`). More rows: tensor-core tiles of 16-64 rows (~12 instructions per weight
     at 2-8 rows, where the CUDA-core kernel issues ~20-70), 128 for prefill, K split to fill the GPU while the
     fp32 workspace traffic (`8 * M * splits / K` of the weight's bytes) stays within a quarter (so a prefill's
     tiles never split)."""
     if m == 1:
-        steps = next((g for g in (4, 2, 1) if k % (g * group) == 0), 4)
-        return Fp8Config(1, 4, 2, 1, 1, steps)
+        block_n = max(8, 8192 // group)
+        return Fp8Config(1, block_n, 4, 2, split_k.num_splits(triton.cdiv(k, group), triton.cdiv(n, block_n)))
     if m <= 64:
         bm, block_n, warps = max(16, next_pow2(m)), 64 if m <= SKINNY_MAX_M else 128, 4
     else:
