@@ -16,7 +16,6 @@ import torch
 from infer_core.dtypes import DType
 from infer_core.ports.backend import MemoryInfo
 from infer_core.ports.op_ports import OpPorts
-from infer_backend_cuda.kernels._ragged import ragged_variant_batch_sizes
 
 SKINNY_GEMM_ENV = "INFER_CUDA_SKINNY_GEMM"  # not under RUSTINFER_, the config loader's prefix
 # What a sticky CUDA error's message contains when torch raises it as a RuntimeError.
@@ -151,6 +150,8 @@ class CudaBackend:
         self.ops = dataclasses.replace(self.ops, collective=NcclCollective(self._device, timeout_s))
 
     def eager_variant_batch_sizes(self, max_batch_seqs: int) -> list[int]:
+        from infer_backend_cuda.kernels._ragged import ragged_variant_batch_sizes  # triton loads with a backend
+
         return ragged_variant_batch_sizes(max_batch_seqs)
 
     def is_fatal_error(self, exc: BaseException) -> bool:
