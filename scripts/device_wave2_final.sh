@@ -38,6 +38,10 @@ if [ "${LONG_DECODE:-1}" = 1 ]; then  # issue 14: decode at batch 32 with 16k of
     --eager-batches "" --steps 20 --out "$LOGS/roofline_long.json" > "$LOGS/roofline_long.log" 2>&1
   echo "roofline 16k context rc=$?"; tail -3 "$LOGS/roofline_long.log"
 fi
+for b in ${KERNEL_BENCHES-}; do  # e.g. "bench_gdn bench_quant_gemm" (packages/infer-backend-cuda/scripts)
+  timeout "${BENCH_TIMEOUT:-45}" python3 "packages/infer-backend-cuda/scripts/$b.py" > "$LOGS/$b.log" 2>&1
+  echo "$b rc=$?"; tail -20 "$LOGS/$b.log"
+done
 for m in ${PROFILE_MODELS-qwen3.5-4b}; do
   timeout "${PROFILE_TIMEOUT:-60}" python3 bench/prefill_profile.py --model-dir "bench/models/$m" --tokens 16384 \
     --chunk 8192 --top 12 --out "$LOGS/prefill_profile_$m.json" > "$LOGS/prefill_profile_$m.log" 2>&1
@@ -45,6 +49,7 @@ for m in ${PROFILE_MODELS-qwen3.5-4b}; do
 done
 if [ "${BF16:-1}" = 1 ] && engine_up bf16 RUSTINFER_MAX_MODEL_LEN=32768; then
   sweep bf16_chat "${BF16_QPS:-1,32}"
+  [ -n "${BF16_LONG_QPS-}" ] && sweep bf16_long "$BF16_LONG_QPS" --workload long
   ttft_16k bf16
   timeout 90 python3 bench/structured_batch.py --url $URL --model qwen3-4b --repeats 2 --out "$LOGS/structured.json" \
     > "$LOGS/structured.log" 2>&1; echo "structured rc=$?"; tail -7 "$LOGS/structured.log"
@@ -55,6 +60,9 @@ if [ "${BF16:-1}" = 1 ] && engine_up bf16 RUSTINFER_MAX_MODEL_LEN=32768; then
   fi
   engine_down bf16
 fi
+for q in ${QUANT_FORMATS-}; do  # e.g. "awq fp8": each quantized dummy's chat sweep
+  if engine_up $q RUSTINFER_MODEL="$(model_dir qwen3-4b-$q)"; then sweep ${q}_chat "${QUANT_QPS:-1,32}"; engine_down $q; fi
+done
 # With its vision tower (bench/models/qwen3.5-4b-vl/README.md): text chat, then a quarter of the requests with an
 # image at qps 1, 4 and 16 (issue 17), then one 16k prompt.
 dir=$(model_dir qwen3.5-4b-vl); cp bench/models/qwen3.5-4b-vl/{preprocessor_config.json,chat_template.jinja} "$dir/"
