@@ -116,7 +116,7 @@ def main() -> None:
     args = ap.parse_args()
     args.configs = args.configs or CANDIDATES[128 if args.head_dim <= 128 else 256]
     prompt = Prompt(args)
-    default = attention_prefill._prefill_config(args.head_dim)
+    default = attention_prefill._prefill_config(args.head_dim, 2)
     print(f"prompt {args.tokens} tokens, Hq {args.heads} Hkv {args.kv_heads} D {args.head_dim}, pages of "
           f"{args.block_size}; default config {default}; x{args.layers} layers")
     print(f"{'chunks':>12} {'config':>14} {'ms/layer':>9} {'TFLOP/s':>8} {'ms x L':>8} | {'last ms':>8} {'TFLOP/s':>8}"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from infer_backend_cuda import kernels as K
+from infer_backend_cuda.kernels import attention_prefill as A
 from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
 from infer_core.ports.fused_ops import AttentionBatch
 from tests.backend_cuda.conftest import gpu, poison, tol
@@ -274,3 +275,17 @@ def test_port_mixed_batch_runs_one_token_rows_on_the_decode_kernel(device, monke
     y = TritonFusedOps(CudaMathOps()).paged_attention(q, pb.k_cache, pb.v_cache, batch, 0.25)
     assert len(calls) == 1 and calls[0] is pb.query_start_loc
     torch.testing.assert_close(y[: pb.q.shape[0]].cpu(), ref_paged_attention(pb, 0.25), **tol(torch.float32))
+
+
+HOPPER_SHARED_MEMORY = 228 * 1024
+
+
+@pytest.mark.parametrize("element_size", [2, 4])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_default_prefill_tiles_fit_shared_memory(monkeypatch, head_dim: int, element_size: int) -> None:  # noqa: ANN001
+    """The GPU default tiles' pipelined K and V stages plus the query tile fit in an H200 SM's shared memory for
+    every dtype: fp32 at 128 x 128 tiles of 2 stages did not, and the H200 refused the launch."""
+    monkeypatch.setattr(A, "interpreting", lambda: False)
+    bm, bn, _warps, stages = A._prefill_config(head_dim, element_size)
+    staged = (2 * stages * bn + bm) * head_dim * element_size
+    assert staged <= HOPPER_SHARED_MEMORY, (bm, bn, stages)

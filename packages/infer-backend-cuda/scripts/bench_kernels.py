@@ -149,7 +149,7 @@ def sweep(add) -> None:
             sl = torch.tensor([ctx], dtype=torch.int32, device=dev)
             flops = 4 * HQ * D * (qlen * (ctx - qlen) + qlen * (qlen + 1) / 2)
             for cfg in ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2), (128, 64, 8, 3), (64, 32, 4, 2), (128, 128, 8, 2), (64, 128, 4, 2)):
-                attention_prefill._prefill_config = lambda d, cfg=cfg: cfg
+                attention_prefill._prefill_config = lambda d, e, cfg=cfg: cfg
                 try:
                     t = bench(lambda: K.paged_attention_prefill(q, kc, vc, qsl, sl, bt, qlen, D**-0.5), calls=3, reps=5)
                 except Exception as e:  # out of resources etc.

@@ -212,14 +212,17 @@ def _prefill_kernel(
 PrefillConfig = tuple[int, int, int, int]
 
 
-def _prefill_config(head_dim: int) -> PrefillConfig:
+def _prefill_config(head_dim: int, element_size: int) -> PrefillConfig:
     """On Hopper up to head_dim 128: 128-row tiles (two warpgroups of wgmma, so each K/V tile feeds twice the
     rows of a 64-row one; with 4 warps they spill). At head_dim 128 128-key tiles in 2 stages, measured fastest on
     the H200; below it 64-key tiles in 3 stages (not measured against others). head_dim 256 keeps its fp32 accumulator in
     registers without spills at 64 rows x 32 keys. The interpreter runs 16-row tiles (small shapes, many tiles
-    per test)."""
+    per test). fp32 (tests, the CPU-comparison path) takes small tiles: at 4 bytes an element the 128 x 128 tiles'
+    staged K/V outgrow the 228 KB of shared memory (the H200 refused them at head_dim 128)."""
     if interpreting():
         return 16, 16, 4, 1
+    if element_size > 2:
+        return (64, 32, 4, 2) if head_dim <= 128 else (32, 32, 4, 2)
     if head_dim == 128:  # measured on the H200 (bench/attention_prefill.py, docs/benchmarks.md): 128-key tiles of
         return 128, 128, 8, 2  # 2 stages beat 64-key ones of 3 at every chunking of a 16k prompt (389 vs 320 TFLOP/s)
     if head_dim < 128:
@@ -260,7 +263,7 @@ def paged_attention_prefill(
     n_seq = seq_lens.shape[0]
     if n_tok == 0 or n_seq == 0 or max_query_len <= 0:
         return out
-    bm, bn, num_warps, num_stages = config or _prefill_config(head_dim)
+    bm, bn, num_warps, num_stages = config or _prefill_config(head_dim, q.element_size())
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     group = num_q_heads // num_kv_heads
     # Every sequence's tiles but its last are full, so the batch has at most cdiv(T * group, bm) + B of them.
