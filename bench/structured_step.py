@@ -6,7 +6,10 @@ Kinds, each at `--batch` rows of `--context` tokens, greedy:
 - `processing`: `--constrained` rows with a min_tokens mask (the mixed graph, which stops at the logits, then
   logits processing and the sampler eagerly: the path every constrained row takes, without a grammar);
 - `grammar`: `--constrained` rows under bench/structured_batch.py's JSON schema (the same path plus the
-  matchers: feed, bitmask fill, the mask's copy and apply), each fed its masked argmax.
+  matchers: feed, bitmask fill, the mask's copy and apply), each fed its masked argmax;
+- `every other`: as served under the one-step-ahead pipeline, the grammar rows in every other step only (they
+  wait for their token: `infer_core.plan.reads_its_output`); the figures are of the steps with them, and
+  `without` those of the steps between.
 Per kind: `launch` is the host time until `launch()` returns (what the one-step-ahead pipeline must hide behind
 the previous step), `step` the time until the tokens are back, both medians; `mask` (grammar) the time inside
 `GrammarBook.mask` alone.
@@ -54,7 +57,7 @@ def main() -> None:
     eos = AutoTokenizer.from_pretrained(str(args.tokenizer_dir)).eos_token_id
     backend = create_backend(args.backend, "cuda:0" if args.backend == "cuda" else "cpu")
     model, spec = load_model(args.model_dir, backend, DType.BFLOAT16, "dummy", 0)
-    kinds = ("decode graph", "processing", "grammar")
+    kinds = ("decode graph", "processing", "grammar", "every other")
     max_len = args.context + len(kinds) * (args.steps + 3) + 8
     blocks_per_seq = math.ceil(max_len / args.block_size)
     b = args.batch
@@ -110,28 +113,33 @@ def main() -> None:
                 s.prompt_len = len(s.token_ids)  # the matcher reads from here on
                 book.admit(s)
         mask_s.clear()
-        launch, step = [], []
+        launch, step, between = [], [], []
         for i in range(args.steps + 3):
+            alternate = kind == "every other" and i % 2 == 1
+            batch = [s for j, s in enumerate(seqs) if not (alternate and j in rows)]
             t = time.perf_counter()
-            launched = runner.launch([ScheduledSeq(s, 1) for s in seqs])
+            launched = runner.launch([ScheduledSeq(s, 1) for s in batch])
             t_launch = time.perf_counter() - t
             out = launched.result()
             t_step = time.perf_counter() - t
             if launched.seq_errors:
                 raise SystemExit(f"{kind}: rows failed: {launched.seq_errors}")
-            for s, tok in zip(seqs, out.token_ids):
+            for s, tok in zip(batch, out.token_ids):
                 s.num_computed += 1
                 s.token_ids.append(tok)
             if i >= 3:
-                launch.append(t_launch)
-                step.append(t_step)
+                (between if alternate else step).append(t_step)
+                if not alternate:
+                    launch.append(t_launch)
         ms = {"launch_ms": statistics.median(launch) * 1e3, "step_ms": statistics.median(step) * 1e3,
               "mask_ms": statistics.median(mask_s[3:]) * 1e3 if mask_s[3:] else None,
+              "without_step_ms": statistics.median(between) * 1e3 if between else None,
               **{c: getattr(runner, c, None) for c in counts}}
         report["kinds"][kind] = ms
         mask_txt = f"{ms['mask_ms']:8.3f}" if ms["mask_ms"] is not None else f"{'-':>8}"
+        without = f", without: step {ms['without_step_ms']:.3f}" if between else ""
         print(f"{kind:<14} {ms['launch_ms']:9.3f} {ms['step_ms']:8.3f} {mask_txt}   (graph/mixed/eager steps so "
-              f"far {'/'.join(str(ms[c]) for c in counts)})", flush=True)
+              f"far {'/'.join(str(ms[c]) for c in counts)}{without})", flush=True)
     sample = seqs[rows[0]]
     report["grammar_sample"] = AutoTokenizer.from_pretrained(str(args.tokenizer_dir)).decode(
         sample.token_ids[sample.prompt_len:])
