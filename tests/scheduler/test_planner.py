@@ -262,10 +262,11 @@ def test_a_result_that_does_not_match_its_step_fails_the_step():
     e.check_invariants()
 
 
-def test_a_request_that_reads_its_output_waits_for_its_token_under_the_pipeline():
-    """With the one-step-ahead pipeline a request under a grammar (or with penalties) is not planned into the step
-    after one that samples its token: its next mask reads that token. The batch's other requests are, and the
-    waiting one comes back in the step after, with every output the same as without the pipeline."""
+def test_a_penalised_request_waits_for_its_token_under_the_pipeline_and_a_grammar_row_does_not():
+    """With the one-step-ahead pipeline a request with penalties is not planned into the step after one that
+    samples its token: its next logits read that token's count. The batch's other requests are (a grammar row
+    too: the worker feeds its matcher the token in flight), and the waiting one comes back in the step after, with
+    every output the same as without the pipeline."""
     from infer_protocol.messages import SamplingParams, StructuredOutput
 
     def submits():
@@ -280,10 +281,10 @@ def test_a_request_that_reads_its_output_waits_for_its_token_under_the_pipeline(
         e.submit(s)
     ids = {r.request_id: r.seq_id for r in e.waiting}
     first = e.plan_step()
-    second = e.plan_step()  # planned while the first is in flight: only the free request decodes in it
+    second = e.plan_step()  # planned while the first is in flight: the penalised request sits it out
     assert first is not None and second is not None
     assert {n.seq_id for n in first.new_seqs} == set(ids.values())
-    assert [c.seq_id for c in second.continuing] == [ids["free"]]
+    assert [c.seq_id for c in second.continuing] == [ids["free"], ids["grammar"]]
     worker = SimWorker(64, 4)
     held = deque([worker.step(first), worker.step(second)])
     piped = run_to_completion(e, worker, held=held)

@@ -234,19 +234,22 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
         return out
 
     preemptions: list[int] = []
+    in_flight_fed: list[int] = []
 
     def run(subs: list[Submit], overlap: bool, num_blocks: int) -> dict[str, tuple[list[int], str | None]]:
         runner = make_runner(model_dir, graphs, num_blocks, make_backend())
         runner.grammars = GrammarBook(_tokenizer_info, runner.model.spec.vocab_size)
         out, engine = serve(runner, subs, overlap=overlap, num_blocks=num_blocks, max_model_len=64)
         preemptions.append(engine.counters.preemptions)
+        in_flight_fed.append(runner.grammars.pending_resolved)
         return out
 
     mixed = submits(True)
     results = [run(mixed, overlap, blocks) for overlap, blocks in ((True, 256), (False, 256), (True, 16))]
-    # A grammar row waits for its token, so the pipelines agree; preempted and recomputed, a constrained row's
-    # matcher replays its output and goes on where it was.
+    # Under the pipeline a grammar row rides every step, its matcher fed the token still in flight, and the
+    # pipelines agree; preempted and recomputed, a constrained row's matcher replays its output and goes on.
     assert results[0] == results[1] == results[2] and preemptions[2] > 0
+    assert in_flight_fed[0] > 10 and in_flight_fed[1] == 0 and in_flight_fed[2] > 0
     for out in results:
         for sub in mixed:
             tokens, reason = out[sub.request_id]

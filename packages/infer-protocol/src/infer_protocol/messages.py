@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from infer_core.plan import penalises_repeats, reads_its_output
+from infer_core.plan import penalises_repeats
 
 # Bumped whenever a message or its fields change: an older peer cannot decode a new tag or (forbid_unknown_fields)
 # a new field.
@@ -62,9 +62,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def reads_its_output(self) -> bool:
-        """infer_core.plan.reads_its_output: such a request waits for its token rather than stalling the batch's."""
-        penalised = penalises_repeats(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
-        return reads_its_output(penalised, self.structured is not None)
+        """infer_core.plan.penalises_repeats: such a request waits for its token rather than stalling the batch's."""
+        return penalises_repeats(self.presence_penalty, self.frequency_penalty, self.repetition_penalty)
 
 
 class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

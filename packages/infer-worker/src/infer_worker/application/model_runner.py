@@ -248,6 +248,7 @@ class ModelRunner:
         self._sampler = backend.ops.sampler
         self.num_launches = 0
         self._last_sampled: torch.Tensor | None = None  # the sampled ids of launch `num_launches` (device)
+        self._last_launch: LaunchedStep | None = None  # launch `num_launches` (its ids on their way to the host)
         self._uploader = InputUploader(backend, device)
         # Grammars of structured outputs (shared with the worker service, which admits and forgets sequences);
         # without one a constrained row fails on its own.
@@ -279,8 +280,20 @@ class ModelRunner:
         self.num_launches += 1
         self._last_sampled = tokens
         if done is not None:
-            return LaunchedStep(self.num_launches, seqs, done=done)
-        return LaunchedStep(self.num_launches, seqs, transfer=self.backend.copy_to_host([tokens, logprobs]))
+            self._last_launch = LaunchedStep(self.num_launches, seqs, done=done)
+        else:
+            self._last_launch = LaunchedStep(self.num_launches, seqs,
+                                             transfer=self.backend.copy_to_host([tokens, logprobs]))
+        return self._last_launch
+
+    def _pending_token(self, seq: Sequence) -> int:
+        """The id the previous launch sampled for `seq` (its PENDING last token). Called after this step's forward
+        is queued, so the wait for that launch's copy overlaps this step's device work."""
+        last = self._last_launch
+        if last is None or seq.sampled_at != last.launch_id:
+            raise ValueError(f"sequence {seq.seq_id}: its pending token is of launch {seq.sampled_at}, but the last "
+                             f"launch that sampled is {self.num_launches}")
+        return last.result().token_ids[seq.sampled_row]
 
     def _upload(self, step: HostStep, sampling: dict[str, np.ndarray]) -> tuple[list[torch.Tensor], AttentionBatch,
                                                                               SamplingBatch | None]:
@@ -364,7 +377,7 @@ class ModelRunner:
                 errors = [SeqError(seqs[i].seq_id, "structured_output_unavailable",
                                    "this worker has no grammar engine", 500) for i in plan.grammar_rows]
             else:
-                errors = self.grammars.mask(processed, seqs, plan.grammar_rows, self._tensor)
+                errors = self.grammars.mask(processed, seqs, plan.grammar_rows, self._tensor, self._pending_token)
         out = self._sampler.sample(processed, sampling)
         logprobs = raw_logprobs(logits, out.token_ids, out.logprobs, plan, self._tensor)
         if not plan.top_counts:

@@ -121,6 +121,7 @@ class GrammarBook:
     _compiler_error: Exception | None = None  # why it could not be made (kept: a retry would take as long again)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _ready: threading.Event = field(default_factory=threading.Event)  # set once the compiler exists (or failed)
+    pending_resolved: int = 0  # tokens fed from a launch still in flight (tests and logs read it)
 
     # ------------------------------------------------------------------ lifecycle (the worker service)
 
@@ -175,9 +176,12 @@ class GrammarBook:
     # ------------------------------------------------------------------ the step (the model runner)
 
     def mask(self, logits: torch.Tensor, seqs: Seq[Sequence], rows: Seq[int],
-             to_device: Callable[[Any], torch.Tensor]) -> list[SeqError]:
+             to_device: Callable[[Any], torch.Tensor],
+             pending_token: Callable[[Sequence], int] | None = None) -> list[SeqError]:
         """Mask (in place: `logits` is the processed float32 copy) every token each grammar row's matcher refuses.
-        Returns the rows that failed on their own (left unmasked)."""
+        `pending_token(seq)`: the id a step still in flight sampled for a row whose last token is PENDING (the
+        one-step-ahead pipeline plans grammar rows into every step). Returns the rows that failed on their own
+        (left unmasked)."""
         import xgrammar as xgr
 
         errors: list[SeqError] = []
@@ -193,7 +197,7 @@ class GrammarBook:
             if state.failed:
                 continue
             try:
-                self._sync(state, seq)
+                self._sync(state, seq, pending_token)
             except _RowFailed as exc:
                 state.failed = True
                 errors.append(SeqError(seq.seq_id, exc.code, exc.message, exc.status))
@@ -215,7 +219,7 @@ class GrammarBook:
             logits.index_copy_(0, index, logits.index_select(0, index).masked_fill(~allowed, float("-inf")))
         return errors
 
-    def _sync(self, state: _Row, seq: Sequence) -> None:
+    def _sync(self, state: _Row, seq: Sequence, pending_token: Callable[[Sequence], int] | None) -> None:
         """The row's matcher, created once its grammar is compiled, fed the generated tokens it has not seen."""
         if state.matcher is None:
             self._ready.wait(COMPILER_TIMEOUT_S)
@@ -236,8 +240,11 @@ class GrammarBook:
             state.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=state.stop_token_ids)
         generated = seq.token_ids[seq.prompt_len + state.consumed:]
         for token in generated:
-            if token == PENDING:  # the worker collects a constrained row's steps before its next: never here
-                raise _RowFailed("internal_error", "a constrained row's token is still pending", 500)
+            if token == PENDING:  # (only a row's last token can be: the previous launch is sampling it)
+                if pending_token is None:
+                    raise _RowFailed("internal_error", "a constrained row's token is still pending", 500)
+                token = pending_token(seq)
+                self.pending_resolved += 1
             if not state.matcher.accept_token(token):
                 raise _RowFailed("internal_error", f"the grammar refused token {token} it allowed", 500)
             state.consumed += 1

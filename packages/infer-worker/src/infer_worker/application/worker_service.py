@@ -125,9 +125,10 @@ class WorkerService:
             scheduled = [self._admit(new) for new in plan.new_seqs if new.seq_id not in dropped]
             scheduled += [self._continue(cont.seq_id, cont.num_tokens, cont.new_block_ids)
                           for cont in plan.continuing if cont.seq_id not in dropped]
-            # A row that reads its own output needs it whole: collect until none of its tokens is PENDING (the
-            # scheduler plans such a row only once its token is back, so this waits only in the worker's own
-            # tests and the synchronous paths).
+            # A row that reads its own output (penalties) needs it whole: collect until none of its tokens is
+            # PENDING (the scheduler plans such a row only once its token is back, so this waits only in the
+            # worker's own tests and the synchronous paths). A grammar row's matcher takes its PENDING token
+            # from the launch in flight (ModelRunner._pending_token).
             while self._inflight and any(s.seq.reads_output and PENDING in s.seq.token_ids[-2:]
                                          for s in scheduled):
                 early.append(self.collect())

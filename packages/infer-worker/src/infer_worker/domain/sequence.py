@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from infer_core.plan import penalises_repeats, reads_its_output
+from infer_core.plan import penalises_repeats
 from infer_core.plan import PENDING as PENDING  # re-exported to the application (it fills the ids in on collection)
 
 
@@ -75,9 +75,9 @@ class Sequence:
     # plus `rope_delta` (where the prompt's 3-D positions left off). 0 and 0 for a text prompt.
     multimodal_until: int = 0
     rope_delta: int = 0
-    # Its next sample reads its own tokens so far (a grammar's state, penalties' counts), so none of them may
-    # still be PENDING when its step launches (set from `sampling`; the scheduler's rule is
-    # `SamplingParams.reads_its_output`).
+    # Its next sample reads its own tokens so far (penalties' counts), so none of them may still be PENDING when
+    # its step launches (set from `sampling`; the scheduler's rule is `SamplingParams.reads_its_output`). A
+    # grammar row's matcher takes its PENDING token from the previous launch instead (GrammarBook.mask).
     reads_output: bool = False
 
     def __post_init__(self) -> None:
@@ -85,7 +85,7 @@ class Sequence:
             self.prompt_len = len(self.token_ids)
         p = self.sampling
         penalised = penalises_repeats(p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
-        self.reads_output = reads_its_output(penalised, p.structured is not None)
+        self.reads_output = penalised
         if penalised or (p.logprobs and p.top_logprobs > 0) or p.logit_bias or p.allowed_token_ids:
             self.process_until = _FOREVER
         elif p.min_tokens > 0 and self.stop_token_ids:
