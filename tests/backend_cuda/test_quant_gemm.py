@@ -181,6 +181,48 @@ def test_fp8_decode_quantizes_its_own_activations_as_the_reference(m, splits, dt
     torch.testing.assert_close(y.cpu(), ref, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("m,config", [(65, None), (130, None), (257, None),
+                                      (65, F8.Fp8Config(64, 32, 4, 4, 3)), (130, F8.Fp8Config(64, 16, 4, 4, 2)),
+                                      (257, F8.Fp8Config(128, 64, 8, 3, 4))])
+def test_fp8_mid_row_tiles_match_the_w8a8_reference(m, config, device):
+    """65-257 rows (decode batches past 64): partial 64- and 128-row tiles, 64 columns in partial scale blocks
+    (parts 40 and 24 in blocks of 16), K = 200 ending in a partial group, split-K with a bias added once."""
+    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
+    bias = _x(64, 1, torch.float32, device, 7).reshape(64).to(torch.bfloat16)
+    x = _x(m, 200, torch.bfloat16, device) * torch.logspace(-2, 2, m).reshape(m, 1).to(device=device,
+                                                                                          dtype=torch.bfloat16)
+    out = poison(torch.empty((m, 64), dtype=torch.bfloat16, device=device))
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, out=out, config=config)
+    assert y is out
+    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 64, bias.cpu())
+    torch.testing.assert_close(y.cpu().float(), ref.float(), **tol(torch.bfloat16))
+
+
+def test_fp8_activation_quant_pads_rows_with_zeros(device):
+    """The cuBLAS path's layout: codes with rows past M, scales M-major (a transposed view): the real rows equal
+    the reference's, the padding is codes 0 and scale 1."""
+    x = _x(5, 200, torch.bfloat16, device) * 3
+    codes = torch.full((8, 200), 1.0, device=device).to(torch.float8_e4m3fn)
+    scales_t = torch.full((4, 8), float("nan"), device=device)
+    F8.fp8_quantize_activation(x, 64, codes, scales_t.t())
+    ref_codes, ref_scales = quantize_activation_fp8(x.cpu(), 64)
+    assert torch.equal(codes[:5].cpu().view(torch.uint8), ref_codes.contiguous().view(torch.uint8))
+    assert torch.equal(scales_t.t()[:5].cpu(), ref_scales)
+    assert not codes[5:].cpu().view(torch.uint8).any() and bool((scales_t.t()[5:] == 1).all())
+
+
+def test_fp8_scaled_mm_stays_off_without_a_hopper_gpu(device):
+    """On CPU / the interpreter the cuBLAS path is never probed: 80 rows of a regular 128-block weight take the
+    Triton kernel and match the reference."""
+    codes, scale_inv, scale_row = _fp8([256], 512, (128, 128), device)
+    x = _x(80, 512, torch.bfloat16, device)
+    if device == "cpu":
+        assert not F8.fp8_scaled_mm.available(x.device, None, None)
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128)
+    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, None)
+    torch.testing.assert_close(y.cpu().float(), ref.float(), **tol(torch.bfloat16))
+
+
 # ------------------------------------------------------------------ on the GPU
 
 QWEN3_4B = ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728))  # qkv, o, gate_up, down
@@ -196,6 +238,86 @@ def test_awq_qwen3_4b_shapes_on_gpu(m):
         y = A.awq_linear(x, qweight, qzeros, scales)
         ref = _awq_reference(x, qweight, qzeros, scales)
         torch.testing.assert_close(y.float().cpu(), ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+
+
+def _programs(m: int, n: int, k: int) -> int:
+    cfg = F8.default_config(m, n, k, 128)
+    splits = F8.split_k.steps_per_split(-(-k // 128), cfg.k_splits)[1]
+    return -(-m // cfg.block_m) * -(-n // cfg.block_n) * splits
+
+
+@pytest.mark.parametrize("m", [65, 96, 128, 192, 256])
+def test_fp8_decode_batches_past_64_rows_fill_the_gpu(m):
+    """Qwen3-4B's projections at 65-256 rows: 64-row tiles and at least one program per SM (128x128 tiles gave
+    the down projection 2 x 20 = 40 programs at 256 rows); where K is split, the fp32 workspace traffic stays
+    within the weight's bytes."""
+    for n, k in QWEN3_4B:
+        cfg = F8.default_config(m, n, k, 128)
+        assert cfg.block_m == 64 and not cfg.scaled_mm
+        assert _programs(m, n, k) >= F8.SMS
+        assert cfg.k_splits == 1 or 8 * m * cfg.k_splits <= k
+    # the narrow projections, the worst case of the old tiles, reach two programs per SM
+    assert _programs(m, 2560, 9728) >= F8.MID_PROGRAMS
+
+
+@pytest.mark.parametrize("m", [1024, 2048])
+def test_fp8_prefill_keeps_whole_128_tiles(m):
+    for n, k in QWEN3_4B:
+        assert F8.default_config(m, n, k, 128) == F8.Fp8Config(128, 128, 8, 3, 1)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [65, 128, 257, 2048])
+def test_fp8_scaled_mm_path_matches_the_triton_kernel_on_gpu(m):
+    """cuBLASLt's block-scaled GEMM (explicitly, and as the default from 65 rows) against the Triton tiles at
+    Qwen3-4B's shapes; 65 and 257 rows exercise the row padding."""
+    if not F8.scaled_mm_available(torch.device("cuda")):
+        pytest.skip("no block-scaled torch._scaled_mm on this GPU / torch")
+    for n, k in QWEN3_4B:
+        codes, scale_inv, scale_row = _fp8([n], k, (128, 128), "cuda", seed=n)
+        x = _x(m, k, torch.bfloat16, "cuda")
+        y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=F8.Fp8Config(0, 0, 0, 0, scaled_mm=True))
+        triton_y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=F8.default_config(m, n, k, 128))
+        assert y.shape == (m, n) and y.is_contiguous()
+        torch.testing.assert_close(y.float(), triton_y.float(), atol=1e-2 * triton_y.abs().max().item(), rtol=2e-2)
+        assert torch.equal(F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128), y)
+        out = poison(torch.empty((m, n), dtype=torch.bfloat16, device="cuda"))
+        assert F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, out=out) is out and torch.equal(out, y)
+
+
+@gpu
+@needs_cuda
+def test_fp8_partial_scale_blocks_keep_the_triton_kernel_on_gpu():
+    """SmolLM2-like fused parts (576 + 192 + 192 rows: partial 128-blocks) at 96 rows: the scale rows are not the
+    regular grid, so the default is the Triton kernel whatever the device offers, and it matches the reference."""
+    codes, scale_inv, scale_row = _fp8([576, 192, 192], 1024, (128, 128), "cuda")
+    x = _x(96, 1024, torch.bfloat16, "cuda")
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128)
+    assert torch.equal(y, F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128,
+                                              config=F8.default_config(96, 960, 1024, 128)))
+    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, None).float()
+    torch.testing.assert_close(y.float().cpu(), ref, atol=1e-2 * ref.abs().max().item(), rtol=2e-2)
+
+
+@gpu
+@needs_cuda
+def test_fp8_scaled_mm_path_replays_in_a_cuda_graph():
+    """96 rows of Qwen3-4B's o_proj (the cuBLAS path where the device has it): captured, then replayed on new
+    input, it gives what an eager call gives."""
+    n, k, m = 2560, 4096, 96
+    operands = _fp8([n], k, (128, 128), "cuda")
+    x = _x(m, k, torch.bfloat16, "cuda")
+    eager = F8.fp8_block_linear(x, *operands, 128)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = F8.fp8_block_linear(x, *operands, 128)
+    x.copy_(_x(m, k, torch.bfloat16, "cuda", seed=5))
+    graph.replay()
+    expected = F8.fp8_block_linear(x, *operands, 128)
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected) and not torch.equal(captured, eager)
 
 
 @gpu

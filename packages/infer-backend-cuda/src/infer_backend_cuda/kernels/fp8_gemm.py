@@ -10,8 +10,9 @@ K at decode (split_k.py). One row takes a GEMV-style kernel (CUDA-core products 
 quantizes the activations itself (the same numerics, one launch fewer); the others follow the quantization
 kernel. A kernel streaming whole weight rows like the BF16 skinny GEMM (`row_groups`) measured slower at one row
 on the H200 (see `default_config`) and is not a default.
-`torch._scaled_mm`'s block-scaled recipes are not used: they cannot be checked here without a GPU and they
-need whole 128-blocks, where SmolLM2 and fused parts have partial ones.
+From 65 rows, where the weight's scale blocks are the whole 128x128 grid and the device passed a one-time check,
+the GEMM goes to cuBLASLt's block-scaled recipe instead (`fp8_scaled_mm.py`: Hopper, torch >= 2.9); partial
+blocks (SmolLM2, fused parts of odd sizes), other GPUs and CPU runs keep the Triton kernels.
 """
 
 from __future__ import annotations
@@ -22,11 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels import split_k
+from infer_backend_cuda.kernels import fp8_scaled_mm, split_k
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
 
 _E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
 SKINNY_MAX_M = 8
+SMS = 132  # an H100 / H200
+MID_PROGRAMS = 2 * SMS  # programs a 65-1023-row launch aims for: two per SM hide each other's load latency
+PREFILL_M = 1024
+SCALED_MM_MIN_M = 65  # from here cuBLASLt's block-scaled GEMM (fp8_scaled_mm.py) where the device has it
 
 
 class Fp8Config(NamedTuple):
@@ -36,6 +41,7 @@ class Fp8Config(NamedTuple):
     num_stages: int
     k_splits: int = 1  # K groups cut into this many ranges (at most); see split_k.py
     row_groups: int = 0  # > 0: the row-streaming kernel (`_fp8_rows_kernel`), this many K groups per step
+    scaled_mm: bool = False  # cuBLASLt through torch._scaled_mm (fp8_scaled_mm.py); the other fields unused
 
 
 @triton.jit
@@ -65,15 +71,17 @@ def _quantize_groups(x, ROUND_IN_FP32: tl.constexpr):
 
 @triton.jit
 def _act_quant_kernel(
-    x_ptr, q_ptr, s_ptr, K, x_stride, q_stride, s_stride, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr
+    x_ptr, q_ptr, s_ptr, M, K, x_stride, q_stride, s_row_stride, s_group_stride,
+    GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
 ):
+    """Rows at or past M (padding of the cuBLAS path) quantize zeros: codes 0, scale 1."""
     row, g = tl.program_id(0), tl.program_id(1)
     cols = (g * GROUP + tl.arange(0, GROUP))[None, :]
     mask = cols < K
-    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask & (cols * 0 + row < M), other=0.0).to(tl.float32)
     codes, scale = _quantize_groups(x, ROUND_IN_FP32)
     tl.store(q_ptr + row.to(tl.int64) * q_stride + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row * s_stride + g + tl.arange(0, 1), scale)
+    tl.store(s_ptr + row * s_row_stride + g * s_group_stride + tl.arange(0, 1), scale)
 
 
 @triton.jit
@@ -186,37 +194,62 @@ def _fp8_rows_kernel(
 def fp8_quantize_activation(
     x: torch.Tensor, group: int, codes: torch.Tensor | None = None, scales: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x [M, K]` -> (e4m3 codes `[M, K]`, fp32 scales `[M, ceil(K / group)]`)."""
+    """`x [M, K]` -> (e4m3 codes `[M, K]`, fp32 scales `[M, ceil(K / group)]`). Given `codes [R, K]` and `scales
+    [R, groups]` (any strides; R >= M) rows M..R are filled as zero rows."""
     check_last_dim_contiguous("input", x)
     m, k = x.shape
     groups = triton.cdiv(k, group)
     if codes is None:
         codes = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     if scales is None:
-        scales = torch.empty((m, groups), dtype=torch.float32, device=x.device)
-    if m:
-        _act_quant_kernel[(m, groups)](x, codes, scales, k, x.stride(0), codes.stride(0), scales.stride(0),
-                                       GROUP=group, ROUND_IN_FP32=interpreting(), num_warps=1 if group <= 128 else 2)
+        scales = torch.empty((codes.shape[0], groups), dtype=torch.float32, device=x.device)
+    rows = codes.shape[0]
+    if rows < m or scales.shape != (rows, groups):
+        raise ValueError(f"FP8 quantization: codes {tuple(codes.shape)} / scales {tuple(scales.shape)} for input "
+                         f"{tuple(x.shape)} in groups of {group}")
+    if rows:
+        _act_quant_kernel[(rows, groups)](
+            x, codes, scales, m, k, x.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
+            GROUP=group, ROUND_IN_FP32=interpreting(), num_warps=1 if group <= 128 else 2)
     return codes, scales
 
 
 def default_config(m: int, n: int, k: int, group: int) -> Fp8Config:
     """One row: the split-K CUDA-core kernel (~8K products per K step and program, as before the row-streaming
     kernel: on the H200 that one made the Qwen3-4B batch-1 step 3.597 ms against this kernel's 3.295, although its
-    SASS issues ~7.5 instructions per weight against ~16.5; it stays selectable by `row_groups`). More rows: tensor-core tiles of 16-64 rows (~12 instructions per weight
-    at 2-8 rows, where the CUDA-core kernel issues ~20-70), 128 for prefill, K split to fill the GPU while the
-    fp32 workspace traffic (`8 * M * splits / K` of the weight's bytes) stays within a quarter (so a prefill's
-    tiles never split)."""
+    SASS issues ~7.5 instructions per weight against ~16.5; it stays selectable by `row_groups`). 2-64 rows:
+    tensor-core tiles of 16-64 rows (~12 instructions per weight at 2-8 rows, where the CUDA-core kernel issues
+    ~20-70), K split to fill the GPU while the fp32 workspace traffic (`8 * M * splits / K` of the weight's bytes)
+    stays within a quarter. 65 to 1023 rows: `_mid_config`. Prefill (>= PREFILL_M rows): 128x128 tiles, enough of
+    them (>= 8 row tiles x N / 128), no split."""
     if m == 1:
         block_n = max(8, 8192 // group)
         return Fp8Config(1, block_n, 4, 2, split_k.num_splits(triton.cdiv(k, group), triton.cdiv(n, block_n)))
-    if m <= 64:
-        bm, block_n, warps = max(16, next_pow2(m)), 64 if m <= SKINNY_MAX_M else 128, 4
-    else:
-        bm, block_n, warps = 128, 128, 8
+    if m >= PREFILL_M:
+        return Fp8Config(128, 128, 8, 3, 1)
+    if m > 64:
+        return _mid_config(m, n, k, group)
+    bm, block_n = max(16, next_pow2(m)), 64 if m <= SKINNY_MAX_M else 128
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, block_n)
     splits = min(split_k.num_splits(triton.cdiv(k, group), tiles), max(1, k // (32 * m)))
-    return Fp8Config(bm, block_n, warps, 3, splits)
+    return Fp8Config(bm, block_n, 4, 3, splits)
+
+
+def _mid_config(m: int, n: int, k: int, group: int) -> Fp8Config:
+    """65-1023 rows (decode batches, short prefill chunks). 128x128 tiles gave too few programs here: 2 x 20 = 40
+    for the down projection (N = 2560) at 256 rows, on 132 SMs, each walking all 76 groups. Rows go in 64-row
+    tiles up to 256 rows (and beyond while 128-row tiles would not cover the SMs once), columns in 64 where 128
+    would leave SMs idle, and K is split until the launch has MID_PROGRAMS programs, the fp32 workspace traffic
+    (`8 * M * splits` bytes per column against `K` of weight) held to the weight stream's size (most of it stays
+    in the 50 MB L2 between the GEMM and the reduction)."""
+    bm = 64 if m <= 256 or triton.cdiv(m, 128) * triton.cdiv(n, 128) < SMS else 128
+    block_n = 128 if triton.cdiv(m, bm) * triton.cdiv(n, 128) >= SMS else 64
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, block_n)
+    splits = 1
+    if tiles < MID_PROGRAMS:
+        splits = max(1, min(triton.cdiv(k, group), triton.cdiv(MID_PROGRAMS, tiles), k // (8 * m)))
+    warps = 8 if bm * block_n >= 128 * 128 else 4
+    return Fp8Config(bm, block_n, warps, 3 if warps == 8 else 4, splits)
 
 
 def fp8_block_linear(
@@ -237,6 +270,12 @@ def fp8_block_linear(
     check_last_dim_contiguous("input", x)
     m, k = x.shape
     n = weight.shape[0]
+    if config is None and m >= SCALED_MM_MIN_M and _scaled_mm_usable(x, weight, scale_inv, scale_row, group, bias):
+        return _scaled_mm_linear(x, weight, scale_inv, group, bias, out)
+    if config is not None and config.scaled_mm:
+        if not fp8_scaled_mm.shape_fits(x, weight, scale_inv, group, bias):
+            raise ValueError("FP8 GEMM: these operands do not have torch._scaled_mm's block-scaled layout")
+        return _scaled_mm_linear(x, weight, scale_inv, group, bias, out)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     cfg = config or default_config(m, n, k, group)
@@ -268,3 +307,41 @@ def fp8_block_linear(
     if partial:
         split_k.reduce_splits(target, bias, out)
     return out
+
+
+def scaled_mm_available(device: torch.device) -> bool:
+    """Whether `device` runs cuBLASLt's block-scaled GEMM and agrees with the Triton kernel (probed once)."""
+    return fp8_scaled_mm.available(device, _probe_scaled, _probe_triton)
+
+
+def _scaled_mm_usable(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, scale_row: torch.Tensor,
+                      group: int, bias: torch.Tensor | None) -> bool:
+    return (fp8_scaled_mm.shape_fits(x, weight, scale_inv, group, bias) and scaled_mm_available(x.device)
+            and fp8_scaled_mm.regular_blocks(scale_row))
+
+
+def _probe_scaled(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, _: torch.Tensor) -> torch.Tensor:
+    return _scaled_mm_linear(x, weight, scale_inv, fp8_scaled_mm.BLOCK, None, None)
+
+
+def _probe_triton(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, scale_row: torch.Tensor
+                  ) -> torch.Tensor:
+    cfg = default_config(x.shape[0], weight.shape[0], x.shape[1], fp8_scaled_mm.BLOCK)
+    return fp8_block_linear(x, weight, scale_inv, scale_row, fp8_scaled_mm.BLOCK, config=cfg)
+
+
+def _scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, group: int,
+                      bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+    """Quantize x into row-padded codes and M-major scales, then cuBLASLt (fp8_scaled_mm.py)."""
+    m, k = x.shape
+    rows = fp8_scaled_mm.padded_rows(m)
+    codes = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
+    scales_t = torch.empty((triton.cdiv(k, group), rows), dtype=torch.float32, device=x.device)
+    fp8_quantize_activation(x, group, codes, scales_t.t())
+    direct = out if out is not None and rows == m else None
+    y = fp8_scaled_mm.block_linear(codes, scales_t, weight, scale_inv, x.dtype, bias, direct)
+    if direct is not None:
+        return direct
+    if out is not None:
+        return out.copy_(y[:m])
+    return y[:m]
