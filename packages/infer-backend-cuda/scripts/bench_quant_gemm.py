@@ -13,6 +13,7 @@ shared evenly by the cases (each config is a Triton compile); `tried` says how m
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import time
@@ -57,10 +58,33 @@ def fp8_candidates(m: int, n: int, k: int) -> list[F8.Fp8Config]:
         # the tensor cores, after the quantization kernel
         grid += [F8.Fp8Config(16, bn, 4, st, s) for bn, st in itertools.product((32, 64, 128), (2, 3))
                  for s in _splits(d.k_splits)]
-    else:
+    elif m <= 64:
         grid = [F8.Fp8Config(bm, bn, w, 3, s) for bm, bn, w in itertools.product((32, 64), (64, 128), (4, 8))
                 for s in _splits(d.k_splits)]
+    else:  # few candidates, so that --ms 128,256,2048 over the four shapes finishes in ~40 s
+        return _fp8_wide_candidates(m, n, k, d)
     return [d] + [c for c in grid if c != d]
+
+
+@functools.cache
+def _scaled_mm_here() -> bool:
+    ok = F8.scaled_mm_available(torch.device("cuda"))
+    print(f"FP8 from {F8.SCALED_MM_MIN_M} rows: cuBLASLt block-scaled GEMM (torch {torch.__version__}) "
+          f"{'available, the default (config scaled_mm=True)' if ok else 'unavailable: Triton tiles'}", flush=True)
+    return ok
+
+
+def _fp8_wide_candidates(m: int, n: int, k: int, d: F8.Fp8Config) -> list[F8.Fp8Config]:
+    """65+ rows: what runs by default first (cuBLASLt's block-scaled GEMM where the device has it, else the Triton
+    default), then the Triton default, the 128x128 tiles used before (split only at K >= 32 M), and the default
+    with half / twice its splits and the other column tile."""
+    tiles = -(-m // 128) * -(-n // 128)
+    before = F8.Fp8Config(128, 128, 8, 3, min(F8.split_k.num_splits(k // GROUP, tiles), max(1, k // (32 * m))))
+    scaled = F8.Fp8Config(0, 0, 0, 0, scaled_mm=True)
+    first = [scaled, d] if _scaled_mm_here() and m >= F8.SCALED_MM_MIN_M else [d]
+    others = [before, d._replace(k_splits=max(1, d.k_splits // 2)), d._replace(k_splits=2 * d.k_splits),
+              d._replace(block_n=64 if d.block_n == 128 else 128, num_warps=4, num_stages=4)]
+    return first + [c for i, c in enumerate(others) if c not in first and c not in others[:i]]
 
 
 class Case:
