@@ -225,6 +225,41 @@ def test_fp8_scaled_mm_stays_off_without_a_hopper_gpu(device):
 
 # ------------------------------------------------------------------ on the GPU
 
+def _emulated_block_scaled_mm(a, b, scale_a, scale_b, bias=None, out_dtype=None, out=None):
+    """torch._scaled_mm's DeepSeek recipe as cuBLASLt reads it (the layouts torch checks: a row-major, b column-major,
+    scale_a `[M, L]` M-major, scale_b `[L4, N/128]` with strides `(1, L4)`), in fp32 on the CPU."""
+    (m, k), n = a.shape, b.shape[1]
+    blocks = -(-k // 128)
+    assert a.stride() == (k, 1) and b.stride() == (1, k)
+    assert scale_a.shape == (m, blocks) and scale_a.stride() == (1, m) and m % 4 == 0
+    assert scale_b.shape == (blocks, -(-n // 128)) and scale_b.stride() == (1, -(-blocks // 4) * 4)
+    y = torch.zeros((m, n))
+    for g in range(blocks):
+        part = a[:, g * 128:(g + 1) * 128].float() @ b[g * 128:(g + 1) * 128].float()
+        y += part * scale_a[:, g, None] * scale_b[g].repeat_interleave(128)[None, :n]
+    y = (y + (bias.float() if bias is not None else 0)).to(out_dtype)
+    return out.copy_(y) if out is not None else y
+
+
+@pytest.mark.parametrize("m,with_out", [(65, False), (130, True), (132, True)])
+def test_fp8_scaled_mm_operands_have_the_recipe_layout(m, with_out, device, monkeypatch):
+    """The cuBLAS path's host side on CPU, with torch._scaled_mm emulated: rows padded to a multiple of 4 (65, 130)
+    or not (132), M-major activation scales, the weight scales' transpose, a bias, the result in `out` or a view
+    of the real rows; it must give the W8A8 reference."""
+    if device != "cpu":
+        pytest.skip("emulates torch._scaled_mm on CPU tensors")
+    monkeypatch.setattr(torch, "_scaled_mm", _emulated_block_scaled_mm)
+    codes, scale_inv, scale_row = _fp8([256, 128], 512, (128, 128), device)
+    bias = _x(384, 1, torch.float32, device, 7).reshape(384).to(torch.bfloat16)
+    x = _x(m, 512, torch.bfloat16, device)
+    out = poison(torch.empty((m, 384), dtype=torch.bfloat16)) if with_out else None
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, bias, out=out,
+                            config=F8.Fp8Config(0, 0, 0, 0, scaled_mm=True))
+    assert y.shape == (m, 384) and y.is_contiguous() and (y is out if with_out else True)
+    ref = ref_fp8_linear(x, codes, scale_inv, scale_row, 128, bias)
+    torch.testing.assert_close(y.float(), ref.float(), **tol(torch.bfloat16))
+
+
 QWEN3_4B = ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728))  # qkv, o, gate_up, down
 
 
@@ -281,9 +316,12 @@ def test_fp8_scaled_mm_path_matches_the_triton_kernel_on_gpu(m):
         triton_y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=F8.default_config(m, n, k, 128))
         assert y.shape == (m, n) and y.is_contiguous()
         torch.testing.assert_close(y.float(), triton_y.float(), atol=1e-2 * triton_y.abs().max().item(), rtol=2e-2)
-        assert torch.equal(F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128), y)
+        # cuBLASLt need not pick the same algorithm every call: agreement to a bf16 rounding, not bits
+        same = dict(atol=1e-3 * y.abs().max().item(), rtol=1e-2)
+        torch.testing.assert_close(F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128), y, **same)
         out = poison(torch.empty((m, n), dtype=torch.bfloat16, device="cuda"))
-        assert F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, out=out) is out and torch.equal(out, y)
+        assert F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, out=out) is out
+        torch.testing.assert_close(out, y, **same)
 
 
 @gpu
@@ -317,7 +355,8 @@ def test_fp8_scaled_mm_path_replays_in_a_cuda_graph():
     graph.replay()
     expected = F8.fp8_block_linear(x, *operands, 128)
     torch.cuda.synchronize()
-    assert torch.equal(captured, expected) and not torch.equal(captured, eager)
+    torch.testing.assert_close(captured, expected, atol=1e-3 * expected.abs().max().item(), rtol=1e-2)
+    assert (captured.float() - eager.float()).abs().max() > 0.1 * eager.abs().max()
 
 
 @gpu

@@ -57,7 +57,7 @@ def shape_fits(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, g
     n, k = weight.shape
     blocks = -(-k // BLOCK)
     return (
-        group == BLOCK and x.is_cuda and k % (4 * BLOCK) == 0 and n % 16 == 0
+        group == BLOCK and k % (4 * BLOCK) == 0 and n % 16 == 0
         and x.dtype in (torch.bfloat16, torch.float16) and (bias is None or bias.dtype == x.dtype)
         and tuple(scale_inv.shape) == (-(-n // BLOCK), blocks) and scale_inv.dtype == torch.float32
         and scale_inv.stride() == (blocks, 1) and weight.stride() == (k, 1)
