@@ -198,6 +198,24 @@ def test_fp8_mid_row_tiles_match_the_w8a8_reference(m, config, device):
     torch.testing.assert_close(y.cpu().float(), ref.float(), **tol(torch.bfloat16))
 
 
+@pytest.mark.parametrize("m,config", [(3, F8.Fp8Config(4, 32, 2, 1, 2)), (20, F8.Fp8Config(16, 64, 4, 1, 3)),
+                                      (70, F8.Fp8Config(64, 128, 4, 1, 1))])
+def test_fp8_tiles_in_one_scale_block_match_the_general_path_bit_for_bit(m, config, device):
+    """Regular 128-row scale blocks (parts 256 + 64: the last block partial, N = 320 a partial 128-column tile)
+    with column tiles dividing 128 take one weight scale per group: the same fp32 products as the per-column
+    path, so the same bits, and the reference's values."""
+    codes, scale_inv, scale_row = _fp8([256, 64], 384, (128, 128), device)
+    assert F8._uniform_tiles(config.block_n, scale_row)
+    x = _x(m, 384, torch.float32, device) * 3
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=config)
+    irregular = scale_row.clone()  # same values, unknown to the regularity memo, so checked again: force it off
+    F8.fp8_scaled_mm._regular[id(irregular)] = (lambda: irregular, False)
+    general = F8.fp8_block_linear(x, codes, scale_inv, irregular, 128, config=config)
+    assert torch.equal(y, general)
+    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, None)
+    torch.testing.assert_close(y.cpu(), ref, **tol(torch.float32))
+
+
 def test_fp8_activation_quant_pads_rows_with_zeros(device):
     """The cuBLAS path's layout: codes with rows past M, scales M-major (a transposed view): the real rows equal
     the reference's, the padding is codes 0 and scale 1."""

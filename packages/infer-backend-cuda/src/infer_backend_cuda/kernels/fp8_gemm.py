@@ -90,20 +90,28 @@ def _fp8_gemm_kernel(
     M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SKINNY: tl.constexpr,
     GROUPS_PER_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    FUSE_QUANT: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+    FUSE_QUANT: tl.constexpr, ROUND_IN_FP32: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr,
 ):
     """Program (m, n, s) covers K groups `[s * GROUPS_PER_SPLIT, (s + 1) * GROUPS_PER_SPLIT)`; with PARTIAL it
     stores fp32 partial sums at `out_ptr + s * M * N` (a split-K workspace `[splits, M, N]`).
 
     With FUSE_QUANT `xq_ptr` is the unquantized input (`xs_ptr` unused): each program quantizes the activation
     groups of its own K range, one group per K step (a few rows: the work is small next to the weight tile, and
-    it saves the quantization kernel's launch and its codes' round trip)."""
+    it saves the quantization kernel's launch and its codes' round trip).
+
+    W_SCALE_UNIFORM (every column of the tile in one weight-scale block: the regular 128-block grid and BLOCK_N
+    dividing 128) loads one weight scale per group and folds it into the row scales, so the per-group promotion
+    costs one FMA per accumulator element instead of a multiply for the scale outer product and an FMA; the
+    products are the same fp32 values, so the result is bit for bit the general path's."""
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, GROUP)
     m_mask, n_mask = rm < M, rn < N
-    scale_rows = tl.load(row_ptr + rn, mask=n_mask, other=0)
+    if W_SCALE_UNIFORM:
+        tile_scale_row = tl.load(row_ptr + pid_n * BLOCK_N)
+    else:
+        scale_rows = tl.load(row_ptr + rn, mask=n_mask, other=0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     g_first = pid_k * GROUPS_PER_SPLIT
     for g in range(g_first, tl.minimum(g_first + GROUPS_PER_SPLIT, tl.cdiv(K, GROUP))):
@@ -124,8 +132,11 @@ def _fp8_gemm_kernel(
             partial = tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
             partial = tl.dot(a, w)
-        w_scale = tl.load(ws_ptr + scale_rows * ws_stride + g, mask=n_mask, other=0.0)
-        acc += partial * (x_scale[:, None] * w_scale[None, :])
+        if W_SCALE_UNIFORM:
+            acc += partial * (x_scale * tl.load(ws_ptr + tile_scale_row * ws_stride + g))[:, None]
+        else:
+            w_scale = tl.load(ws_ptr + scale_rows * ws_stride + g, mask=n_mask, other=0.0)
+            acc += partial * (x_scale[:, None] * w_scale[None, :])
     mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
         tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=mask)
@@ -302,11 +313,17 @@ def fp8_block_linear(
         m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
         GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), SKINNY=skinny,
         GROUPS_PER_SPLIT=per, PARTIAL=partial, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FUSE_QUANT=skinny,
-        ROUND_IN_FP32=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        ROUND_IN_FP32=interpreting(), W_SCALE_UNIFORM=_uniform_tiles(cfg.block_n, scale_row),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if partial:
         split_k.reduce_splits(target, bias, out)
     return out
+
+
+def _uniform_tiles(block_n: int, scale_row: torch.Tensor) -> bool:
+    """Whether every `block_n`-column tile lies in one scale block (W_SCALE_UNIFORM of `_fp8_gemm_kernel`)."""
+    return fp8_scaled_mm.BLOCK % block_n == 0 and fp8_scaled_mm.regular_blocks(scale_row)
 
 
 def scaled_mm_available(device: torch.device) -> bool:

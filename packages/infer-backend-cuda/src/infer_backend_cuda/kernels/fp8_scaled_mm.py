@@ -74,7 +74,7 @@ def regular_blocks(scale_row: torch.Tensor) -> bool:
     entry = _regular.get(id(scale_row))
     if entry is not None and entry[0]() is scale_row:
         return entry[1]
-    if _capturing():
+    if scale_row.is_cuda and _capturing():
         return False
     rows = torch.arange(scale_row.shape[0], dtype=torch.int64) // BLOCK
     ok = bool(torch.equal(scale_row.detach().cpu().to(torch.int64), rows))
