@@ -8,8 +8,10 @@ infers it from the scales' shapes and strides:
 - `scale_a` fp32 `[M, ceil(K/128)]` with strides `(1, M)` (M-major), the decode scales (amax / 448) as our
   quantization kernel makes them;
 - `scale_b` fp32 `[L4, ceil(N/128)]`, strides `(1, L4)`, L4 = ceil(K/128) rounded up to 4 (cuBLASLt reads that
-  padding; torch < 2.10 checked the unpadded stride, and a mismatch gave silent wrong results): the
-  `weight_scale_inv [ceil(N/128), L]`'s `.t()` when L % 4 == 0, so this path takes K % 512 == 0 only;
+  padding; torch's checks before pytorch#166752, late 2025, took the unpadded stride and gave silent wrong results
+  where L % 4 != 0): the `weight_scale_inv [ceil(N/128), L]`'s `.t()` when L % 4 == 0, so this path takes
+  K % 512 == 0 only, where every torch version agrees;
+- `use_fast_accum` stays False (the MMA's partial sums promoted to fp32, as the Triton kernel does per group);
 - out bf16 / fp16 / fp32 and a bias only in a 16-bit output dtype; this path takes bf16 / fp16 inputs (the
   probe's).
 vLLM's torch backend pads M to a multiple of 4 (the M-major scale rows must be 16-byte aligned); so does this one,
