@@ -92,18 +92,60 @@ def test_awq_split_k_last_range_stops_at_k(device):
     torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales), **tol(torch.float32))
 
 
-def test_awq_decode_config_splits_k_to_fill_the_gpu():
-    """Qwen3-4B's o_proj (N = K = 2560) at batch 1: 20 column tiles, so K is cut until the launch has hundreds of
-    programs; a wide GEMM (gate_up, N = 19456) needs little splitting."""
-    narrow, wide = A.default_config(1, 2560, 2560, 128), A.default_config(1, 19456, 2560, 128)
-    assert narrow.k_splits * -(-2560 // narrow.block_n) >= 256
+@pytest.mark.parametrize("group", [32, 64, 128])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+def test_awq_gemv_rows_groups_and_split_k(m, splits, group, device):
+    """The CUDA-core GEMV (block_m <= 8): N = 40 is five words, so a 16-column program ends in a half-masked one
+    and a 256-column one masks most of its words; K is three groups, one range each when split. The GEMV
+    multiplies the exact dequantized weights (no rounding to x's dtype): in fp32 it is the reference."""
+    qweight, qzeros, scales = _awq(40, 3 * group, group, device, seed=group + m)
+    bias = _x(40, 1, torch.float32, device, 7).reshape(40)
+    x = _x(m, 3 * group, torch.float32, device)
+    for block_n in (16, 256):
+        out = poison(torch.empty((m, 40), dtype=torch.float32, device=device))
+        cfg = A.AwqConfig(A.next_pow2(m), block_n, A.group_block_k(group, 16), 2, 1, splits)
+        y = A.awq_linear(x, qweight, qzeros, scales, bias, out=out, config=cfg)
+        torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales, bias), **tol(torch.float32))
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_awq_gemv_bf16_multiplies_the_exact_dequantized_weights(m, device):
+    """bf16 activations: the reference rounds each dequantized weight to bf16 (2^-9 relative), the GEMV does not.
+    A bf16 output matches the reference within the bf16 tolerance; an fp32 output (no final rounding) is the
+    exact fp32 product of x and the dequantized weights, which the rounded reference is not."""
+    qweight, qzeros, scales = _awq(72, 256, 64, device, seed=3)
+    x = _x(m, 256, torch.bfloat16, device)
+    cfg = A.AwqConfig(A.next_pow2(m), 32, 16, 2, 1, 2)
+    y = A.awq_linear(x, qweight, qzeros, scales, config=cfg).float().cpu()
+    ref = _awq_reference(x, qweight, qzeros, scales)
+    torch.testing.assert_close(y, ref, **tol(torch.bfloat16))
+    wide = A.awq_linear(x, qweight, qzeros, scales, out=torch.empty((m, 72), device=device), config=cfg).cpu()
+    exact = x.cpu().float() @ awq_dequantize(qweight.cpu(), qzeros.cpu(), scales.cpu()).float()
+    torch.testing.assert_close(wide, exact, **tol(torch.float32))
+    assert (ref - exact).abs().max() > 10 * (wide - exact).abs().max()
+
+
+def test_awq_decode_configs_pick_the_gemv_and_fill_the_gpu():
+    """Qwen3-4B at batch 1: o_proj (N = 2560, K = 4096) is 10 GEMV column blocks, so K is cut (whole groups) until
+    the launch has hundreds of programs; gate_up (N = 19456) needs little splitting. From 5 rows the tensor-core
+    kernel; the workspace stays within half the weight bytes."""
+    narrow, wide = A.default_config(1, 2560, 4096, 128), A.default_config(1, 19456, 2560, 128)
+    assert narrow.block_m <= A.SKINNY_MAX_M and wide.block_m <= A.SKINNY_MAX_M
+    assert narrow.k_splits * -(-2560 // narrow.block_n) >= 256 and narrow.k_splits <= 4096 // 128
     assert wide.k_splits < narrow.k_splits
+    four = A.default_config(4, 6144, 2560, 128)
+    assert four.block_m == 4 and 16 * 4 * four.k_splits / 2560 <= 0.5
+    assert A.default_config(5, 6144, 2560, 128).block_m == 16 and A.default_config(8, 2560, 4096, 128).block_m == 16
 
 
 def test_awq_refuses_groups_the_kernels_cannot_step(device):
     assert A.group_block_k(128, 64) == 64 and A.group_block_k(96, 64) == 32 and A.group_block_k(32, 64) == 32
     with pytest.raises(ValueError, match="divisible by 16"):
         A.check_group(8)
+    qweight, qzeros, scales = _awq(40, 96, 32, device)
+    with pytest.raises(ValueError, match="whole number of groups"):  # K = 100: 3 groups of 33 do not tile it
+        A.awq_linear(_x(1, 100, torch.float32, device), torch.cat([qweight, qweight[:4]]), qzeros, scales)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -21,16 +21,20 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8
+from infer_backend_cuda.kernels import awq_gemm as A, awq_gemv as AV, fp8_gemm as F8
 
 _TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/")
 _OP = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
 
 
-def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int):  # noqa: ANN001
+def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int,  # noqa: ANN001
+                 divisible: tuple[str, ...] = ()):
+    """`divisible`: arguments marked divisible by 16, as Triton marks them at launch when they are (pointers,
+    strides and sizes of the real shapes); without it loads are not vectorised and addresses cost more."""
     signature = dict(types) | {name: "constexpr" for name in constexprs}
-    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
+    source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
@@ -64,6 +68,13 @@ _AWQ_TYPES = dict(zip(
     ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "M", "N", "K", "x_stride", "qw_stride", "qz_stride",
      "s_stride", "out_stride", "split_stride"],
     ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*fp32"] + ["i32"] * 9))
+_AWQ_GEMV_TYPES = dict(zip(
+    ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "M", "N", "x_stride", "qw_stride", "qz_stride",
+     "s_stride", "out_stride", "split_stride", "groups", "groups_per_split", "magic"],
+    ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*fp32"] + ["i32"] * 11))
+# Qwen3-4B's shapes: every pointer, N and the row strides are multiples of 16.
+_AWQ_DIVISIBLE = ("x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "N", "x_stride", "qw_stride", "qz_stride",
+                  "s_stride", "out_stride", "split_stride")
 _FP8_NAMES = ["xq_ptr", "xs_ptr", "w_ptr", "ws_ptr", "row_ptr", "b_ptr", "out_ptr", "M", "N", "K", "xq_stride",
               "xs_stride", "w_stride", "ws_stride", "out_stride"]
 
@@ -74,10 +85,16 @@ def _fp8_types(x: str) -> dict[str, str]:
 
 def cases():
     """(label, kernel, weight elements per program-step, threads) for the decode configs worth comparing."""
-    for bm, bn, bk, warps, stages in ((1, 64, 128, 8, 1), (16, 128, 64, 4, 3), (32, 128, 64, 4, 3)):
-        ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, USE_DOT=bm > 8, DOT_F32=False,
+    for bm, bn, bk in ((1, 256, 8), (1, 512, 8), (2, 512, 8), (4, 512, 4)):
+        ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, 4, 1, _AWQ_DIVISIBLE)
+        # the longest loop: one group at one row (its K steps unrolled), one K step at more
+        yield f"awq gemv {bm}x{bn}x{bk} w4", kernel, bn * (128 if bm == 1 else bk), 4
+    for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (32, 128, 64, 4, 3)):
+        ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, DOT_F32=False,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
-        yield f"awq {bm}x{bn}x{bk} w{warps}", compile_sm90(A._awq_kernel, _AWQ_TYPES, ce, warps, stages), bn * bk, warps
+        kernel = compile_sm90(A._awq_kernel, _AWQ_TYPES, ce, warps, stages, _AWQ_DIVISIBLE[:-1])
+        yield f"awq {bm}x{bn}x{bk} w{warps}", kernel, bn * bk, warps
     for bm, bn, warps, stages, fuse in ((1, 64, 4, 2, True), (16, 64, 4, 3, False)):
         ce = dict(GROUP=128, HAS_BIAS=False, DOT_F32=False, SKINNY=bm <= 8, GROUPS_PER_SPLIT=8, PARTIAL=True,
                   BLOCK_M=bm, BLOCK_N=bn, FUSE_QUANT=fuse, ROUND_IN_FP32=False, W_SCALE_UNIFORM=False)

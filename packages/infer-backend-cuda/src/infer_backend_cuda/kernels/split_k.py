@@ -30,6 +30,22 @@ def steps_per_split(k_steps: int, splits: int) -> tuple[int, int]:
 
 
 @triton.jit
+def store_tile(acc, out_ptr, b_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride, split,
+               PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """A program's fp32 tile `acc [rows rm, columns cols]`: with PARTIAL, range `split`'s partial sums into the
+    workspace (`out_ptr + split * split_stride`, rows N apart; the bias waits for the sum); else, plus the bias,
+    the output in its dtype."""
+    mask = m_mask[:, None] & n_mask[None, :]
+    if PARTIAL:
+        tl.store(out_ptr + split * split_stride + rm[:, None] * N + cols[None, :], acc, mask=mask)
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+
+
+@triton.jit
 def _split_reduce_kernel(ws_ptr, b_ptr, out_ptr, N, out_stride, split_stride,
                          SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     m, pid = tl.program_id(0), tl.program_id(1)

@@ -1,0 +1,112 @@
+"""The AWQ W4A16 GEMV for decode (M <= 8 rows): CUDA-core products over wide column blocks, split over K by
+whole groups (`split_k.py`), the zero point and scale taken out of the inner loop.
+
+A decode GEMM is a weight stream: at 4.2 TB/s an H200 SM must consume ~32 int4 weights a clock, leaving ~4
+issued thread-instructions per weight. Two things bound the tiled kernel (`awq_gemm.py`) far above that: its
+`[BLOCK_K, BLOCK_N / 8]` word tiles of 64-128 columns read 32-64 bytes per K row (rows are N / 2 bytes apart),
+and it spends ~9.5 instructions per weight on dequantizing into a padded 16-row `tl.dot`. Here each program
+takes `BLOCK_N` >= 256 columns (one 128-byte line or more per K row) and walks whole groups of K; per weight
+the inner loop is one LOP3 (mask the nibble into the mantissa of 2^23, `_awq_nibbles._field`), one FADD and
+M FFMAs: the FADD subtracts `2^23 + z * 16^e` of the weight's column, which removes the float bias and the
+zero point at once and leaves `(q - z) * 16^e` exactly, so no `z * sum(x)` correction is needed. The group's
+products are summed unscaled in a second accumulator and multiplied by `s * 16^-e` once per group.
+
+Numerics: the products use the exact dequantized weight `(q - z) * s` (fp32), not the weight rounded to the
+activation dtype as the tiled kernel and the CPU reference do; for bf16 activations the difference is the
+reference's own rounding (2^-9 relative a weight, random in sign), well inside the bf16 test tolerance, and
+for fp32 activations there is none.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_backend_cuda.kernels import split_k
+from infer_backend_cuda.kernels._awq_nibbles import column_block, unpack
+
+
+@triton.jit
+def _step(part, x_ptr, x_rows, qw_ptr, qw_stride, rw, w_mask, m_mask, zero, kk, magic, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr):
+    """`part += x[:, kk] * ((q - z) 16^e)[kk]` for one K step; `[K step, columns]` at one row, else
+    `[rows, K step, columns]` (each thread keeps its own K rows' products: no cross-thread sum in the loop)."""
+    words = tl.load(qw_ptr + kk[:, None] * qw_stride + rw[None, :], mask=w_mask[None, :], other=0,
+                    eviction_policy="evict_first")
+    # (2^23 + q 16^e) - (2^23 + z 16^e) = (q - z) 16^e: exact in fp32 (|q - z| 16^e < 2^24).
+    w = unpack(words, BLOCK_N, magic) - zero
+    if BLOCK_M == 1:
+        part += tl.load(x_ptr + kk).to(tl.float32)[:, None] * w
+    else:
+        x = tl.load(x_rows + kk[None, :], mask=m_mask[:, None], other=0.0).to(tl.float32)
+        part += x[:, :, None] * w[None, :, :]
+    return part
+
+
+@triton.jit
+def _awq_gemv_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    M, N, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, groups, groups_per_split, magic,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Program (n, s) covers every row, columns `n * BLOCK_N` and groups `[s * groups_per_split, ...)`; with
+    PARTIAL it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, split_k.py).
+
+    `magic` is 0x4B000000 (the bits of 2^23), passed at run time: as a literal, ptxas keeps it as the LOP3's
+    immediate and re-materializes the five nibble masks before every LOP3 instead (sm_90 SASS: 5.3 against 4.3
+    instructions a weight in the loop, `scripts/sass_census.py`)."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rm, rk = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
+    rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
+    m_mask = rm < M
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * x_stride
+    if BLOCK_M == 1:
+        acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
+    g_first = pid_k * groups_per_split
+    for g in range(g_first, tl.minimum(g_first + groups_per_split, groups)):
+        # Masked columns: words and zero words 0, so the field minus the zero field is 2^23 - 2^23 = 0.
+        zero = unpack(tl.load(qz_ptr + g * qz_stride + rw, mask=w_mask, other=0)[None, :], BLOCK_N, magic)
+        scale = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0).to(tl.float32) * unscale
+        part = tl.zeros_like(acc)
+        if BLOCK_M == 1:
+            # Unrolled, so that the group's word loads (independent of its products) are all in flight at once
+            # (~32 KB a program); with more rows the 3-D products would spill, and the loop stays rolled.
+            for i in tl.static_range(GROUP // BLOCK_K):
+                part = _step(part, x_ptr, x_rows, qw_ptr, qw_stride, rw, w_mask, m_mask, zero,
+                             g * GROUP + i * BLOCK_K + rk, magic, BLOCK_M, BLOCK_N)
+            acc += part * scale[None, :]
+        else:
+            for k0 in range(g * GROUP, g * GROUP + GROUP, BLOCK_K):
+                part = _step(part, x_ptr, x_rows, qw_ptr, qw_stride, rw, w_mask, m_mask, zero, k0 + rk, magic,
+                             BLOCK_M, BLOCK_N)
+            acc += part * scale[None, None, :]
+    if BLOCK_M == 1:
+        y = tl.sum(acc, axis=0)[None, :]
+    else:
+        y = tl.sum(acc, axis=1)
+    split_k.store_tile(y, out_ptr, b_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride, pid_k, PARTIAL,
+                       HAS_BIAS)
+
+
+def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+           bias: torch.Tensor | None, out: torch.Tensor, group: int, block_n: int, block_k: int, num_warps: int,
+           k_splits: int) -> None:
+    """`out = x @ dequant (+ bias)` for `x [M <= 8, K]`, K a whole number of groups; `k_splits` ranges at most,
+    each of whole groups (validated by `awq_gemm.awq_linear`)."""
+    m, n = x.shape[0], out.shape[1]
+    groups = scales.shape[0]
+    per, splits = split_k.steps_per_split(groups, k_splits)
+    partial = splits > 1
+    target = split_k.workspace(splits, m, n, x.device) if partial else out
+    _awq_gemv_kernel[(triton.cdiv(n, block_n), splits)](
+        x, qweight, qzeros, scales, bias if bias is not None else scales, target, m, n, x.stride(0),
+        qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, groups, per, 0x4B000000,
+        GROUP=group, HAS_BIAS=bias is not None, PARTIAL=partial, BLOCK_M=triton.next_power_of_2(m),
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1,
+    )
+    if partial:
+        split_k.reduce_splits(target, bias, out)
