@@ -7,8 +7,10 @@ Run on the GPU machine (one command, a table at the end):
 Per (format, M, shape): the default config (`default_config` of the kernel's module), a small grid around it,
 and the best; each timed as CUDA-graph replays over enough weight copies (>= 256 MB) that no call finds its
 weight in L2, with the byte floor (weight + scale bytes / copy bandwidth) and cuBLAS BF16 at the same shape for
-scale. A config whose result differs from the default's is reported and skipped. `--budget-s` bounds the time,
-shared evenly by the cases (each config is a Triton compile); `tried` says how many configs a case timed."""
+scale. A config whose result differs from the default's is reported and skipped. Every case times its default
+first (one line each as it finishes); then the cases take turns at their alternatives, likeliest first, until
+`--budget-s` (each config is a Triton compile, ~1-3 s); `tried` says how many configs a case timed. A short run:
+    ... bench_quant_gemm.py --budget-s 40 --formats awq --ms 1,8"""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 
 from bench_skinny_gemm import BW, SHAPES
 from graph_timing import graph_replay_us
-from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8
+from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, split_k
 
 DECODE_SHAPES = ("qkv", "o_proj", "gate_up", "down")
 GROUP = 128
@@ -34,15 +36,23 @@ def _splits(default: int) -> list[int]:
 
 
 def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
+    """The default first, then alternatives, the likeliest first (a short run times only the head): the GEMV's
+    column block, K step and half its splits, and the 16-row tensor-core tile (also 256 columns wide)."""
     d = A.default_config(m, n, k, GROUP)
-    if m <= A.SKINNY_MAX_M:
-        grid = [A.AwqConfig(16, bn, bk, w, st, s) for bn, bk, w, st in itertools.product(
-            (64, 128), (64, 128), (4, 8), (2, 3)) for s in _splits(d.k_splits)]
-        grid += [A.AwqConfig(A.next_pow2(m), 64, bk, 8, 1, s) for bk in (64, 128) for s in _splits(d.k_splits)]
-    else:
+    if m > A.SKINNY_MAX_M:
         grid = [A.AwqConfig(bm, bn, bk, w, 3, s) for bm, bn, bk, w in itertools.product(
             (32, 64), (64, 128), (64, 128), (4, 8)) for s in _splits(d.k_splits)]
-    return [d] + [c for c in grid if c != d]
+        return [d] + [c for c in grid if c != d]
+    gemv_splits = A.gemv_config(m, n, k, GROUP).k_splits
+    gemv = [A.AwqConfig(A.next_pow2(m), bn, bk, 4, 1, s) for bn in (256, 512)
+            for bk in ((8, 16) if m == 1 else (4, 8)) for s in (gemv_splits, max(1, gemv_splits // 2))]
+    tiled_splits = min(split_k.num_splits(k // 64, -(-n // 128)), max(1, k // (64 * m)))
+    tiled = [A.AwqConfig(16, bn, 64, w, 3, s) for bn, w in ((128, 4), (256, 4), (128, 8), (256, 8))
+             for s in (tiled_splits, max(1, tiled_splits // 2))]
+    first, second = (gemv, tiled) if m <= A.GEMV_MAX_M else (tiled, gemv)
+    # The two kernels in turn, so that a short run has timed both.
+    grid = [c for pair in itertools.zip_longest(first, second) for c in pair if c is not None]
+    return list(dict.fromkeys([d] + grid))
 
 
 def fp8_candidates(m: int, n: int, k: int) -> list[F8.Fp8Config]:
@@ -115,6 +125,42 @@ class Case:
         return F8.fp8_block_linear(self.x, *self.ws[i], GROUP, out=self.out, config=cfg)
 
 
+class Tuning:
+    """One case's state: its weights, its candidates still to time, what it has timed."""
+
+    def __init__(self, fmt: str, m: int, shape: str, dev: torch.device) -> None:
+        self.fmt, self.m, self.shape = fmt, m, shape
+        n, k = SHAPES[shape]
+        self.case = Case(fmt, m, n, k, dev)
+        self.copies = len(self.case.ws)
+        self.cublas = graph_replay_us(lambda i: torch.matmul(self.case.x, self.case.dense.T, out=self.case.out),
+                                      self.copies)
+        self.todo = awq_candidates(m, n, k) if fmt == "awq" else fp8_candidates(m, n, k)
+        self.default = self.todo[0]
+        self.ref = self.case.run(0, self.default).float()
+        self.timed: list[tuple[float, object]] = []
+
+    def time_next(self) -> None:
+        cfg = self.todo.pop(0)
+        try:
+            err = (self.case.run(0, cfg).float() - self.ref).abs().max().item()
+            if err > 1e-2 * self.ref.abs().max().item() + 1e-3:
+                raise RuntimeError(f"result differs from the default config's (max err {err:.3g})")
+            self.timed.append((graph_replay_us(lambda i: self.case.run(i, cfg), self.copies, reps=15), cfg))
+        except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
+            print(f"  skip {self.fmt} m={self.m} {self.shape} {cfg}: {type(exc).__name__}: {str(exc)[:120]}",
+                  flush=True)
+
+    def row(self) -> dict:
+        n, k = SHAPES[self.shape]
+        best_us, best = min(self.timed, key=lambda t: t[0]) if self.timed else (float("nan"), None)
+        default_us = next((us for us, cfg in self.timed if cfg == self.default), float("nan"))
+        return dict(fmt=self.fmt, m=self.m, shape=self.shape, n=n, k=k,
+                    floor_us=round(self.case.nbytes / BW * 1e6, 2), default_us=round(default_us, 2),
+                    best_us=round(best_us, 2), cublas_bf16_us=round(self.cublas, 2), tried=len(self.timed),
+                    default=tuple(self.default), best=tuple(best) if best else None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default="awq,fp8")
@@ -124,46 +170,28 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     dev = torch.device("cuda")
-    cases = [(fmt, int(m), shape) for fmt in args.formats.split(",") for m in args.ms.split(",")
-             for shape in args.shapes.split(",")]
-    per_case_s = args.budget_s / len(cases)  # every case gets its share (each config is a Triton compile)
-    rows = []
-    for fmt, m, shape in cases:
-        t_start = time.perf_counter()
-        n, k = SHAPES[shape]
-        case = Case(fmt, m, n, k, dev)
-        copies = len(case.ws)
-        cublas = graph_replay_us(lambda i: torch.matmul(case.x, case.dense.T, out=case.out), copies)
-        configs = awq_candidates(m, n, k) if fmt == "awq" else fp8_candidates(m, n, k)
-        ref = case.run(0, configs[0]).float()
-        timed = []
-        for cfg in configs:
-            if timed and time.perf_counter() - t_start > per_case_s:
-                break
-            try:
-                err = (case.run(0, cfg).float() - ref).abs().max().item()
-                if err > 1e-2 * ref.abs().max().item() + 1e-3:
-                    raise RuntimeError(f"result differs from the default config's (max err {err:.3g})")
-                timed.append((graph_replay_us(lambda i: case.run(i, cfg), copies, reps=15), cfg))
-            except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
-                print(f"  skip {fmt} m={m} {shape} {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-        if not timed:
-            continue
-        best_us, best = min(timed, key=lambda t: t[0])
-        default_us = timed[0][0] if timed[0][1] == configs[0] else float("nan")
-        row = dict(fmt=fmt, m=m, shape=shape, n=n, k=k, floor_us=round(case.nbytes / BW * 1e6, 2),
-                   default_us=round(default_us, 2), best_us=round(best_us, 2),
-                   cublas_bf16_us=round(cublas, 2), tried=len(timed), default=tuple(configs[0]),
-                   best=tuple(best))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        del case
-        torch.cuda.empty_cache()
+    t_start = time.perf_counter()
+    # Pass one: every case's default config (each config is a Triton compile, so a short budget would otherwise
+    # end inside the first cases' grids); its line is printed as it finishes.
+    tunings = []
+    for fmt in args.formats.split(","):
+        for m in map(int, args.ms.split(",")):
+            for shape in args.shapes.split(","):
+                t = Tuning(fmt, m, shape, dev)
+                t.time_next()
+                tunings.append(t)
+                print(json.dumps(t.row()), flush=True)
+    # Then the alternatives, one per case in turn, the likeliest first, while the budget lasts.
+    while time.perf_counter() - t_start < args.budget_s and any(t.todo for t in tunings):
+        for t in tunings:
+            if t.todo and time.perf_counter() - t_start < args.budget_s:
+                t.time_next()
+    rows = [t.row() for t in tunings]
     print(f"\n{'fmt':>4} {'m':>3} {'shape':>8} {'floor':>7} {'default':>8} {'best':>7} {'bf16':>7} (us) tried  "
-          "best config")
+          f"best config ({time.perf_counter() - t_start:.0f} s)")
     for r in rows:
         print(f"{r['fmt']:>4} {r['m']:>3} {r['shape']:>8} {r['floor_us']:>7.2f} {r['default_us']:>8.2f} "
-              f"{r['best_us']:>7.2f} {r['cublas_bf16_us']:>7.2f} {r['tried']:>5}  {r['best']}")
+              f"{r['best_us']:>7.2f} {r['cublas_bf16_us']:>7.2f} {r['tried']:>5}  {r['best']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(dev), rows=rows), indent=2))
 

@@ -107,7 +107,17 @@ def check_group(group: int) -> None:
 GEMV_MAX_M = 4  # the default GEMV's rows; above, the tiled kernel (see `default_config`)
 # The GEMV's K step per row block: the products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice:
 # the group's and the running sum) stay near 32-64 fp32 registers with no spills (sm_90, `sass_census.py`).
-_GEMV_BLOCK_K = {1: 8, 2: 8, 4: 4}
+_GEMV_BLOCK_K = {1: 8, 2: 8, 4: 4, 8: 4}
+
+
+def gemv_config(m: int, n: int, k: int, group: int) -> AwqConfig:
+    """The GEMV's config for `m <= SKINNY_MAX_M` rows: 512 columns (two 128-byte lines per K row) while that
+    leaves >= 3 programs per SM of 132, else 256; K split to ~512 programs, the workspace within half the
+    weight bytes."""
+    bm, groups = next_pow2(m), k // group
+    block_n = 512 if triton.cdiv(n, 512) * groups >= 396 else 256
+    splits = min(split_k.num_splits(groups, triton.cdiv(n, block_n)), max(1, k // (32 * m)))
+    return AwqConfig(bm, block_n, group_block_k(group, _GEMV_BLOCK_K[bm]), 4, 1, splits)
 
 
 def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
@@ -117,11 +127,7 @@ def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
     tiles for prefill). K is split to fill the GPU, but only while the fp32 workspace traffic
     (`16 * M * splits / K` of the int4 weight's bytes; it stays in L2) is within a half (GEMV) or a quarter."""
     if m <= GEMV_MAX_M:
-        bm, groups = next_pow2(m), k // group
-        # 512 columns (two 128-byte lines per K row) while that leaves >= 3 programs per SM of 132, else 256.
-        block_n = 512 if triton.cdiv(n, 512) * groups >= 396 else 256
-        splits = min(split_k.num_splits(groups, triton.cdiv(n, block_n)), max(1, k // (32 * m)))
-        return AwqConfig(bm, block_n, group_block_k(group, _GEMV_BLOCK_K[bm]), 4, 1, splits)
+        return gemv_config(m, n, k, group)
     if m <= 64:
         bm, warps = max(16, next_pow2(m)), 4
     else:
