@@ -85,11 +85,10 @@ def _fp8_types(x: str) -> dict[str, str]:
 
 def cases():
     """(label, kernel, weight elements per program-step, threads) for the decode configs worth comparing."""
-    for bm, bn, bk in ((1, 256, 8), (1, 512, 8), (2, 512, 8), (4, 512, 4)):
-        ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+    for bn in (256, 512):  # one row: the longest loop is one group (its K steps unrolled)
+        ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=8, UNROLL=16)
         kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, 4, 1, _AWQ_DIVISIBLE)
-        # the longest loop: one group at one row (its K steps unrolled), one K step at more
-        yield f"awq gemv {bm}x{bn}x{bk} w4", kernel, bn * (128 if bm == 1 else bk), 4
+        yield f"awq gemv 1x{bn}x8 w4", kernel, bn * 128, 4
     for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (32, 128, 64, 4, 3)):
         ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, DOT_F32=False,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)

@@ -105,24 +105,26 @@ def check_group(group: int) -> None:
 
 
 GEMV_MAX_M = 4  # the default GEMV's rows; above, the tiled kernel (see `default_config`)
-# The GEMV's K step per row block: the products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice:
-# the group's and the running sum) stay near 32-64 fp32 registers with no spills (sm_90, `sass_census.py`).
-_GEMV_BLOCK_K = {1: 8, 2: 8, 4: 4, 8: 4}
+# The GEMV's (K step, widest column block) per row block: with 4 steps unrolled (`awq_gemv.unroll`) the
+# products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice: the group's and the running sum)
+# fit without spills (sm_90 SASS, `scripts/sass_census.py`: ~250 registers at 2 to 8 rows).
+_GEMV_BLOCKS = {1: (8, 512), 2: (8, 512), 4: (4, 512), 8: (4, 256)}
 
 
 def gemv_config(m: int, n: int, k: int, group: int) -> AwqConfig:
-    """The GEMV's config for `m <= SKINNY_MAX_M` rows: 512 columns (two 128-byte lines per K row) while that
-    leaves >= 3 programs per SM of 132, else 256; K split to ~512 programs, the workspace within half the
-    weight bytes."""
+    """The GEMV's config for `m <= SKINNY_MAX_M` rows: its widest column block (512: two 128-byte lines per K
+    row) while that leaves >= 3 programs per SM of 132, else 256; K split to ~512 programs, the workspace within
+    half the weight bytes."""
     bm, groups = next_pow2(m), k // group
-    block_n = 512 if triton.cdiv(n, 512) * groups >= 396 else 256
+    block_k, widest = _GEMV_BLOCKS[bm]
+    block_n = widest if triton.cdiv(n, widest) * groups >= 396 else 256
     splits = min(split_k.num_splits(groups, triton.cdiv(n, block_n)), max(1, k // (32 * m)))
-    return AwqConfig(bm, block_n, group_block_k(group, _GEMV_BLOCK_K[bm]), 4, 1, splits)
+    return AwqConfig(bm, block_n, group_block_k(group, block_k), 4, 1, splits)
 
 
 def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
     """Up to GEMV_MAX_M rows the GEMV (`awq_gemv.py`). sm_90 SASS per weight (`scripts/sass_census.py`): the
-    GEMV ~3.9 at M = 1, ~6.9 at 2, ~10.6 at 4 (its 3-D product converts x through shared memory), ~20 at 8;
+    GEMV ~4 at M = 1, ~6.2 at 2, ~9.9 at 4 (its 3-D product converts x through shared memory), ~24 at 8;
     a padded 16-row `tl.dot` tile ~9.5 at any M <= 16, so from 5 rows the tensor cores (up to 64 or 128-row
     tiles for prefill). K is split to fill the GPU, but only while the fp32 workspace traffic
     (`16 * M * splits / K` of the int4 weight's bytes; it stays in L2) is within a half (GEMV) or a quarter."""

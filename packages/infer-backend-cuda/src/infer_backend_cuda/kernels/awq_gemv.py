@@ -49,7 +49,7 @@ def _awq_gemv_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
     M, N, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, groups, groups_per_split, magic,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
 ):
     """Program (n, s) covers every row, columns `n * BLOCK_N` and groups `[s * groups_per_split, ...)`; with
     PARTIAL it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, split_k.py).
@@ -72,17 +72,15 @@ def _awq_gemv_kernel(
         zero = unpack(tl.load(qz_ptr + g * qz_stride + rw, mask=w_mask, other=0)[None, :], BLOCK_N, magic)
         scale = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0).to(tl.float32) * unscale
         part = tl.zeros_like(acc)
-        if BLOCK_M == 1:
-            # Unrolled, so that the group's word loads (independent of its products) are all in flight at once
-            # (~32 KB a program); with more rows the 3-D products would spill, and the loop stays rolled.
-            for i in tl.static_range(GROUP // BLOCK_K):
+        # UNROLL steps at a time, unrolled: their word loads (independent of the products) are in flight
+        # together; a rolled loop would have one step's (~1-2 KB a program) waiting on HBM latency at a time.
+        for k0 in range(g * GROUP, g * GROUP + GROUP, UNROLL * BLOCK_K):
+            for i in tl.static_range(UNROLL):
                 part = _step(part, x_ptr, x_rows, qw_ptr, qw_stride, rw, w_mask, m_mask, zero,
-                             g * GROUP + i * BLOCK_K + rk, magic, BLOCK_M, BLOCK_N)
+                             k0 + i * BLOCK_K + rk, magic, BLOCK_M, BLOCK_N)
+        if BLOCK_M == 1:
             acc += part * scale[None, :]
         else:
-            for k0 in range(g * GROUP, g * GROUP + GROUP, BLOCK_K):
-                part = _step(part, x_ptr, x_rows, qw_ptr, qw_stride, rw, w_mask, m_mask, zero, k0 + rk, magic,
-                             BLOCK_M, BLOCK_N)
             acc += part * scale[None, None, :]
     if BLOCK_M == 1:
         y = tl.sum(acc, axis=0)[None, :]
@@ -90,6 +88,15 @@ def _awq_gemv_kernel(
         y = tl.sum(acc, axis=1)
     split_k.store_tile(y, out_ptr, b_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride, pid_k, PARTIAL,
                        HAS_BIAS)
+
+
+def unroll(m: int, steps: int) -> int:
+    """K steps unrolled per loop trip (a divisor of the group's `steps`): the whole group at one row (~16-32 KB
+    of words in flight a program, 96-168 registers); at more rows the 3-D products take ~250 registers at 4
+    steps and spill beyond (sm_90, `scripts/sass_census.py`)."""
+    if m == 1:
+        return steps
+    return max(d for d in (4, 3, 2, 1) if steps % d == 0)
 
 
 def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
@@ -106,7 +113,7 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
         x, qweight, qzeros, scales, bias if bias is not None else scales, target, m, n, x.stride(0),
         qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, groups, per, 0x4B000000,
         GROUP=group, HAS_BIAS=bias is not None, PARTIAL=partial, BLOCK_M=triton.next_power_of_2(m),
-        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1,
+        BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll(m, group // block_k), num_warps=num_warps, num_stages=1,
     )
     if partial:
         split_k.reduce_splits(target, bias, out)
