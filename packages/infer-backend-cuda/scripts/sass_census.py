@@ -86,12 +86,13 @@ def _fp8_types(x: str) -> dict[str, str]:
 def cases():
     """(label, kernel, weight elements per program-step, threads) for the decode configs worth comparing."""
     for bn in (256, 512):  # one row: the longest loop is one group (its K steps unrolled)
-        ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=8, UNROLL=16)
+        ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=8, UNROLL=16,
+                  USE_PDL=False)
         kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, 4, 1, _AWQ_DIVISIBLE)
         yield f"awq gemv 1x{bn}x8 w4", kernel, bn * 128, 4
     for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (32, 128, 64, 4, 3)):
         ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, DOT_F32=False,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=False)
         kernel = compile_sm90(A._awq_kernel, _AWQ_TYPES, ce, warps, stages, _AWQ_DIVISIBLE[:-1])
         yield f"awq {bm}x{bn}x{bk} w{warps}", kernel, bn * bk, warps
     for bm, bn, warps, stages, fuse in ((1, 64, 4, 2, True), (16, 64, 4, 3, False)):

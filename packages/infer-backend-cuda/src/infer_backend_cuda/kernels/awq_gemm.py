@@ -24,7 +24,7 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels import awq_gemv, split_k
 from infer_backend_cuda.kernels._awq_nibbles import column_block, unpack
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 
 SKINNY_MAX_M = 8
 
@@ -48,13 +48,16 @@ def _awq_kernel(
     M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, K_SPLIT: tl.constexpr, PARTIAL: tl.constexpr,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (m, n, s) covers rows `m * BLOCK_M`, columns `n * BLOCK_N` and K `[s * K_SPLIT, (s + 1) * K_SPLIT)`;
     with PARTIAL it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, split_k.py).
 
     Each K step loads the packed words `[BLOCK_K, BLOCK_N / 8]` once (contiguous rows) and unpacks them in
     registers (`_awq_nibbles.unpack`)."""
+    if USE_PDL:  # programmatic dependent launch: start early, read x only after its producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm, rk = pid_m * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
     rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
@@ -182,7 +185,7 @@ def awq_linear(
         qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n,
         GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=partial,
         DOT_F32=dot_in_fp32(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x.device),
     )
     if partial:
         split_k.reduce_splits(target, bias, out)

@@ -25,6 +25,7 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._awq_nibbles import column_block, unpack
+from infer_backend_cuda.kernels._common import pdl_launch
 
 
 @triton.jit
@@ -50,6 +51,7 @@ def _awq_gemv_kernel(
     M, N, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, groups, groups_per_split, magic,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Program (n, s) covers every row, columns `n * BLOCK_N` and groups `[s * groups_per_split, ...)`; with
     PARTIAL it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, split_k.py).
@@ -57,6 +59,9 @@ def _awq_gemv_kernel(
     `magic` is 0x4B000000 (the bits of 2^23), passed at run time: as a literal, ptxas keeps it as the LOP3's
     immediate and re-materializes the five nibble masks before every LOP3 instead (sm_90 SASS: 5.3 against 4.3
     instructions a weight in the loop, `scripts/sass_census.py`)."""
+    if USE_PDL:  # programmatic dependent launch: start early, read x only after its producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rm, rk = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
     rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
@@ -114,6 +119,7 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
         qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, groups, per, 0x4B000000,
         GROUP=group, HAS_BIAS=bias is not None, PARTIAL=partial, BLOCK_M=triton.next_power_of_2(m),
         BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll(m, group // block_k), num_warps=num_warps, num_stages=1,
+        **pdl_launch(x.device),
     )
     if partial:
         split_k.reduce_splits(target, bias, out)

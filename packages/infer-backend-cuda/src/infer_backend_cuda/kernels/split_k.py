@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import next_pow2
+from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 
 # A few programs per SM of an H100/H200 (132 SMs).
 TARGET_PROGRAMS = 512
@@ -47,7 +47,10 @@ def store_tile(acc, out_ptr, b_ptr, rm, cols, m_mask, n_mask, N, out_stride, spl
 
 @triton.jit
 def _split_reduce_kernel(ws_ptr, b_ptr, out_ptr, N, out_stride, split_stride,
-                         SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+                         SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # programmatic dependent launch: start early, read the partials only after the GEMM ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     m, pid = tl.program_id(0), tl.program_id(1)
     rn = pid * BLOCK + tl.arange(0, BLOCK)
     mask = rn < N
@@ -69,5 +72,5 @@ def reduce_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
     block = min(1024, next_pow2(n))
     _split_reduce_kernel[(m, triton.cdiv(n, block))](
         ws, bias if bias is not None else ws, out, n, out.stride(0), m * n,
-        SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4,
+        SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **pdl_launch(out.device),
     )
