@@ -65,9 +65,9 @@ def _attention(lens: list[int], hq: int = 8, hkv: int = 2, d: int = 128, bs: int
 # The conv has two token tiles (a step whose longest query fits the conv window, and the rest): twice the variants.
 # The chunked rule's sequential pass has no batch-sized block (its grid is the batch): one variant for all.
 @pytest.mark.parametrize("run,kernel,tiles,wide", [
-    (_conv, C._causal_conv1d_kernel, 2, 2), (_chunk, WY._gdn_chunk_wy_kernel, 1, 2),
-    (_chunk, G._gdn_chunk_state_kernel, 1, 0), (_attention, A._prefill_kernel, 1, 2)],
-    ids=["causal_conv1d", "gdn_chunk_wy", "gdn_chunk_state", "attention_prefill"])
+    (_conv, C._causal_conv1d_kernel, 2, 2), (_chunk, WY._gdn_chunk_gram_kernel, 1, 2),
+    (_chunk, WY._gdn_chunk_solve_kernel, 1, 2), (_chunk, G._gdn_chunk_state_kernel, 1, 0), (_attention, A._prefill_kernel, 1, 2)],
+    ids=["causal_conv1d", "gdn_chunk_gram", "gdn_chunk_solve", "gdn_chunk_state", "attention_prefill"])
 def test_prefill_batches_up_to_64_sequences_share_one_variant(run, kernel, tiles: int, wide: int) -> None:  # noqa: ANN001
     kernel.device_caches.clear()  # count from none (the variants reload from Triton's disk cache)
     for lens in BATCHES:

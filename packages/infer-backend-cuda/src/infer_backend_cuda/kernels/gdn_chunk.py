@@ -26,10 +26,17 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
+from infer_backend_cuda.kernels._common import interpreting, next_pow2, pdl_launch
 from infer_backend_cuda.kernels._ragged import ragged_block_b
 from infer_backend_cuda.kernels.gdn_recurrent import prepare_gdn_out, sequence_head_block
-from infer_backend_cuda.kernels.gdn_wy import CHUNK, PREC, _gdn_chunk_wy_kernel, scratch_columns, scratch_width
+from infer_backend_cuda.kernels.gdn_wy import (
+    CHUNK,
+    PREC,
+    _gdn_chunk_gram_kernel,
+    _gdn_chunk_solve_kernel,
+    scratch_columns,
+    scratch_width,
+)
 
 # Value columns per program of the sequential pass: one Qwen3.5 prefill (32 value heads) has 128 programs for
 # ~132 SMs, and the state tile (Dk x 32 fp32) takes 32 registers per thread at 4 warps.
@@ -91,17 +98,27 @@ def gdn_chunk(
     bdv = max(16, next_pow2(dv))
     bv = min(bdv, BV)
     # fp32 scratch of the chunk-local pass, one row per token and value head (74 KB per token at Qwen3.5-4B,
-    # 605 MB for an 8k-token step), freed after the call.
+    # 605 MB for an 8k-token step), and its M / T buffer (a 64-column row each, 67 MB), freed after the call.
     scr = torch.empty((q.shape[0], hv, scratch_width(bk, bdv)), dtype=torch.float32, device=q.device)
+    mt = torch.empty((q.shape[0], hv, CHUNK), dtype=torch.float32, device=q.device)
     pdl = pdl_launch(q.device)
     # Every sequence's chunks but its last are full, so the batch has at most cdiv(T, 64) + B of them: the grid
     # is bounded by the step's tokens, not by B x max_query_len (a mixed step of many decode rows).
-    _gdn_chunk_wy_kernel[(triton.cdiv(q.shape[0], CHUNK) + n_seq, hv)](
-        q, k, v, g, beta, scr, cu_seqlens,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
-        scr.stride(0), scr.stride(1),
-        dk, dv, hv // q.shape[1], float(dk) ** -0.5, n_seq, min_len,
-        CH=CHUNK, BK=bk, BDV=bdv, BLOCK_B=ragged_block_b(n_seq), num_warps=8, **pdl,  # 8: fewer spills (sm_90)
+    grid = (triton.cdiv(q.shape[0], CHUNK) + n_seq, hv)
+    # bf16 dots on the raw rows only where those are bf16 (the models); fp32 / fp16 inputs take tf32x3.
+    lowp = q.dtype == k.dtype == v.dtype == torch.bfloat16
+    common = dict(CH=CHUNK, BK=bk, BDV=bdv, BLOCK_B=ragged_block_b(n_seq), LOWP=lowp, INTERP=interpreting(), **pdl)
+    _gdn_chunk_gram_kernel[grid](
+        q, k, g, beta, mt, scr, cu_seqlens,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
+        mt.stride(0), mt.stride(1), scr.stride(0), scr.stride(1),
+        dk, hv // q.shape[1], float(dk) ** -0.5, n_seq, min_len, num_warps=4, **common,
+    )
+    _gdn_chunk_solve_kernel[grid](
+        k, v, g, beta, mt, scr, cu_seqlens,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
+        mt.stride(0), mt.stride(1), scr.stride(0), scr.stride(1),
+        dk, dv, hv // q.shape[1], n_seq, min_len, num_warps=8, **common,
     )
     _gdn_chunk_state_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
         g, scr, states, out, cu_seqlens, slot_ids,
