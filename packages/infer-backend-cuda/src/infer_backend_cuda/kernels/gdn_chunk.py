@@ -1,20 +1,22 @@
 """Chunked gated delta rule (the WY form, chunks of 64 tokens) over a ragged batch with state slots (prefill).
 
-Two launches. The chunk-local pass (`gdn_wy`, one program per chunk of the batch and value head, all in
-parallel) writes per token the fp32 scratch rows `w`, `u`, `q * exp(G)`, `k * exp(G_last - G)` and the row of
-`A = lower(q k^T * exp(G_i - G_j))` (`G` the in-chunk cumulative log decay); then the sequential pass (one
-program per sequence, value head and block of `BV` value columns) walks the sequence's chunks, carrying its
-`[Dk, BV]` slice of the fp32 state in registers from the slot and back. Per chunk that is four products with the
-state and nothing else:
+Three launches. The chunk-local pass (`gdn_wy`: a Gram launch, then a solve launch, each one program per chunk
+of the batch and value head, all in parallel) writes per token the fp32 scratch rows `w`, `u`, `q * exp(G)`,
+`k * exp(G_last - G)` and the row of `A = lower(q k^T * exp(G_i - G_j))` (`G` the in-chunk cumulative log
+decay); then the sequential pass (one program per sequence, value head and block of `BV` value columns) walks
+the sequence's chunks, carrying its `[Dk, BV]` slice of the fp32 state in registers from the slot and back. Per
+chunk that is four products with the state and nothing else:
 
     v' = u - w S
     o = (q * exp(G)) S + A v'
     S = exp(G_last) S + (k * exp(G_last - G))^T v'
 
-which is transformers' `torch_chunk_gated_delta_rule` (q, k L2-normalised and q scaled inside). Every product is
-a tf32x3 `tl.dot` (three TF32 tensor-core products of split fp32 operands, ~fp32 accuracy; plain TF32 would
-carry its 2^-11 relative error into the state, chunk after chunk), so the result equals the per-token recurrence
-up to about fp32 rounding. Tokens past a sequence's end load as zeros, which leaves the state unchanged.
+which is transformers' `torch_chunk_gated_delta_rule` (q, k L2-normalised and q scaled inside). The sequential
+pass's products are tf32x3 `tl.dot`s (three TF32 tensor-core products of split fp32 operands, ~fp32 accuracy;
+plain TF32 would carry its 2^-11 relative error into the state, chunk after chunk) and the chunk-local pass's
+are exact bf16 products or bf16x3 / tf32x3 splits (see `gdn_wy`), so the result equals the per-token
+recurrence up to about fp32 rounding. Tokens past a sequence's end load as zeros, which leaves the state
+unchanged.
 
 A mixed step sends its short rows (decode) to `gdn_recurrent` instead: both launches take a length bound
 (`min_len` here) and their programs for other sequences exit at once, so neither grid depends on the lengths.
