@@ -75,11 +75,11 @@ def _per_kernel_ms(fn, reps: int = 10) -> dict[str, float]:
 def main() -> None:
     ops = CudaGatedDeltaOps(dev)
     rows = []
-    # Predicted (docs/kernels.md): gram ~0.15 ms and solve ~0.15-0.3 ms per 8k-token layer call (memory, and
+    # Predicted (docs/kernels.md): gram ~0.15-0.3 ms and solve ~0.2-0.3 ms per 8k-token layer call (memory, and
     # the 16-step substitution's latency), the sequential pass as measured before (~1.9 ms at 8k: 128 dependent
     # chunk steps); the recurrent launch of a prefill only exits.
     for name, lens, predicted in (
-        ("prefill 8192", [8192], "2.0-2.5 (gram+solve 0.3-0.5)"),
+        ("prefill 8192", [8192], "2.1-2.6 (gram+solve 0.35-0.6)"),
         ("prefill 2048", [2048], "0.7-0.85 (gram+solve 0.08-0.15)"),
         ("mixed 136 + 60 decode", [136] + [1] * 60, "0.12-0.18"),
         ("decode 60", [1] * 60, "0.16 (unchanged)"),

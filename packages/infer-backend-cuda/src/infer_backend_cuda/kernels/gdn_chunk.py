@@ -109,18 +109,20 @@ def gdn_chunk(
     grid = (triton.cdiv(q.shape[0], CHUNK) + n_seq, hv)
     # bf16 dots on the raw rows only where those are bf16 (the models); fp32 / fp16 inputs take tf32x3.
     lowp = q.dtype == k.dtype == v.dtype == torch.bfloat16
+    # Warps from the offline sm_90 compile (Triton 3.9 ptxas, Qwen3.5-4B tiles): gram spills 304 B per thread at
+    # 8 warps (1.4 KB at 4), solve 176 B at 4 (464 B at 8); the old single chunk-local kernel spilled 4.4 KB.
     common = dict(CH=CHUNK, BK=bk, BDV=bdv, BLOCK_B=ragged_block_b(n_seq), LOWP=lowp, INTERP=interpreting(), **pdl)
     _gdn_chunk_gram_kernel[grid](
         q, k, g, beta, mt, scr, cu_seqlens,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), g.stride(0), beta.stride(0),
         mt.stride(0), mt.stride(1), scr.stride(0), scr.stride(1),
-        dk, hv // q.shape[1], float(dk) ** -0.5, n_seq, min_len, num_warps=4, **common,
+        dk, hv // q.shape[1], float(dk) ** -0.5, n_seq, min_len, num_warps=8, **common,
     )
     _gdn_chunk_solve_kernel[grid](
         k, v, g, beta, mt, scr, cu_seqlens,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         mt.stride(0), mt.stride(1), scr.stride(0), scr.stride(1),
-        dk, dv, hv // q.shape[1], n_seq, min_len, num_warps=8, **common,
+        dk, dv, hv // q.shape[1], n_seq, min_len, num_warps=4, **common,
     )
     _gdn_chunk_state_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
         g, scr, states, out, cu_seqlens, slot_ids,

@@ -64,11 +64,13 @@ def _mm(a, b):
 def _dot_raw(a, b, LOWP: tl.constexpr, INTERP: tl.constexpr):
     """`a @ b` (fp32) for operands in the input dtype: bf16 dots (exact products, fp32 sums) when LOWP, else
     tf32x3; under the interpreter bf16 operands are upcast (it would multiply their bit patterns)."""
-    if LOWP:
-        if INTERP:
-            return tl.dot(a.to(tl.float32), b.to(tl.float32))
-        return tl.dot(a, b)
-    return _mm(a, b)
+    if LOWP and INTERP:
+        p = tl.dot(a.to(tl.float32), b.to(tl.float32))
+    elif LOWP:
+        p = tl.dot(a, b)
+    else:
+        p = _mm(a, b)
+    return p
 
 
 @triton.jit
@@ -80,10 +82,12 @@ def _dot_split(x, b, LOWP: tl.constexpr, INTERP: tl.constexpr):
         rest = x - hi.to(tl.float32)
         mid = rest.to(tl.bfloat16)
         lo = (rest - mid.to(tl.float32)).to(tl.bfloat16)
-        acc = _dot_raw(lo, b, LOWP, INTERP)
-        acc += _dot_raw(mid, b, LOWP, INTERP)
-        return acc + _dot_raw(hi, b, LOWP, INTERP)
-    return _mm(x, b)
+        p = _dot_raw(lo, b, LOWP, INTERP)
+        p += _dot_raw(mid, b, LOWP, INTERP)
+        p += _dot_raw(hi, b, LOWP, INTERP)
+    else:
+        p = _mm(x, b)
+    return p
 
 
 @triton.jit
@@ -101,9 +105,7 @@ def _put(ptr, rows, tm, row_st, col0, cols, cmask, x):
 @triton.jit
 def _operand(x, LOWP: tl.constexpr):
     """A loaded q / k / v tile as a dot operand: as stored when LOWP (bf16), else fp32."""
-    if LOWP:
-        return x
-    return x.to(tl.float32)
+    return x if LOWP else x.to(tl.float32)
 
 
 @triton.jit
