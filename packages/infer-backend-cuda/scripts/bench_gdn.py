@@ -79,9 +79,9 @@ def main() -> None:
     # the 16-step substitution's latency), the sequential pass as measured before (~1.9 ms at 8k: 128 dependent
     # chunk steps); the recurrent launch of a prefill only exits.
     for name, lens, predicted in (
-        ("prefill 8192", [8192], "2.1-2.6 (gram+solve 0.35-0.6)"),
-        ("prefill 2048", [2048], "0.7-0.85 (gram+solve 0.08-0.15)"),
-        ("mixed 136 + 60 decode", [136] + [1] * 60, "0.12-0.18"),
+        ("prefill 8192", [8192], "2.0-2.5 (gram+solve 0.35-0.6)"),
+        ("prefill 2048", [2048], "0.6-0.8 (gram+solve 0.08-0.15)"),
+        ("mixed 136 + 60 decode", [136] + [1] * 60, "0.13-0.2"),
         ("decode 60", [1] * 60, "0.16 (unchanged)"),
     ):
         args, states, batch = _step(lens)
