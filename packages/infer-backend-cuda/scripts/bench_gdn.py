@@ -16,6 +16,7 @@ import statistics
 import torch
 
 from infer_backend_cuda.gated_delta import CudaGatedDeltaOps
+from infer_backend_cuda.kernels import gdn_chunk
 from infer_core.ports.linear_attention import StateBatch
 
 HK, HV, D = 16, 32, 128
@@ -93,6 +94,26 @@ def main() -> None:
     for name, total, per, predicted in rows:
         cols = "".join(f"{per[t]:>{w}.3f}" if t in per else f"{'-':>{w}}" for t, w in widths.items())
         print(f"{name:<24}{total:>9.3f}{cols}  {predicted}")
+    _state_variants(ops)
+
+
+def _state_variants(ops) -> None:  # noqa: ANN001
+    """The sequential pass at prefill 8192 with other value blocks / warps (it is latency-bound: one 4-warp
+    program per SM), its output against the default configuration's."""
+    args, states, batch = _step([8192])
+    start = states.clone()
+    ref = ops.gated_delta_rule(*args, states, batch)
+    default = (gdn_chunk.BV, gdn_chunk.STATE_WARPS)
+    print(f"{'state pass, prefill 8192':<26}{'state ms':>9}{'max |o - o_default|':>21}")
+    for bv, warps in ((16, 4), (32, 8), (16, 8)):
+        gdn_chunk.BV, gdn_chunk.STATE_WARPS = bv, warps
+        try:
+            states.copy_(start)
+            diff = (ops.gated_delta_rule(*args, states, batch).float() - ref.float()).abs().max().item()
+            ms = _per_kernel_ms(lambda: ops.gated_delta_rule(*args, states, batch), reps=5).get("state", float("nan"))
+        finally:
+            gdn_chunk.BV, gdn_chunk.STATE_WARPS = default
+        print(f"{f'BV {bv}, {warps} warps':<26}{ms:>9.3f}{diff:>21.3g}")
 
 
 if __name__ == "__main__":

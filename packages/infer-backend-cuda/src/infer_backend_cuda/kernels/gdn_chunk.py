@@ -43,6 +43,10 @@ from infer_backend_cuda.kernels.gdn_wy import (
 # Value columns per program of the sequential pass: one Qwen3.5 prefill (32 value heads) has 128 programs for
 # ~132 SMs, and the state tile (Dk x 32 fp32) takes 32 registers per thread at 4 warps.
 BV = 32
+# Compiled offline for sm_90 this configuration spills ~2.4 KB per thread and runs ~4,600 SASS instructions per
+# chunk step (mostly the tf32x3 splits of the 64-row scratch tiles); scripts/bench_gdn.py times BV 16 and 8 warps
+# against it (module constants, so the benchmark can swap them).
+STATE_WARPS = 4
 
 
 @triton.jit(do_not_specialize=("min_len",))
@@ -129,6 +133,6 @@ def gdn_chunk(
         g.stride(0), scr.stride(0), scr.stride(1), out.stride(0), out.stride(1),
         states.stride(0), states.stride(1), states.stride(2),
         dk, dv, min_len,
-        CH=CHUNK, BK=bk, BDV=bdv, BV=bv, num_warps=4, num_stages=1, **pdl,
+        CH=CHUNK, BK=bk, BDV=bdv, BV=bv, num_warps=STATE_WARPS, num_stages=1, **pdl,
     )
     return out
