@@ -77,11 +77,11 @@ def main() -> None:
     ops = CudaGatedDeltaOps(dev)
     rows = []
     # Predicted (docs/kernels.md): gram ~0.15-0.3 ms and solve ~0.2-0.3 ms per 8k-token layer call (memory, and
-    # the 16-step substitution's latency), the sequential pass as measured before (~1.9 ms at 8k: 128 dependent
-    # chunk steps); the recurrent launch of a prefill only exits.
+    # the 16-step substitution's latency), the sequential pass ~1.55-1.75 ms at 8k (1.9 measured with tf32x3
+    # output products; 128 dependent chunk steps); the recurrent launch of a prefill only exits.
     for name, lens, predicted in (
-        ("prefill 8192", [8192], "2.0-2.5 (gram+solve 0.35-0.6)"),
-        ("prefill 2048", [2048], "0.6-0.8 (gram+solve 0.08-0.15)"),
+        ("prefill 8192", [8192], "1.9-2.35 (gram+solve 0.35-0.6)"),
+        ("prefill 2048", [2048], "0.55-0.75 (gram+solve 0.08-0.15)"),
         ("mixed 136 + 60 decode", [136] + [1] * 60, "0.13-0.2"),
         ("decode 60", [1] * 60, "0.16 (unchanged)"),
     ):

@@ -12,8 +12,9 @@ chunk that is four products with the state and nothing else:
     S = exp(G_last) S + (k * exp(G_last - G))^T v'
 
 which is transformers' `torch_chunk_gated_delta_rule` (q, k L2-normalised and q scaled inside). The sequential
-pass's products are tf32x3 `tl.dot`s (three TF32 tensor-core products of split fp32 operands, ~fp32 accuracy;
-plain TF32 would carry its 2^-11 relative error into the state, chunk after chunk) and the chunk-local pass's
+pass's state products are tf32x3 `tl.dot`s (three TF32 tensor-core products of split fp32 operands, ~fp32
+accuracy; plain TF32 would carry its 2^-11 relative error into the state, chunk after chunk), its output products
+plain TF32 for a bf16 / fp16 output (`out_precision`), and the chunk-local pass's
 are exact bf16 products or bf16x3 / tf32x3 splits (see `gdn_wy`), so the result equals the per-token
 recurrence up to about fp32 rounding. Tokens past a sequence's end load as zeros, which leaves the state
 unchanged.
@@ -43,9 +44,10 @@ from infer_backend_cuda.kernels.gdn_wy import (
 # Value columns per program of the sequential pass: one Qwen3.5 prefill (32 value heads) has 128 programs for
 # ~132 SMs, and the state tile (Dk x 32 fp32) takes 32 registers per thread at 4 warps.
 BV = 32
-# Compiled offline for sm_90 this configuration spills ~2.4 KB per thread and runs ~4,600 SASS instructions per
-# chunk step (mostly the tf32x3 splits of the 64-row scratch tiles); scripts/bench_gdn.py times BV 16 and 8 warps
-# against it (module constants, so the benchmark can swap them).
+# Compiled offline for sm_90 (bf16 output) this configuration spills ~2.1 KB per thread and runs ~3,900 SASS
+# instructions per chunk step (4,600 and 2.4 KB with tf32x3 output products; mostly the splits of the 64-row
+# scratch tiles): latency-bound, one program per SM. scripts/bench_gdn.py times BV 16 and 8 warps against it
+# (module constants, so the benchmark can swap them).
 STATE_WARPS = 4
 
 
@@ -54,9 +56,11 @@ def _gdn_chunk_state_kernel(
     g_ptr, scr_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
     g_st, scr_st, scr_sh, o_st, o_sh, s_ss, s_sh, s_sk,
     DK, DV, min_len,
-    CH: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, BV: tl.constexpr, USE_PDL: tl.constexpr,
+    CH: tl.constexpr, BK: tl.constexpr, BDV: tl.constexpr, BV: tl.constexpr, OUT_PREC: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """Sequential pass, grid `(B, Hv, cdiv(Dv, BV))`; programs of sequences shorter than `min_len` exit."""
+    """Sequential pass, grid `(B, Hv, cdiv(Dv, BV))`; programs of sequences shorter than `min_len` exit.
+    `OUT_PREC`: of the two output products, which feed no state."""
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -79,14 +83,21 @@ def _gdn_chunk_state_kernel(
             v_new = tl.where(tm[:, None], u - tl.dot(w, state, input_precision=PREC), 0.0)
             qg = tl.load(scr + QG + r[:, None] + kk[None, :])
             a = tl.load(scr + A + r[:, None] + ci[None, :])
-            o = tl.dot(qg, state, input_precision=PREC)
-            o = tl.dot(a, v_new, o, input_precision=PREC)
+            o = tl.dot(qg, state, input_precision=OUT_PREC)
+            o = tl.dot(a, v_new, o, input_precision=OUT_PREC)
             tl.store(out_ptr + (bos + c0) * o_st + h * o_sh + ci[:, None] * o_st + vv[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=tm[:, None] & vm[None, :])
             kd = tl.load(scr + KD + r[:, None] + kk[None, :])
             g_last = tl.sum(tl.load(g_ptr + (bos + c0) * g_st + ci * g_st + h, mask=tm, other=0.0), axis=0)
             state = tl.dot(tl.trans(kd), v_new, state * tl.exp(g_last), input_precision=PREC)
         tl.store(s_ptrs, state, mask=smask)
+
+
+def out_precision(dtype: torch.dtype) -> str:
+    """`tl.dot` precision of the output products `(q exp(G)) S + A v'`: they feed no state, so an output rounded to
+    bf16 / fp16 (2^-9 / 2^-12 relative) takes plain TF32 (2^-11 per operand, one tensor-core product instead of
+    three); an fp32 output keeps tf32x3."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def gdn_chunk(
@@ -133,6 +144,7 @@ def gdn_chunk(
         g.stride(0), scr.stride(0), scr.stride(1), out.stride(0), out.stride(1),
         states.stride(0), states.stride(1), states.stride(2),
         dk, dv, min_len,
-        CH=CHUNK, BK=bk, BDV=bdv, BV=bv, num_warps=STATE_WARPS, num_stages=1, **pdl,
+        CH=CHUNK, BK=bk, BDV=bdv, BV=bv, OUT_PREC=out_precision(out.dtype), num_warps=STATE_WARPS, num_stages=1,
+        **pdl,
     )
     return out
