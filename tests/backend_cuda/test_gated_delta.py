@@ -165,7 +165,8 @@ def test_chunked_prefill_near_identical_keys(device):
 
 # A mixed step: decode rows, rows just below / at / above the recurrent-vs-chunked threshold, rows with a partial
 # last chunk, an empty one. Under TRITON_INTERPRET=1 every tl.dot is computed in fp32 whatever its
-# input_precision, so these tolerances are those of fp32 rounding; on the GPU the same test checks tf32x3.
+# input_precision, so these tolerances are those of fp32 rounding; on the GPU the same test checks the tensor-core
+# precisions (tf32x3; for bf16 rows bf16 and bf16x3 dots, TF32 output products).
 MIXED = [1, 40, 1, SHORT_ROW - 1, SHORT_ROW, SHORT_ROW + 1, 1, 130, 0, 3, 64, 1]
 
 
