@@ -78,6 +78,16 @@ def profile_steps(batch: int, steps: int, replay, eager_step) -> list[dict]:  # 
     return []
 
 
+def prefill_in_groups(runner: ModelRunner, seqs: list[Sequence], size: int = 16) -> None:
+    """Prefill every sequence whole, `size` at a time (bounded activation memory), each left with its first token."""
+    for start in range(0, len(seqs), size):
+        group = seqs[start:start + size]
+        out = runner.execute([ScheduledSeq(s, s.num_tokens) for s in group])
+        for s, tok in zip(group, out.token_ids):
+            s.num_computed = s.num_tokens
+            s.token_ids.append(tok)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", type=Path, default=Path("bench/models/qwen3-4b"))
@@ -119,12 +129,7 @@ def main() -> None:
                          list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), GREEDY,
                          state_slot=(i + 1) if geometry else 0)
                 for i in range(b)]
-        for start in range(0, b, 16):  # prefill in groups: bounded activation memory
-            group = seqs[start:start + 16]
-            out = eager.execute([ScheduledSeq(s, s.num_tokens) for s in group])
-            for s, tok in zip(group, out.token_ids):
-                s.num_computed = s.num_tokens
-                s.token_ids.append(tok)
+        prefill_in_groups(eager, seqs)
 
         def decode(runner: ModelRunner) -> float:
             t = time.perf_counter()

@@ -37,6 +37,7 @@ from infer_worker.domain.sequence import Grammar, Sampling, ScheduledSeq, Sequen
 from infer_worker.infrastructure.backend_registry import create_backend
 from infer_worker.infrastructure.grammar_tokenizer import tokenizer_info_factory
 from infer_worker.infrastructure.model_loader import load_model
+from decode_roofline import prefill_in_groups
 from structured_batch import SCHEMA
 
 
@@ -78,12 +79,7 @@ def main() -> None:
                      list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), plain, prompt_len=args.context,
                      stop_token_ids=(eos,))
             for i in range(b)]
-    for start in range(0, b, 16):  # prefill in groups: bounded activation memory
-        group = seqs[start:start + 16]
-        out = runner.execute([ScheduledSeq(s, s.num_tokens) for s in group])
-        for s, tok in zip(group, out.token_ids):
-            s.num_computed = s.num_tokens
-            s.token_ids.append(tok)
+    prefill_in_groups(runner, seqs)
     rows = [i * (b // args.constrained) for i in range(args.constrained)]  # spread through the batch
     grammar = Grammar("json_schema", json.dumps(SCHEMA, sort_keys=True))
     mask_s: list[float] = []
