@@ -1,4 +1,5 @@
-"""Tune and time the skinny GEMMs against their cuBLAS paths at decode row counts, Qwen3-4B shapes, BF16.
+"""Tune and time the skinny GEMMs against their cuBLAS paths at decode row counts, BF16, at one model's shapes
+(`--model`: Qwen3-4B by default, or Qwen3.5-4B, whose hybrid layers add the GDN input projection).
 
 Ops: `linear` against `F.linear`; `add_rms_norm_linear` (qkv, gate_up) and `silu_mul_linear` (down) against
 the unfused path the adapter would otherwise take (the elementwise Triton kernel, then `CudaMathOps.linear`).
@@ -27,14 +28,21 @@ from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import skinny_gemm as S
 from infer_backend_cuda.ops import CudaMathOps
 
-SHAPES = {  # Qwen3-4B: (N, K) of qkv, o, gate_up, down, lm_head
-    "qkv": (6144, 2560),
-    "o_proj": (2560, 4096),
-    "gate_up": (19456, 2560),
-    "down": (2560, 9728),
-    "lm_head": (151936, 2560),
+MODEL_SHAPES = {  # (N, K) of each decode linear
+    "qwen3-4b": {"qkv": (6144, 2560), "o_proj": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728),
+                 "lm_head": (151936, 2560)},
+    # Qwen3.5-4B: the GDN in_proj fuses qkv (8192) | z (4096) | b (32) | a (32); the attention's q is doubled
+    # (query | gate: 8192) next to k and v (1024 each); o_proj and out_proj are Qwen3-4B's o_proj shape.
+    "qwen3.5-4b": {"in_proj": (12352, 2560), "qkv": (10240, 2560), "o_proj": (2560, 4096), "gate_up": (18432, 2560),
+                   "down": (2560, 9216), "lm_head": (248320, 2560)},
 }
-OP_SHAPES = {"linear": tuple(SHAPES), "add_rms_norm_linear": ("qkv", "gate_up"), "silu_mul_linear": ("down",)}
+NORMED = ("in_proj", "qkv", "gate_up")  # the linears after a residual add + RMSNorm
+
+
+def op_shapes(shapes: dict[str, tuple[int, int]]) -> dict[str, tuple[str, ...]]:
+    """Which shapes each op serves in a decode layer."""
+    return {"linear": tuple(shapes), "add_rms_norm_linear": tuple(s for s in NORMED if s in shapes),
+            "silu_mul_linear": ("down",)}
 BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
 
 
@@ -96,9 +104,10 @@ class Case:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ops", default=",".join(OP_SHAPES))
+    ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="qwen3-4b")
+    ap.add_argument("--ops", default="linear,add_rms_norm_linear,silu_mul_linear")
     ap.add_argument("--ms", default="1,2,4,8")
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="a subset of each op's shapes")
+    ap.add_argument("--shapes", default="", help="a subset of each op's shapes (default: all of the model's)")
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--dot", action="store_true",
                     help="try only tensor-core configs, plus the shape's current table entry (so never worse)")
@@ -112,11 +121,12 @@ def main() -> None:
     name = torch.cuda.get_device_name(dev)
     t_start = time.perf_counter()
     rows, entries = [], []
-    wanted = set(args.shapes.split(","))
+    shapes = MODEL_SHAPES[args.model]
+    wanted = set(args.shapes.split(",")) if args.shapes else set(shapes)
     for op in args.ops.split(","):
         for m in (int(v) for v in args.ms.split(",")):
-            for shape in (s for s in OP_SHAPES[op] if s in wanted):
-                n, k = SHAPES[shape]
+            for shape in (s for s in op_shapes(shapes)[op] if s in wanted):
+                n, k = shapes[shape]
                 nbytes = n * k * 2
                 case = Case(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev)
                 copies = len(case.ws)
