@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from infer_core.ports.linear_attention import StateBatch
+from infer_core.ports.linear_attention import GdnLayer, StateBatch, unfused_gated_delta_mix
 
 CHUNK = 64  # transformers' default chunk of the WY form
 _L2_EPS = 1e-6
@@ -154,3 +154,9 @@ class CpuGatedDeltaOps:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         g = -a_log.to(torch.float32).exp() * F.softplus(a.to(torch.float32) + dt_bias)
         return g, torch.sigmoid(b).to(torch.float32)
+
+    def gated_delta_mix(
+        self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer: GdnLayer,
+        conv_states: torch.Tensor, recurrent_states: torch.Tensor, batch: StateBatch,
+    ) -> torch.Tensor:
+        return unfused_gated_delta_mix(self, qkv, z, b, a, layer, conv_states, recurrent_states, batch)

@@ -14,7 +14,7 @@ from infer_backend_cuda.kernels.causal_conv1d import causal_conv1d
 from infer_backend_cuda.kernels.gdn_chunk import CHUNK, gdn_chunk
 from infer_backend_cuda.kernels.gdn_gates import gated_rms_norm, gdn_gates
 from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent, prepare_gdn_out
-from infer_core.ports.linear_attention import StateBatch
+from infer_core.ports.linear_attention import GdnLayer, StateBatch, unfused_gated_delta_mix
 
 # Rows of fewer tokens run the recurrence, longer ones the chunks. A chunk pads a row to 64 tokens and costs a
 # chunk-local program plus one sequential step of four tf32x3 products with the state (a few us, ~2 MFLOP per
@@ -74,3 +74,9 @@ class CudaGatedDeltaOps:
         self, a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return gdn_gates(a, b, a_log, dt_bias)
+
+    def gated_delta_mix(
+        self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer: GdnLayer,
+        conv_states: torch.Tensor, recurrent_states: torch.Tensor, batch: StateBatch,
+    ) -> torch.Tensor:
+        return unfused_gated_delta_mix(self, qkv, z, b, a, layer, conv_states, recurrent_states, batch)

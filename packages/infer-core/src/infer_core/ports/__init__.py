@@ -7,7 +7,7 @@ backend's op bundles at construction time; there are no per-op registry look-ups
 from infer_core.ports.backend import GraphRunner, LlmBackend, MemoryInfo
 from infer_core.ports.collective import Collective
 from infer_core.ports.fused_ops import AttentionBatch, FusedOps
-from infer_core.ports.linear_attention import GatedDeltaOps, StateBatch
+from infer_core.ports.linear_attention import GatedDeltaOps, GdnLayer, StateBatch, unfused_gated_delta_mix
 from infer_core.ports.linear_ops import LinearOps, LinearOpsFactory
 from infer_core.ports.math_ops import MathOps
 from infer_core.ports.op_ports import OpPorts
@@ -19,6 +19,7 @@ __all__ = [
     "Collective",
     "FusedOps",
     "GatedDeltaOps",
+    "GdnLayer",
     "GraphRunner",
     "LlmBackend",
     "LinearOps",
@@ -31,4 +32,5 @@ __all__ = [
     "StateBatch",
     "SamplingBatch",
     "Tensor",
+    "unfused_gated_delta_mix",
 ]

@@ -8,6 +8,10 @@ captured size): padding rows read and write slot 0 and nothing else.
 
 Layout, as everywhere in the ports: tokens flattened to `T` rows; sequence `i` owns rows
 `cu_seqlens[i]:cu_seqlens[i+1]`. A decode step is the same call with every length 1.
+
+A layer's whole mixer between its two GEMMs is one call, `gated_delta_mix`, so that an adapter may fuse the chain
+(the CUDA adapter runs a decode step as one kernel); `unfused_gated_delta_mix` is that chain over the four
+single ops, the definition every adapter's result equals.
 """
 
 from __future__ import annotations
@@ -24,6 +28,20 @@ class StateBatch(NamedTuple):
     slot_ids: Tensor  # [B] int32, each sequence's state slot (0 = scratch, for padding rows)
     max_query_len: int
     is_decode: bool  # every sequence has exactly one new token (CUDA-graph eligible)
+
+
+class GdnLayer(NamedTuple):
+    """One Gated DeltaNet layer's geometry and the weights the mixer uses (all but the two GEMMs')."""
+
+    num_k_heads: int
+    k_head_dim: int
+    num_v_heads: int
+    v_head_dim: int
+    conv_weight: Tensor  # [C, K], C = 2 * Hk * Dk + Hv * Dv (q | k | v channels)
+    a_log: Tensor  # [Hv]
+    dt_bias: Tensor  # [Hv]
+    norm_weight: Tensor  # [Dv]
+    norm_eps: float
 
 
 class GatedDeltaOps(Protocol):
@@ -75,3 +93,35 @@ class GatedDeltaOps(Protocol):
         """`(g, beta)` from the `in_proj_a` / `in_proj_b` outputs `[T, Hv]`:
         `g = -exp(A_log.float()) * softplus(a.float() + dt_bias)`, `beta = sigmoid(b).float()`; both fp32."""
         ...
+
+    def gated_delta_mix(
+        self, qkv: Tensor, z: Tensor, b: Tensor, a: Tensor, layer: GdnLayer, conv_states: Tensor,
+        recurrent_states: Tensor, batch: StateBatch,
+    ) -> Tensor:
+        """The mixer between in_proj and out_proj: `causal_conv1d` of qkv, split into q, k, v; `gdn_gates` of a, b;
+        `gated_delta_rule`; `gated_rms_norm` of its output with gate z — exactly `unfused_gated_delta_mix`, up to
+        fp32 rounding inside (the intermediate roundings to the model dtype kept).
+
+        qkv `[T, C]`, z `[T, Hv * Dv]`, b, a `[T, Hv]`, all in the model dtype (row-strided views of the fused
+        input projection allowed). Updates the batch's conv and recurrent slots; returns `[T, Hv * Dv]` in
+        qkv's dtype."""
+        ...
+
+
+def unfused_gated_delta_mix(
+    ops: GatedDeltaOps, qkv: Tensor, z: Tensor, b: Tensor, a: Tensor, layer: GdnLayer, conv_states: Tensor,
+    recurrent_states: Tensor, batch: StateBatch,
+) -> Tensor:
+    """`gated_delta_mix` as the chain of the port's four single ops."""
+    num_tokens = qkv.shape[0]
+    hk, dk, hv, dv = layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim
+    mixed = ops.causal_conv1d(qkv, layer.conv_weight, conv_states, batch)
+    q, k, v = mixed.split((hk * dk, hk * dk, hv * dv), dim=-1)
+    decay, beta = ops.gdn_gates(a, b, layer.a_log, layer.dt_bias)
+    out = ops.gated_delta_rule(
+        q.reshape(num_tokens, hk, dk), k.reshape(num_tokens, hk, dk), v.reshape(num_tokens, hv, dv), decay, beta,
+        recurrent_states, batch,
+    )
+    heads = num_tokens * hv
+    out = ops.gated_rms_norm(out.reshape(heads, dv), z.reshape(heads, dv), layer.norm_weight, layer.norm_eps)
+    return out.reshape(num_tokens, hv * dv)

@@ -3,7 +3,8 @@
 One GEMM computes the four input projections (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`, fused with
 the norm before it); then the causal depthwise conv + SiLU over q|k|v (its last `K - 1` inputs kept in the
 sequence's conv slot), the decay g and beta from a/b, the gated delta rule (its state in the recurrent slot), the
-gated RMSNorm with `silu(z)` (scaling by w), and `out_proj`. Every op is the backend's `GatedDeltaOps`.
+gated RMSNorm with `silu(z)` (scaling by w), and `out_proj`. Everything between the two GEMMs is one call of the
+backend's `GatedDeltaOps.gated_delta_mix` (which the CUDA adapter fuses into one kernel at decode).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from infer_core.ports.fused_ops import AttentionBatch
-from infer_core.ports.linear_attention import StateBatch
+from infer_core.ports.linear_attention import GdnLayer, StateBatch
 from infer_core.ports.op_ports import OpPorts
 from infer_core.quant import DENSE_CONFIG, ModuleQuant
 from infer_worker.components.linear import Linear, MergedLinear
@@ -69,6 +70,9 @@ class GatedDeltaNet:
         self.a_log = empty((g.num_v_heads,), dtype, device)
         self.dt_bias = empty((g.num_v_heads,), dtype, device)
         self.norm_weight = empty((g.v_head_dim,), dtype, device)
+        # The loader copies the checkpoint into these tensors in place, so the views stay the layer's weights.
+        self._layer = GdnLayer(g.num_k_heads, g.k_head_dim, g.num_v_heads, g.v_head_dim, self.conv_weight[:, 0, :],
+                               self.a_log, self.dt_bias, self.norm_weight, norm_eps)
 
     @property
     def in_proj(self) -> Linear:
@@ -78,21 +82,10 @@ class GatedDeltaNet:
             states: StateBatch | None) -> torch.Tensor:
         if states is None:
             raise ValueError("a Gated DeltaNet layer needs the step's state slots (StateBatch)")
-        g, gdn = self.geometry, self._gdn
-        num_tokens = projected.shape[0]
         conv_states, recurrent_states = cache
         qkv, z, b, a = projected.split(self.in_proj_parts.part_sizes, dim=-1)
-        qkv = gdn.causal_conv1d(qkv, self.conv_weight[:, 0, :], conv_states, states)
-        q, k, v = qkv.split((g.key_dim, g.key_dim, g.value_dim), dim=-1)
-        decay, beta = gdn.gdn_gates(a, b, self.a_log, self.dt_bias)
-        out = gdn.gated_delta_rule(
-            q.reshape(num_tokens, g.num_k_heads, g.k_head_dim), k.reshape(num_tokens, g.num_k_heads, g.k_head_dim),
-            v.reshape(num_tokens, g.num_v_heads, g.v_head_dim), decay, beta, recurrent_states, states,
-        )
-        heads = num_tokens * g.num_v_heads
-        out = gdn.gated_rms_norm(out.reshape(heads, g.v_head_dim), z.reshape(heads, g.v_head_dim),
-                                 self.norm_weight, self.norm_eps)
-        return self.out_proj(out.reshape(num_tokens, g.value_dim))
+        out = self._gdn.gated_delta_mix(qkv, z, b, a, self._layer, conv_states, recurrent_states, states)
+        return self.out_proj(out)
 
     def weight_slots(self) -> WeightSlots:
         return {
