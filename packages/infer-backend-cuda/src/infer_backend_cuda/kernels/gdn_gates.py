@@ -34,11 +34,18 @@ def _gated_rms_norm_kernel(
     x = tl.load(x_ptr + rows[:, None] * x_st + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     z = tl.load(z_ptr + rows[:, None] * z_st + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cm, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    normed = (x * rstd[:, None]).to(out_ptr.dtype.element_ty).to(tl.float32)
-    scaled = (normed * w[None, :]).to(out_ptr.dtype.element_ty).to(tl.float32)
-    y = scaled * (z / (1.0 + tl.exp(-z)))
+    y = gated_rms_norm_tile(x, z, w[None, :], D, eps, out_ptr.dtype.element_ty, 1)
     tl.store(out_ptr + rows[:, None] * o_st + cols[None, :], y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gated_rms_norm_tile(x, z, w, D, eps, dt: tl.constexpr, AXIS: tl.constexpr):
+    """`Qwen3_5RMSNormGated` of fp32 rows x (over `AXIS`, D valid entries, zeros past them) with fp32 gates z and
+    weight w, its two intermediate products rounded to `dt` (the output dtype); returns fp32."""
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=AXIS, keep_dims=True) / D + eps)
+    normed = (x * rstd).to(dt).to(tl.float32)
+    scaled = (normed * w).to(dt).to(tl.float32)
+    return scaled * (z / (1.0 + tl.exp(-z)))
 
 
 def gated_rms_norm(
@@ -79,15 +86,21 @@ def _gdn_gates_kernel(
     b = tl.load(b_ptr + rows[:, None] * b_st + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     a_log = tl.load(alog_ptr + cols, mask=hm, other=0.0).to(tl.float32)
     dt_bias = tl.load(dtb_ptr + cols, mask=hm, other=0.0).to(tl.float32)
-    xs = a + dt_bias[None, :]
-    # torch's softplus: linear above 20; log1p(exp(x)), which is exp(x) to fp32 precision far below 0.
-    ex = tl.exp(tl.minimum(xs, 20.0))
-    softplus = tl.where(xs > 20.0, xs, tl.where(xs < -15.0, ex, tl.log(1.0 + ex)))
-    g = -tl.exp(a_log)[None, :] * softplus
-    beta = (1.0 / (1.0 + tl.exp(-b))).to(b_ptr.dtype.element_ty).to(tl.float32)
+    g, beta = gate_values(a, b, a_log[None, :], dt_bias[None, :], b_ptr.dtype.element_ty)
     offs = rows[:, None] * o_st + cols[None, :]
     tl.store(g_ptr + offs, g, mask=mask)
     tl.store(beta_ptr + offs, beta, mask=mask)
+
+
+@triton.jit
+def gate_values(a, b, a_log, dt_bias, b_dtype: tl.constexpr):
+    """`(g, beta)` in fp32 from fp32 a, b, A_log, dt_bias (any broadcastable shapes), beta rounded to `b_dtype`."""
+    xs = a + dt_bias
+    # torch's softplus: linear above 20; log1p(exp(x)), which is exp(x) to fp32 precision far below 0.
+    ex = tl.exp(tl.minimum(xs, 20.0))
+    softplus = tl.where(xs > 20.0, xs, tl.where(xs < -15.0, ex, tl.log(1.0 + ex)))
+    g = -tl.exp(a_log) * softplus
+    return g, (1.0 / (1.0 + tl.exp(-b))).to(b_dtype).to(tl.float32)
 
 
 def gdn_gates(

@@ -38,6 +38,22 @@ def sequence_head_block(
     return h // GROUP, h, bos, n, kk, vv, km, vm, s_ptrs, km[:, None] & vm[None, :]
 
 
+@triton.jit
+def l2_normalise(x):
+    """x (fp32, one row) over its L2 norm, eps 1e-6 as transformers' `l2norm` in the gated delta rule."""
+    return x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
+
+
+@triton.jit
+def delta_rule_step(state, q, k, v, g, beta):
+    """One token of the gated delta rule on a `[Dk, BV]` fp32 state tile, q / k already normalised (q scaled):
+    `S = S * exp(g)`, `S += k (beta (v - k^T S))^T`; returns the new tile and `o = q^T S`."""
+    state = state * tl.exp(g)
+    delta = (v - tl.sum(state * k[:, None], axis=0)) * beta
+    state = state + k[:, None] * delta[None, :]
+    return state, tl.sum(state * q[:, None], axis=0)
+
+
 @triton.jit(do_not_specialize=("max_len",))
 def _gdn_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
@@ -61,12 +77,7 @@ def _gdn_recurrent_kernel(
             v = tl.load(v_ptr + t64 * v_st + h * v_sh + vv, mask=vm, other=0.0).to(tl.float32)
             g = tl.load(g_ptr + t64 * g_st + h).to(tl.float32)
             beta = tl.load(beta_ptr + t64 * beta_st + h).to(tl.float32)
-            q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * scale
-            k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-            state = state * tl.exp(g)
-            delta = (v - tl.sum(state * k[:, None], axis=0)) * beta
-            state = state + k[:, None] * delta[None, :]
-            o = tl.sum(state * q[:, None], axis=0)
+            state, o = delta_rule_step(state, l2_normalise(q) * scale, l2_normalise(k), v, g, beta)
             tl.store(out_ptr + t64 * o_st + h * o_sh + vv, o.to(out_ptr.dtype.element_ty), mask=vm)
         tl.store(s_ptrs, state, mask=smask)
 
