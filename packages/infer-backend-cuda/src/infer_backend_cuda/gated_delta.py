@@ -1,17 +1,23 @@
 """The `GatedDeltaOps` port (linear-attention layers of hybrid models) on Triton kernels.
 
-Decode steps (every sequence one token) run the fused recurrent kernel, which is CUDA-graph capturable. Other
-steps split by row length on the device: rows shorter than `SHORT_ROW` (decode rows of a mixed step) through the
-recurrent kernel, the others through the chunked (WY form) kernels, in the same step and without a host sync.
+A decode step's whole mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) is one kernel
+(`kernels/gdn_decode.py`), CUDA-graph capturable; `INFER_CUDA_GDN_FUSED_DECODE=0` runs the four separate kernels
+instead (A/B). In other steps the gated delta rule splits by row length on the device: rows shorter than
+`SHORT_ROW` (decode rows of a mixed step) through the recurrent kernel, the others through the chunked (WY form)
+kernels, in the same step and without a host sync.
 The state pools are allocated once, so a captured graph keeps addressing the same slots.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import torch
 
 from infer_backend_cuda.kernels.causal_conv1d import causal_conv1d
 from infer_backend_cuda.kernels.gdn_chunk import CHUNK, gdn_chunk
+from infer_backend_cuda.kernels.gdn_decode import gdn_decode
 from infer_backend_cuda.kernels.gdn_gates import gated_rms_norm, gdn_gates
 from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent, prepare_gdn_out
 from infer_core.ports.linear_attention import GdnLayer, StateBatch, unfused_gated_delta_mix
@@ -24,10 +30,22 @@ from infer_core.ports.linear_attention import GdnLayer, StateBatch, unfused_gate
 # rows (a few tokens) always take the recurrence.
 SHORT_ROW = CHUNK // 4
 
+# INFER_CUDA_GDN_FUSED_DECODE=0: decode steps run the four separate kernels, as other steps do (A/B benchmarks).
+# Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the config loader's prefix).
+FUSED_DECODE_ENV = "INFER_CUDA_GDN_FUSED_DECODE"
+
+
+def fused_decode_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(FUSED_DECODE_ENV, "1").strip() != "0"
+
+
+_FUSED_DECODE = fused_decode_wanted()
+
 
 class CudaGatedDeltaOps:
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, fused_decode: bool = _FUSED_DECODE) -> None:
         self.device = torch.device(device)
+        self.fused_decode = fused_decode
 
     def allocate_state_pools(
         self, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int, num_v_heads: int,
@@ -79,4 +97,8 @@ class CudaGatedDeltaOps:
         self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer: GdnLayer,
         conv_states: torch.Tensor, recurrent_states: torch.Tensor, batch: StateBatch,
     ) -> torch.Tensor:
+        if batch.is_decode and self.fused_decode:  # one launch instead of four
+            heads = (layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim)
+            return gdn_decode(qkv, z, b, a, heads, layer.conv_weight, layer.a_log, layer.dt_bias, layer.norm_weight,
+                              layer.norm_eps, conv_states, recurrent_states, batch.cu_seqlens, batch.slot_ids)
         return unfused_gated_delta_mix(self, qkv, z, b, a, layer, conv_states, recurrent_states, batch)
