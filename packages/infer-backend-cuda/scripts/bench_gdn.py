@@ -7,7 +7,11 @@ Eager calls timed with CUDA events (mixed and prefill steps of a hybrid model ru
 3 warm-ups; per kernel (recurrent, the chunk-local pass's `gram` and `solve`, sequential `state`) from the torch
 profiler, each call synchronised: with PDL a kernel starts early and waits for its predecessor inside, so
 back-to-back calls would bill the previous call's state pass to this call's first kernel (the 1.7 ms
-"recurrent" time once seen at prefill 8192, where that kernel's programs all exit at once)."""
+"recurrent" time once seen at prefill 8192, where that kernel's programs all exit at once).
+
+Then a decode step's whole mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) at 1 and 60 rows, the
+fused kernel (`kernels/gdn_decode.py`) against the four separate kernels: 24 layers (each its own state pools, as
+in the model, so no state stays in L2 between layers) captured in one CUDA graph, as decode steps run."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import torch
 
 from infer_backend_cuda.gated_delta import CudaGatedDeltaOps
 from infer_backend_cuda.kernels import gdn_chunk
-from infer_core.ports.linear_attention import StateBatch
+from infer_core.ports.linear_attention import GdnLayer, StateBatch
 
 HK, HV, D = 16, 32, 128
 dev = "cuda"
@@ -95,6 +99,7 @@ def main() -> None:
         cols = "".join(f"{per[t]:>{w}.3f}" if t in per else f"{'-':>{w}}" for t, w in widths.items())
         print(f"{name:<24}{total:>9.3f}{cols}  {predicted}")
     _state_variants(ops)
+    _fused_decode()
 
 
 def _state_variants(ops) -> None:  # noqa: ANN001
@@ -114,6 +119,56 @@ def _state_variants(ops) -> None:  # noqa: ANN001
         finally:
             gdn_chunk.BV, gdn_chunk.STATE_WARPS = default
         print(f"{f'BV {bv}, {warps} warps':<26}{ms:>9.3f}{diff:>21.3g}")
+
+
+GDN_LAYERS = 24  # Qwen3.5-4B
+
+
+def _decode_mix_graph(rows: int, fused: bool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A CUDA graph of GDN_LAYERS decode mixers at `rows` sequences; returns it and the last layer's output."""
+    gen = torch.Generator(device=dev).manual_seed(0)
+    conv_dim = 2 * HK * D + HV * D
+
+    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(shape, generator=gen, device=dev) * scale).to(torch.bfloat16)
+
+    layer = GdnLayer(HK, D, HV, D, rand(conv_dim, 4, scale=0.3), rand(HV, scale=0.5), rand(HV), rand(D), 1e-6)
+    ops = CudaGatedDeltaOps(dev, fused_decode=fused)
+    pools = ops.allocate_state_pools(GDN_LAYERS, rows + 1, conv_dim, 4, HV, D, D, torch.bfloat16)
+    qkv, z, b, a = rand(rows, conv_dim + HV * D + 2 * HV).split((conv_dim, HV * D, HV, HV), dim=-1)
+    cu = torch.arange(rows + 1, dtype=torch.int32, device=dev)
+    batch = StateBatch(cu, cu[1:].clone(), 1, True)
+
+    def step() -> torch.Tensor:
+        out = qkv
+        for conv, rec in pools:
+            out = ops.gated_delta_mix(qkv, z, b, a, layer, conv, rec, batch)
+        return out
+
+    step()  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
+def _fused_decode() -> None:
+    """us per layer of the decode mixer, graph-replayed. Predicted (docs/kernels.md): at 1 row the fused kernel
+    saves ~6-12 us a layer (0.15-0.3 ms a 24-layer step: three launches and the intermediate round trips); at 60
+    rows little (the state bytes dominate both)."""
+    print(f"{'decode mixer, per layer':<26}{'4 kernels us':>13}{'fused us':>10}{'saved ms/step':>15}"
+          f"{'max |fused - 4 kernels|':>25}")
+    for rows in (1, 60):
+        us, outs = {}, {}
+        for fused in (False, True):
+            graph, out = _decode_mix_graph(rows, fused)
+            us[fused] = _ms(graph.replay) * 1e3 / GDN_LAYERS
+            outs[fused] = out.float()
+            del graph
+        diff = (outs[True] - outs[False]).abs().max().item()  # one replay more of each: the same state history
+        saved = (us[False] - us[True]) * GDN_LAYERS / 1e3
+        print(f"{f'{rows} rows':<26}{us[False]:>13.2f}{us[True]:>10.2f}{saved:>15.3f}{diff:>25.3g}")
 
 
 if __name__ == "__main__":
