@@ -138,8 +138,8 @@ def test_fused_decode_padding_rows(device):
 
 
 def test_env_switch():
-    assert fused_decode_wanted({}) and fused_decode_wanted({FUSED_DECODE_ENV: "1"})
-    assert not fused_decode_wanted({FUSED_DECODE_ENV: "0"}) and not fused_decode_wanted({FUSED_DECODE_ENV: " 0 "})
+    assert fused_decode_wanted({FUSED_DECODE_ENV: "1"}) and fused_decode_wanted({FUSED_DECODE_ENV: " 1 "})
+    assert not fused_decode_wanted({}) and not fused_decode_wanted({FUSED_DECODE_ENV: "0"})
 
 
 @pytest.mark.parametrize("fused, lens, launches", [(True, [1, 1], 1), (False, [1, 1], 0), (True, [3, 1], 0)],

@@ -1,8 +1,8 @@
 """The `GatedDeltaOps` port (linear-attention layers of hybrid models) on Triton kernels.
 
-A decode step's whole mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) is one kernel
-(`kernels/gdn_decode.py`), CUDA-graph capturable; `INFER_CUDA_GDN_FUSED_DECODE=0` runs the four separate kernels
-instead (A/B). In other steps the gated delta rule splits by row length on the device: rows shorter than
+A decode step's mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) runs the four separate kernels:
+the fused one-launch form (`kernels/gdn_decode.py`, `INFER_CUDA_GDN_FUSED_DECODE=1`) measured slower on the H200
+(17.8 against 12.9 us a layer at one row, 150 against 106 at 60; docs/kernels.md), so it is opt-in. In other steps the gated delta rule splits by row length on the device: rows shorter than
 `SHORT_ROW` (decode rows of a mixed step) through the recurrent kernel, the others through the chunked (WY form)
 kernels, in the same step and without a host sync.
 The state pools are allocated once, so a captured graph keeps addressing the same slots.
@@ -30,13 +30,13 @@ from infer_core.ports.linear_attention import GdnLayer, StateBatch, unfused_gate
 # rows (a few tokens) always take the recurrence.
 SHORT_ROW = CHUNK // 4
 
-# INFER_CUDA_GDN_FUSED_DECODE=0: decode steps run the four separate kernels, as other steps do (A/B benchmarks).
+# INFER_CUDA_GDN_FUSED_DECODE=1: decode steps run the fused kernel (A/B benchmarks; slower as it stands).
 # Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the config loader's prefix).
 FUSED_DECODE_ENV = "INFER_CUDA_GDN_FUSED_DECODE"
 
 
 def fused_decode_wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(FUSED_DECODE_ENV, "1").strip() != "0"
+    return environ.get(FUSED_DECODE_ENV, "0").strip() == "1"
 
 
 _FUSED_DECODE = fused_decode_wanted()
