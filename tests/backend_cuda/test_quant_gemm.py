@@ -139,6 +139,20 @@ def test_awq_decode_configs_pick_the_gemv_and_fill_the_gpu():
     assert A.default_config(5, 6144, 2560, 128).block_m == 16 and A.default_config(8, 2560, 4096, 128).block_m == 16
 
 
+def test_awq_tiled_configs_fill_the_gpu_at_decode_batches():
+    """From 5 to 64 rows the tiled kernel, bound by the SMs that dequantize: Qwen3-4B's narrow GEMMs (qkv, o_proj,
+    down) split K until the launch covers the H200's 132 SMs, with the fp32 workspace within the int4 weight's
+    bytes (16 M splits / K <= 1)."""
+    for m in (8, 16, 32):
+        for n, k in ((6144, 2560), (2560, 4096), (2560, 9728)):
+            cfg = A.default_config(m, n, k, 128)
+            assert cfg.block_m > A.SKINNY_MAX_M
+            splits = A.split_k.steps_per_split(k // cfg.block_k, cfg.k_splits)[1]
+            programs = -(-m // cfg.block_m) * -(-n // cfg.block_n) * splits
+            assert programs >= 132, (m, n, k, cfg)
+            assert 16 * m * splits <= k, (m, n, k, cfg)
+
+
 def test_awq_refuses_groups_the_kernels_cannot_step(device):
     assert A.group_block_k(128, 64) == 64 and A.group_block_k(96, 64) == 32 and A.group_block_k(32, 64) == 32
     with pytest.raises(ValueError, match="divisible by 16"):
