@@ -70,7 +70,7 @@ def main() -> None:
         runner.capture()
     else:
         runner = ModelRunner(*runner_args, state_pools=caches.state_pools)
-    counts = ("graph_steps", "mixed_graph_steps", "eager_steps")
+    counts = ("graph_steps", "decode_logits_steps", "mixed_graph_steps", "eager_steps")
     book = GrammarBook(tokenizer_info_factory(args.tokenizer_dir), spec.vocab_size)
     runner.grammars = book
     gen = torch.Generator().manual_seed(0)

@@ -265,7 +265,8 @@ def test_graph_runner_keeps_the_fast_path_unless_a_row_needs_processing(qwen_dir
     samplings = [plain, penalised, plain]
     runner = _runner(qwen_dir, graphs=True)
     graph_tokens, _ = _decode(runner, prompts, samplings, steps=4)
-    assert runner.graph_steps == 0  # one row with penalties sends the whole step down the eager path
+    # one row with penalties: its decode steps replay the graphs that stop at the logits, then process and sample
+    assert runner.graph_steps == runner.decode_logits_steps == 3 and runner.eager_steps == 1
     eager_tokens, _ = _decode(_runner(qwen_dir, graphs=False), prompts, samplings, steps=4)
     assert graph_tokens == eager_tokens
 
@@ -273,7 +274,9 @@ def test_graph_runner_keeps_the_fast_path_unless_a_row_needs_processing(qwen_dir
     runner = _runner(qwen_dir, graphs=True)
     greedy_min = Sampling(temperature=0.0, min_tokens=3)
     _decode(runner, prompts, [greedy_min] * 3, steps=6, stop=(1,))
-    assert runner.graph_steps == 3  # steps 4, 5, 6 sample tokens 4..6 (>= min_tokens generated)
+    # steps 2 and 3 mask the stop id (fewer than min_tokens out) after a graph up to the logits; steps 4, 5, 6
+    # sample tokens 4..6 inside the decode graphs
+    assert (runner.graph_steps, runner.decode_logits_steps) == (5, 2)
 
 
 def test_min_tokens_changes_a_greedy_stop(qwen_dir: Path) -> None:

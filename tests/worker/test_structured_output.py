@@ -235,6 +235,7 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
 
     preemptions: list[int] = []
     in_flight_fed: list[int] = []
+    logits_graph_steps: list[int] = []
 
     def run(subs: list[Submit], overlap: bool, num_blocks: int) -> dict[str, tuple[list[int], str | None]]:
         runner = make_runner(model_dir, graphs, num_blocks, make_backend())
@@ -242,6 +243,7 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
         out, engine = serve(runner, subs, overlap=overlap, num_blocks=num_blocks, max_model_len=64)
         preemptions.append(engine.counters.preemptions)
         in_flight_fed.append(runner.grammars.pending_resolved)
+        logits_graph_steps.append(getattr(runner, "decode_logits_steps", 0))
         return out
 
     mixed = submits(True)
@@ -250,6 +252,8 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
     # pipelines agree; preempted and recomputed, a constrained row's matcher replays its output and goes on.
     assert results[0] == results[1] == results[2] and preemptions[2] > 0
     assert in_flight_fed[0] > 10 and in_flight_fed[1] == 0 and in_flight_fed[2] > 0
+    # With graphs, the grammar rows' decode steps replay the decode graphs that stop at the logits.
+    assert all(n > 10 for n in logits_graph_steps) if graphs else not any(logits_graph_steps)
     for out in results:
         for sub in mixed:
             tokens, reason = out[sub.request_id]

@@ -9,8 +9,12 @@ step's tokens are padded to T (slot -1: no KV write) and its sequences to S (emp
 prefill attention kernel's grid covers T query rows per sequence, and the rows a sequence does not own are
 skipped. The graph ends at the logits of the sampling rows; sampling runs after the replay, so one graph serves
 greedy and stochastic batches, and rows that need logits processing (penalties, min_tokens masking, top
-logprobs) — a decode batch with such a row runs a mixed graph too. Without these graphs such a step pays the
-eager launch cost of every layer.
+logprobs, a grammar). Without these graphs such a step pays the eager launch cost of every layer.
+
+Decode with logits processing: a decode batch with such a row replays a decode graph that stops at the logits
+(one per capture size), then processes and samples them as a mixed step does: the rows keep the decode attention
+path (a mixed graph would run them through the ragged kernels), and the grammar mask, which needs the token still
+in flight, is filled while the forward runs.
 
 PENDING input ids are gathered into the input buffer from the previous launch's sampled tokens just before a
 replay. Larger steps run on the eager path of ModelRunner.
@@ -40,6 +44,7 @@ from infer_worker.application.model_runner import HostStep, LaunchedStep, ModelR
 from infer_worker.application.prompt_logprobs import needs_prompt_logprobs
 from infer_worker.domain.sequence import ScheduledSeq
 
+DECODE, DECODE_LOGITS, MIXED = "decode", "decode_logits", "mixed"  # which graph a step replays
 log = logging.getLogger("rustinfer.worker")
 
 
@@ -234,7 +239,9 @@ class GraphModelRunner(ModelRunner):
                                    self.backend)
         self._graphs: dict[tuple[int, bool], Any] = {}  # decode: (size, greedy)
         self._mixed: dict[tuple[int, int], Any] = {}  # mixed: (token bucket, sequence bucket)
+        self._decode_logits: dict[int, Any] = {}  # decode up to the logits, for rows that need processing: size
         self.graph_steps = 0  # decode replays so far (tests and logs read it)
+        self.decode_logits_steps = 0  # of them, those that stopped at the logits
         self.mixed_graph_steps = 0
         self.eager_steps = 0
 
@@ -248,15 +255,18 @@ class GraphModelRunner(ModelRunner):
         for size in reversed(self.capture_sizes):  # largest first: later graphs reuse its pool memory
             for greedy in (True, False):
                 self._graphs[(size, greedy)] = self.backend.capture_graph(self._step_fn(size, greedy, max_seq_len))
-        log.info("captured CUDA graphs for decode batch sizes %s", self.capture_sizes)
+        buf = self._buf
+        buf.logits = torch.empty((self.capture_sizes[-1], self.model.spec.vocab_size), dtype=torch.float32,
+                                 device=self.device)
+        for size in reversed(self.capture_sizes):
+            self._decode_logits[size] = self.backend.capture_graph(self._decode_logits_fn(size, max_seq_len))
+        log.info("captured CUDA graphs for decode batch sizes %s (sampling inside, and up to the logits)",
+                 self.capture_sizes)
         if not self.capture_tokens:
             return
         if self.state_pools:
             log.info("mixed steps of a model with linear-attention layers run eagerly (no mixed graphs)")
             return
-        buf = self._buf
-        buf.logits = torch.empty((self.capture_sizes[-1], self.model.spec.vocab_size), dtype=torch.float32,
-                                 device=self.device)
         for tokens in reversed(self.capture_tokens):
             for seqs in reversed([s for s in self.mixed_seq_sizes if s <= tokens]):
                 self._mixed[(tokens, seqs)] = self.backend.capture_graph(self._mixed_fn(tokens, seqs, max_seq_len))
@@ -276,6 +286,19 @@ class GraphModelRunner(ModelRunner):
 
         return step
 
+    def _decode_logits_fn(self, size: int, max_seq_len: int):  # noqa: ANN202 - a closure for capture
+        buf = self._buf
+        batch = buf.attention_batch(size, size, self.block_size, max_seq_len, decode=True)
+        state_slots = buf.state_slots[:size] if self.state_pools else None
+        assert buf.logits is not None
+        logits = buf.logits[:size]
+
+        def step() -> None:
+            hidden = self.model.forward(buf.input_ids[:size], batch, self.kv_caches, state_slots)
+            logits.copy_(self.model.compute_logits(hidden))
+
+        return step
+
     def _mixed_fn(self, tokens: int, seqs: int, max_seq_len: int):  # noqa: ANN202 - a closure for capture
         buf = self._buf
         batch = buf.attention_batch(tokens, seqs, self.block_size, max_seq_len, decode=False)
@@ -288,29 +311,29 @@ class GraphModelRunner(ModelRunner):
 
         return step
 
-    def _bucket(self, scheduled: Seq[ScheduledSeq]) -> tuple[int, int, bool] | None:
-        """(token bucket, sequence bucket, decode graph?) of a step a graph can run, else None."""
+    def _bucket(self, scheduled: Seq[ScheduledSeq]) -> tuple[int, int, str] | None:
+        """(token bucket, sequence bucket, DECODE / DECODE_LOGITS / MIXED) of a step a graph can run, else None."""
         n = len(scheduled)
         if not self._graphs or n == 0 or n > self.capture_sizes[-1]:
             return None
-        # A row that needs logits processing (penalties, min_tokens, top logprobs) cannot use a decode graph,
-        # which samples inside; a mixed graph stops at the logits, so it serves such a batch too. Prompt
-        # logprobs (which count as processing until the prompt is done) read the hidden rows of every prompt
-        # token, which a graph drops: eager.
+        # A row that needs logits processing (penalties, min_tokens, top logprobs, a grammar) cannot use a decode
+        # graph that samples inside; the decode graphs that stop at the logits, and the mixed ones, serve such a
+        # batch. Prompt logprobs (which count as processing until the prompt is done) read the hidden rows of
+        # every prompt token, which a graph drops: eager.
         # The image inputs of a prompt (tower embeddings scattered in, 3-D rotary rows) are eager work.
         if any(s.seq.num_computed < s.seq.multimodal_until for s in scheduled):
             return None
         processing = any(s.seq.needs_processing for s in scheduled)
         if processing and needs_prompt_logprobs(scheduled):
             return None
-        if not processing and all(s.num_new == 1 and s.samples for s in scheduled):
+        if all(s.num_new == 1 and s.samples for s in scheduled):  # every row decodes (and so samples)
             seqs = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
-            return seqs, seqs, True  # every row decodes (and so samples)
+            return seqs, seqs, DECODE_LOGITS if processing else DECODE
         seqs = self.mixed_seq_sizes[bisect.bisect_left(self.mixed_seq_sizes, n)]
         need = max(sum(s.num_new for s in scheduled), seqs)  # a graph of T tokens was captured for S <= T
         if not self._mixed or need > self.capture_tokens[-1]:
             return None
-        return self.capture_tokens[bisect.bisect_left(self.capture_tokens, need)], seqs, False
+        return self.capture_tokens[bisect.bisect_left(self.capture_tokens, need)], seqs, MIXED
 
     @torch.inference_mode()
     def launch(self, scheduled: Seq[ScheduledSeq]) -> LaunchedStep:
@@ -318,7 +341,7 @@ class GraphModelRunner(ModelRunner):
         if bucket is None:
             self.eager_steps += 1
             return super().launch(scheduled)
-        tokens, seqs, decode = bucket
+        tokens, seqs, kind = bucket
         trace = self.backend.trace_range
         buf = self._buf
         with trace("prepare"):
@@ -333,14 +356,20 @@ class GraphModelRunner(ModelRunner):
             if self.state_pools and fresh:
                 self.backend.ops.gdn.reset_slots(self.state_pools, buf.fresh_slots[:fresh])  # type: ignore[union-attr]
         num_samples = len(step.sampling_seqs)
-        if decode:
+        if kind == DECODE:
             with trace(f"graph_replay_{seqs}"):
                 self._graphs[(seqs, greedy)].replay()
             self.graph_steps += 1
             return self._launched(step.sampling_seqs, buf.out_tokens[:num_samples], buf.out_logprobs[:num_samples])
-        with trace(f"mixed_graph_replay_{tokens}x{seqs}"):
-            self._mixed[(tokens, seqs)].replay()
-        self.mixed_graph_steps += 1
+        if kind == DECODE_LOGITS:
+            with trace(f"graph_replay_logits_{seqs}"):
+                self._decode_logits[seqs].replay()
+            self.graph_steps += 1
+            self.decode_logits_steps += 1
+        else:
+            with trace(f"mixed_graph_replay_{tokens}x{seqs}"):
+                self._mixed[(tokens, seqs)].replay()
+            self.mixed_graph_steps += 1
         if not num_samples:  # every sequence is mid-prefill
             return LaunchedStep(self.num_launches, [])
         assert buf.logits is not None
