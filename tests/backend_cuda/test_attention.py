@@ -73,6 +73,7 @@ MIXED_SMALL = [
     ([7, 3, 1, 1], [7, 19, 33, 2], 8, 2, 16, 8, 2),  # decode rows last, GQA 4
     ([1, 5, 1, 0, 12, 1], [9, 14, 40, 0, 12, 1], 6, 2, 16, 4, 4),  # interleaved, GQA 3, an empty sequence
     ([2, 1, 17, 1], [30, 0, 17, 64], 2, 2, 16, 16, None),  # GQA 1, a one-token padding row (context 0)
+    ([1, 6, 1, 1], [25, 6, 0, 40], 4, 2, 16, 8, 1),  # one split: pass 1 writes the decode rows, no merge pass
 ]
 
 
