@@ -311,3 +311,82 @@ def test_a_tokenizer_the_grammar_engine_cannot_read_fails_each_request_without_r
     assert [(e.seq_id, e.code, e.status) for e in errors] == [(0, "invalid_grammar", 400), (1, "invalid_grammar", 400)]
     assert all("differently from its decoder" in e.message for e in errors)
     assert calls == [64]
+
+
+def _reference_refused(spec: StructuredOutput, generated: list[int]) -> "np.ndarray":
+    """The tokens a fresh matcher of `spec`, fed `generated`, refuses: its own bitmask, filled alone and unpacked
+    with numpy (bit i of word j is token 32 j + i)."""
+    import numpy as np
+
+    matcher = xgr.GrammarMatcher(compile_spec(xgr.GrammarCompiler(_tokenizer_info(256)), spec),
+                                 override_stop_tokens=[EOS])
+    assert all(matcher.accept_token(t) for t in generated)
+    bitmask = xgr.allocate_token_bitmask(1, 256)
+    matcher.fill_next_token_bitmask(bitmask)
+    return np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:256] == 0
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_the_batched_fill_masks_each_row_as_its_own_matcher_would(threads: int) -> None:
+    """GrammarBook.mask fills every row's bitmask in one batched call into a reused buffer: each masked row gets
+    exactly the mask its matcher alone would fill, over steps whose rows are in other grammar states, fewer and then
+    more rows than before (the buffer grows); free, terminated and failed rows keep their logits."""
+    import numpy as np
+    import torch
+
+    from infer_worker.domain.sequence import PENDING, Grammar, Sampling, Sequence
+
+    tok = VOCAB.index
+    schema, obj = _structured(SCHEMA), _structured(None)
+    specs: dict[int, StructuredOutput | None] = {
+        0: None, 1: schema, 2: schema, 3: obj,
+        4: StructuredOutput(kind="regex", schema="ab"),  # completes, then accepts its stop token: terminated
+        5: StructuredOutput(kind="json_schema", schema='{"type": "nope"}'),  # refused by the engine: failed
+        6: StructuredOutput(kind="regex", schema="[0-9]+"), 7: None}
+    generated = {0: [tok("x")], 1: [], 2: [tok("{"), tok('"a"'), tok(":")], 3: [tok("{")],
+                 4: [tok("a"), tok("b"), EOS], 5: [], 6: [tok("4"), PENDING], 7: []}
+    pending = {6: tok("7")}  # the in-flight token of row 6, as the previous launch sampled it
+    prompt = [tok("q"), tok("r")]
+    book = GrammarBook(_tokenizer_info, 256, threads=threads)
+
+    def sequence(i: int) -> Sequence:
+        spec = specs[i]
+        grammar = None if spec is None else Grammar(spec.kind, spec.schema)
+        seq = Sequence(i, prompt + generated[i], len(prompt), [0], Sampling(temperature=0.0, structured=grammar),
+                       prompt_len=len(prompt), stop_token_ids=(EOS,))
+        if grammar is not None:
+            book.admit(seq)
+        return seq
+
+    seqs = [sequence(i) for i in range(8)]
+    generator = torch.Generator().manual_seed(0)
+
+    def step(rows: list[int], expect_masked: list[int]) -> list:
+        logits = torch.randn((len(seqs), 256), generator=generator)
+        expected = logits.clone()
+        refused = {}
+        for row in expect_masked:
+            history = [pending.get(row, t) if t == PENDING else t for t in generated[row]]
+            refused[row] = _reference_refused(specs[row], history)
+            expected[row, torch.from_numpy(refused[row])] = float("-inf")
+        errors = book.mask(logits, seqs, rows, lambda a: torch.from_numpy(a), lambda s: pending[s.seq_id])
+        assert torch.equal(logits, expected)
+        masks = [refused[row].tobytes() for row in expect_masked]
+        assert len(set(masks)) == len(masks)  # each row in its own state: a row given another's mask would show
+        return errors
+
+    grammar_rows = [1, 2, 3, 4, 5, 6]
+    errors = step(grammar_rows, [1, 2, 3, 6])
+    assert [(e.seq_id, e.code) for e in errors] == [(5, "invalid_grammar")]
+    assert book.pending_resolved == 1
+    # The next step: row 6's token is back, rows move on (row 1 opens its object, row 3 its first key); fewer rows.
+    for row, token in ((1, tok("{")), (3, tok('"'))):
+        generated[row].append(token)
+        seqs[row].token_ids.append(token)
+    generated[6][-1] = seqs[6].token_ids[-1] = pending.pop(6)
+    assert step([1, 3, 5], [1, 3]) == []  # (a failed row is reported once)
+    # More rows than the buffer has held: two more sequences arrive, in their own states.
+    specs[8], generated[8] = StructuredOutput(kind="regex", schema="[a-c]{2}"), [tok("b")]
+    specs[9], generated[9] = schema, [tok("{"), tok('"a"'), tok(":"), tok(" "), tok("1"), tok("2")]
+    seqs += [sequence(8), sequence(9)]
+    assert step([1, 2, 3, 4, 6, 8, 9], [1, 2, 3, 6, 8, 9]) == []
