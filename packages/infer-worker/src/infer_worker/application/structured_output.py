@@ -252,10 +252,11 @@ class GrammarBook:
         return self._batch
 
     def _bit_values(self, device: torch.device) -> torch.Tensor:
-        """[32] int32, bit i set in entry i: made once on the logits' device (int32 1 << 31 is the sign bit)."""
+        """[32] int32, bit i set in entry i, on the logits' device: built once on the host as uint32 (1 << 31 is
+        int32's sign bit, which a signed shift need not give), so its one blocking copy happens once a book."""
         if self._bits is None or self._bits.device != device:
-            one = torch.ones((), dtype=torch.int32, device=device)
-            self._bits = one << torch.arange(32, dtype=torch.int32, device=device)
+            values = np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32)).view(np.int32)
+            self._bits = torch.from_numpy(values).to(device)
         return self._bits
 
     def _sync(self, state: _Row, seq: Sequence, pending_token: Callable[[Sequence], int] | None) -> None:
