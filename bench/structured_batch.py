@@ -264,7 +264,8 @@ def mask_microbench(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "mode": "mask_microbench", "device": str(device), "tokenizer_dir": str(tokenizer_dir), "vocab": args.vocab,
         "batch": args.batch, "constrained_rows": args.constrained, "warmup": args.warmup, "steps": args.steps,
-        "mask_ms_p50": statistics.median(ms), "mask_ms_min": min(ms), "mask_ms_max": max(ms),
+        "fill_threads": book.threads, "mask_ms_p50": statistics.median(ms), "mask_ms_min": min(ms),
+        "mask_ms_max": max(ms),
         "outputs_completed": finished, "sample_output": tokenizer.decode(seqs[rows[0]].token_ids[len(prompt):]),
         "schema": SCHEMA,
     }
@@ -292,7 +293,7 @@ def main() -> None:
         print(f"mask(): {result['constrained_rows']} of {result['batch']} rows constrained, vocab {result['vocab']}, "
               f"{result['device']}: p50 {result['mask_ms_p50']:.3f} ms/step (min {result['mask_ms_min']:.3f}, "
               f"max {result['mask_ms_max']:.3f}; {result['steps']} steps after {result['warmup']} warm-up; "
-              f"{result['outputs_completed']} outputs completed)")
+              f"{result['outputs_completed']} outputs completed; bitmask fill on {result['fill_threads']} threads)")
     else:
         result = server_bench(args)
         print_server_table(result)

@@ -293,8 +293,9 @@ class GrammarBook:
 def fill_threads() -> int:
     """Threads of the batched bitmask fill. A row's fill is ~37 us of C++ (Qwen3's vocabulary, a JSON schema, on the
     H200's host), and xgrammar's source makes its pool's threads at each call: past ~8 their start costs more than
-    the rows' share saves at tens of grammar rows. Half the usable cores at most: the worker's loop, torch's threads and the compile thread
-    run beside it, and a host with one worker per GPU runs as many pools. 1 (few cores) fills on the calling thread."""
+    the rows' share saves at tens of grammar rows. Half the usable cores at most: the worker's loop, torch's
+    threads and the compile thread run beside it, and a host with one worker per GPU runs as many pools. 1 (few
+    cores): it fills on the calling thread."""
     try:
         cores = len(os.sched_getaffinity(0))  # (the cores this process may use: a container's limit, not the host's)
     except AttributeError:  # (not on Linux)
