@@ -5,6 +5,7 @@ exactly their unconstrained tokens, and a schema the grammar engine refuses fail
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -390,3 +391,14 @@ def test_the_batched_fill_masks_each_row_as_its_own_matcher_would(threads: int) 
     specs[9], generated[9] = schema, [tok("{"), tok('"a"'), tok(":"), tok(" "), tok("1"), tok("2")]
     seqs += [sequence(8), sequence(9)]
     assert step([1, 2, 3, 4, 6, 8, 9], [1, 2, 3, 6, 8, 9]) == []
+
+
+def test_fill_threads_default_to_the_calling_thread_and_follow_the_environment() -> None:
+    from infer_worker.application.structured_output import FILL_THREADS_ENV, fill_threads
+
+    assert fill_threads({}) == 1
+    cores = len(os.sched_getaffinity(0))
+    assert fill_threads({FILL_THREADS_ENV: "8"}) == max(1, min(8, cores // 2 or 1))
+    assert fill_threads({FILL_THREADS_ENV: "0"}) == 1
+    with pytest.raises(ValueError, match=FILL_THREADS_ENV):
+        fill_threads({FILL_THREADS_ENV: "many"})
