@@ -10,7 +10,7 @@ Layout, as everywhere in the ports: tokens flattened to `T` rows; sequence `i` o
 `cu_seqlens[i]:cu_seqlens[i+1]`. A decode step is the same call with every length 1.
 
 A layer's whole mixer between its two GEMMs is one call, `gated_delta_mix`, so that an adapter may fuse the chain
-(the CUDA adapter runs a decode step as one kernel); `unfused_gated_delta_mix` is that chain over the four
+(the CUDA adapter can run a decode step as one kernel, opt-in); `unfused_gated_delta_mix` is that chain over the four
 single ops, the definition every adapter's result equals.
 """
 

@@ -4,7 +4,7 @@ One GEMM computes the four input projections (`in_proj_qkv`, `in_proj_z`, `in_pr
 the norm before it); then the causal depthwise conv + SiLU over q|k|v (its last `K - 1` inputs kept in the
 sequence's conv slot), the decay g and beta from a/b, the gated delta rule (its state in the recurrent slot), the
 gated RMSNorm with `silu(z)` (scaling by w), and `out_proj`. Everything between the two GEMMs is one call of the
-backend's `GatedDeltaOps.gated_delta_mix` (which the CUDA adapter fuses into one kernel at decode).
+backend's `GatedDeltaOps.gated_delta_mix` (an adapter may fuse it; the CUDA one can, opt-in, at decode).
 """
 
 from __future__ import annotations
