@@ -8,6 +8,8 @@
 # Engines: bf16, awq, fp8 (Qwen3-4B shapes), qwen35 (Qwen3.5-4B with its vision tower). Each part is bounded.
 # The logs are packed into $OUT/engines.tar.gz after every engine, so a cut run still returns what finished.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; ENGINES=... bash scripts/device_engines.sh
+# COMMIT: name the tree from the machine that holds it (COMMIT=abc1234 ...): the device's copy of .git can be older
+# than the tree it runs (seen 2026-12-02: every call printed the session's first commit).
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/engines; mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1

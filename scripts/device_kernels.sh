@@ -9,6 +9,8 @@
 # qgemm:FORMAT:MS            bench_quant_gemm.py for one format at these row counts
 # skinny:MODEL:MS            bench_skinny_gemm.py tuning of the model's shapes (the table lands in $LOGS to commit)
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; PARTS=... bash scripts/device_kernels.sh
+# COMMIT: name the tree from the machine that holds it (COMMIT=abc1234 ...): the device's copy of .git can be older
+# than the tree it runs (seen 2026-12-02: every call printed the session's first commit).
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/kernels; mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1
