@@ -65,3 +65,15 @@ def test_decode_graphs_equal_eager_with_padding_and_a_fresh_row(model_dir: Path,
     assert isinstance(graphs, GraphModelRunner)
     assert _run(graphs, prompts, sampling, steps=7) == eager
     assert (graphs.eager_steps, graphs.mixed_graph_steps, graphs.graph_steps) == (1, 0, 6)
+
+
+def test_decode_graphs_that_stop_at_the_logits_serve_rows_that_need_processing(model_dir: Path) -> None:
+    """A penalised row sends its decode steps to the graphs that stop at the logits (state slots as static inputs
+    there too): tokens equal the eager runner's, and no decode step runs eagerly."""
+    prompts = [[3, 5, 7, 9, 11], [40, 41, 42, 43, 44, 45, 46], [77]]
+    penalised = Sampling(temperature=0.9, top_k=20, seed=7, presence_penalty=1.5, repetition_penalty=1.3)
+    eager = _run(_runner(model_dir, graphs=False), prompts, penalised, steps=7)
+    graphs = _runner(model_dir, graphs=True)
+    assert isinstance(graphs, GraphModelRunner)
+    assert _run(graphs, prompts, penalised, steps=7) == eager
+    assert (graphs.eager_steps, graphs.graph_steps, graphs.decode_logits_steps) == (1, 6, 6)
