@@ -3,13 +3,12 @@ row's cost goes (issue 20: the per-step mask cost apart, next to the step it sit
 
 Kinds, each at `--batch` rows of `--context` tokens, greedy:
 - `decode graph`: every row plain (the decode CUDA graph, sampling inside it);
-- `processing`: `--constrained` rows with a min_tokens mask (the mixed graph, which stops at the logits, then
+- `processing`: `--constrained` rows with a min_tokens mask (the decode graph that stops at the logits, then
   logits processing and the sampler eagerly: the path every constrained row takes, without a grammar);
 - `grammar`: `--constrained` rows under bench/structured_batch.py's JSON schema (the same path plus the
   matchers: feed, bitmask fill, the mask's copy and apply), each fed its masked argmax;
-- `every other`: as served under the one-step-ahead pipeline, the grammar rows in every other step only (they
-  wait for their token: `infer_core.plan.reads_its_output`); the figures are of the steps with them, and
-  `without` those of the steps between.
+- `every other`: the grammar rows in every other step only (as they were served before they rode every step);
+  the figures are of the steps with them, and `without` those of the steps between.
 Per kind: `launch` is the host time until `launch()` returns (what the one-step-ahead pipeline must hide behind
 the previous step), `step` the time until the tokens are back, both medians; `mask` (grammar) the time inside
 `GrammarBook.mask` alone.
