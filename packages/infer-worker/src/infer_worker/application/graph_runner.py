@@ -254,12 +254,12 @@ class GraphModelRunner(ModelRunner):
         max_seq_len = self.max_blocks_per_seq * self.block_size
         for size in reversed(self.capture_sizes):  # largest first: later graphs reuse its pool memory
             for greedy in (True, False):
-                self._graphs[(size, greedy)] = self.backend.capture_graph(self._step_fn(size, greedy, max_seq_len))
+                self._graphs[(size, greedy)] = self.backend.capture_graph(self._decode_fn(size, max_seq_len, greedy))
         buf = self._buf
         buf.logits = torch.empty((self.capture_sizes[-1], self.model.spec.vocab_size), dtype=torch.float32,
                                  device=self.device)
         for size in reversed(self.capture_sizes):
-            self._decode_logits[size] = self.backend.capture_graph(self._decode_logits_fn(size, max_seq_len))
+            self._decode_logits[size] = self.backend.capture_graph(self._decode_fn(size, max_seq_len, None))
         log.info("captured CUDA graphs for decode batch sizes %s (sampling inside, and up to the logits)",
                  self.capture_sizes)
         if not self.capture_tokens:
@@ -272,30 +272,29 @@ class GraphModelRunner(ModelRunner):
                 self._mixed[(tokens, seqs)] = self.backend.capture_graph(self._mixed_fn(tokens, seqs, max_seq_len))
         log.info("captured CUDA graphs for mixed steps of up to %s tokens", self.capture_tokens)
 
-    def _step_fn(self, size: int, greedy: bool, max_seq_len: int):  # noqa: ANN202 - a closure for capture
+    def _decode_fn(self, size: int, max_seq_len: int, greedy: bool | None):  # noqa: ANN202 - a closure for capture
+        """A decode step of `size` rows to capture: sampling inside (greedy or not), or, with `greedy` None, up to
+        the logits (into `buf.logits`, which the sampler reads after the replay)."""
         buf = self._buf
         batch = buf.attention_batch(size, size, self.block_size, max_seq_len, decode=True)
-        sampling = buf.sampling_batch(size, greedy)
         state_slots = buf.state_slots[:size] if self.state_pools else None
+        sampling, logits_out = None, None
+        if greedy is None:
+            assert buf.logits is not None
+            logits_out = buf.logits[:size]
+        else:
+            sampling = buf.sampling_batch(size, greedy)
 
         def step() -> None:
             hidden = self.model.forward(buf.input_ids[:size], batch, self.kv_caches, state_slots)
-            out = self._sampler.sample(self.model.compute_logits(hidden), sampling)
+            logits = self.model.compute_logits(hidden)
+            if sampling is None:
+                assert logits_out is not None
+                logits_out.copy_(logits)
+                return
+            out = self._sampler.sample(logits, sampling)
             buf.out_tokens[:size].copy_(out.token_ids)
             buf.out_logprobs[:size].copy_(out.logprobs)
-
-        return step
-
-    def _decode_logits_fn(self, size: int, max_seq_len: int):  # noqa: ANN202 - a closure for capture
-        buf = self._buf
-        batch = buf.attention_batch(size, size, self.block_size, max_seq_len, decode=True)
-        state_slots = buf.state_slots[:size] if self.state_pools else None
-        assert buf.logits is not None
-        logits = buf.logits[:size]
-
-        def step() -> None:
-            hidden = self.model.forward(buf.input_ids[:size], batch, self.kv_caches, state_slots)
-            logits.copy_(self.model.compute_logits(hidden))
 
         return step
 
