@@ -296,9 +296,9 @@ FILL_THREADS_ENV = "INFER_GRAMMAR_FILL_THREADS"
 def fill_threads(environ: Mapping[str, str] = os.environ) -> int:
     """Threads of the batched bitmask fill: `INFER_GRAMMAR_FILL_THREADS`, else 1 (the calling thread). On the H200
     the structured batch (64 rows, 16 under a schema) measured B/A 1.61 with 8 threads (and the decode graphs that
-    stop at the logits) against 1.40 with the rows filled one after another (docs/benchmarks.md): a row's fill
-    is ~37 us of C++ and xgrammar may start its pool's threads at each call, so more threads stay opt-in until
-    an A/B on the device says otherwise. Capped at half the usable cores."""
+    stop at the logits) against 1.40 with the rows filled one after another, and the A/B of the sixth session
+    put 16 rows' fill at 1.95 ms on 8 threads against 0.46 ms on one (docs/benchmarks.md): a row's fill is
+    ~30 us of C++ and xgrammar may start its pool's threads at each call. Capped at half the usable cores."""
     try:
         cores = len(os.sched_getaffinity(0))  # (the cores this process may use: a container's limit, not the host's)
     except AttributeError:  # (not on Linux)
