@@ -237,6 +237,7 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
     preemptions: list[int] = []
     in_flight_fed: list[int] = []
     logits_graph_steps: list[int] = []
+    masked_graph_steps: list[int] = []
 
     def run(subs: list[Submit], overlap: bool, num_blocks: int) -> dict[str, tuple[list[int], str | None]]:
         runner = make_runner(model_dir, graphs, num_blocks, make_backend())
@@ -245,6 +246,7 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
         preemptions.append(engine.counters.preemptions)
         in_flight_fed.append(runner.grammars.pending_resolved)
         logits_graph_steps.append(getattr(runner, "decode_logits_steps", 0))
+        masked_graph_steps.append(getattr(runner, "masked_sample_steps", 0))
         return out
 
     mixed = submits(True)
@@ -255,6 +257,8 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
     assert in_flight_fed[0] > 10 and in_flight_fed[1] == 0 and in_flight_fed[2] > 0
     # With graphs, the grammar rows' decode steps replay the decode graphs that stop at the logits.
     assert all(n > 10 for n in logits_graph_steps) if graphs else not any(logits_graph_steps)
+    # ... and sample through the masked sampling graphs (a grammar is their only processing).
+    assert all(n > 10 for n in masked_graph_steps) if graphs else not any(masked_graph_steps)
     for out in results:
         for sub in mixed:
             tokens, reason = out[sub.request_id]

@@ -40,6 +40,8 @@ from infer_core.ports.sampler import SamplingBatch
 
 from infer_worker.application.block_table import BlockTable, contiguous_start
 from infer_worker.application.input_upload import SLOTS, CopyFences, aligned, device_views, host_views
+from infer_worker.application.logits_processing import plan_processing
+from infer_worker.application.masked_sampling import GrammarMasks, masked_sample_fn
 from infer_worker.application.model_runner import HostStep, LaunchedStep, ModelRunner, prepare_step, sampling_arrays
 from infer_worker.application.prompt_logprobs import needs_prompt_logprobs
 from infer_worker.domain.sequence import ScheduledSeq
@@ -240,8 +242,11 @@ class GraphModelRunner(ModelRunner):
         self._graphs: dict[tuple[int, bool], Any] = {}  # decode: (size, greedy)
         self._mixed: dict[tuple[int, int], Any] = {}  # mixed: (token bucket, sequence bucket)
         self._decode_logits: dict[int, Any] = {}  # decode up to the logits, for rows that need processing: size
+        self._masked: dict[tuple[int, bool], Any] = {}  # grammar rows' sampling after those: (size, greedy)
+        self._masks: GrammarMasks | None = None
         self.graph_steps = 0  # decode replays so far (tests and logs read it)
         self.decode_logits_steps = 0  # of them, those that stopped at the logits
+        self.masked_sample_steps = 0  # steps whose grammar rows were sampled by a masked sampling graph
         self.mixed_graph_steps = 0
         self.eager_steps = 0
 
@@ -256,12 +261,19 @@ class GraphModelRunner(ModelRunner):
             for greedy in (True, False):
                 self._graphs[(size, greedy)] = self.backend.capture_graph(self._decode_fn(size, max_seq_len, greedy))
         buf = self._buf
-        buf.logits = torch.empty((self.capture_sizes[-1], self.model.spec.vocab_size), dtype=torch.float32,
+        # (zeros: the padding rows of a masked sampling graph read rows no step wrote yet; finite keeps them quiet)
+        buf.logits = torch.zeros((self.capture_sizes[-1], self.model.spec.vocab_size), dtype=torch.float32,
                                  device=self.device)
         for size in reversed(self.capture_sizes):
             self._decode_logits[size] = self.backend.capture_graph(self._decode_fn(size, max_seq_len, None))
-        log.info("captured CUDA graphs for decode batch sizes %s (sampling inside, and up to the logits)",
-                 self.capture_sizes)
+        self._masks = GrammarMasks(self.capture_sizes[-1], self.model.spec.vocab_size, self.device, self.backend)
+        for size in reversed(self.capture_sizes):
+            for greedy in (True, False):
+                self._masked[(size, greedy)] = self.backend.capture_graph(masked_sample_fn(
+                    self._masks, self._sampler, buf.logits[:size], buf.sampling_batch(size, greedy),
+                    buf.out_tokens[:size], buf.out_logprobs[:size]))
+        log.info("captured CUDA graphs for decode batch sizes %s (sampling inside, up to the logits, and the "
+                 "grammar rows' masked sampling)", self.capture_sizes)
         if not self.capture_tokens:
             return
         if self.state_pools:
@@ -371,6 +383,23 @@ class GraphModelRunner(ModelRunner):
             self.mixed_graph_steps += 1
         if not num_samples:  # every sequence is mid-prefill
             return LaunchedStep(self.num_launches, [])
-        assert buf.logits is not None
         with trace("sample"):
-            return self._sample(buf.logits[:num_samples], step.sampling_seqs, buf.sampling_batch(num_samples, greedy))
+            return self._sample_replayed(step.sampling_seqs, greedy)
+
+    def _sample_replayed(self, seqs: list, greedy: bool) -> LaunchedStep:
+        """Sample the logits a graph left in `buf.logits`: a batch whose only processing is grammar masks replays
+        a masked sampling graph after the host fills the bitmasks (masked_sampling.py); others sample eagerly."""
+        buf, n = self._buf, len(seqs)
+        assert buf.logits is not None
+        plan = plan_processing(seqs)
+        if plan is None or not plan.grammar_only or self.grammars is None or self._masks is None:
+            return self._sample(buf.logits[:n], seqs, buf.sampling_batch(n, greedy), plan)
+        grammars = self.grammars
+        size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]
+        rows, matchers, errors = grammars.prepare(seqs, plan.grammar_rows, self._pending_token)
+        self._masks.upload(size, rows, lambda bits: grammars.fill(matchers, bits))
+        self._masked[(size, greedy)].replay()
+        self.masked_sample_steps += 1
+        launched = self._launched(seqs, buf.out_tokens[:n], buf.out_logprobs[:n])
+        launched.seq_errors = errors
+        return launched

@@ -72,6 +72,12 @@ class ProcessingPlan(NamedTuple):
             len(r) for r in (self.mask_rows, self.bias_rows, self.allow_rows))
 
     @property
+    def grammar_only(self) -> bool:
+        """The only processing is grammar masks (a masked sampling graph serves the step: masked_sampling.py)."""
+        return bool(self.grammar_rows) and self.penalties is None and not self.top_counts and not any(
+            len(r) for r in (self.mask_rows, self.bias_rows, self.allow_rows))
+
+    @property
     def modified_rows(self) -> np.ndarray:
         rows = [self.mask_rows, self.bias_rows, self.allow_rows, np.asarray(self.grammar_rows, dtype=np.int64)]
         if self.penalties is not None:

@@ -26,7 +26,8 @@ from infer_protocol.messages import PromptLogprobs, SeqError
 from infer_worker.application.block_table import BlockTable, ScheduledBatch, contiguous_start
 from infer_worker.application.image_inputs import ImageInputs
 from infer_worker.application.input_upload import InputUploader
-from infer_worker.application.logits_processing import plan_processing, process_logits, raw_logprobs, top_logprobs
+from infer_worker.application.logits_processing import (ProcessingPlan, plan_processing, process_logits, raw_logprobs,
+                                                        top_logprobs)
 from infer_worker.application.prompt_logprobs import compute_prompt_logprobs, needs_prompt_logprobs
 from infer_worker.application.sampled_tokens import SampledTokens
 from infer_worker.application.structured_output import GrammarBook
@@ -357,13 +358,15 @@ class ModelRunner:
             launched = LaunchedStep(self.num_launches, [])
         else:
             with trace("sample"):
-                launched = self._sample(self.model.compute_logits(hidden[sample_rows]), seqs, sampling)
+                launched = self._sample(self.model.compute_logits(hidden[sample_rows]), seqs, sampling,
+                                        plan_processing(seqs))
         launched.prompt_logprobs = prompt_lps
         return launched
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], sampling: SamplingBatch) -> LaunchedStep:
-        """Sample the rows' logits (after logits processing when a row needs it) and launch the ids' way back."""
-        plan = plan_processing(seqs)
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], sampling: SamplingBatch,
+                plan: ProcessingPlan | None) -> LaunchedStep:
+        """Sample the rows' logits (after logits processing when a row needs it: `plan`, plan_processing(seqs)) and
+        launch the ids' way back."""
         if plan is None:  # the fast path: no penalties, no min_tokens mask, no top logprobs
             out = self._sampler.sample(logits, sampling)
             return self._launched(seqs, out.token_ids, out.logprobs)

@@ -190,6 +190,15 @@ class GrammarBook:
         one-step-ahead pipeline plans grammar rows into every step). `to_device` is given a view of this book's
         reusable host buffer: it must be done reading it when it returns (a copy; or, on the CPU, a view that
         only this call uses). Returns the rows that failed on their own (left unmasked)."""
+        masked, matchers, errors = self.prepare(seqs, rows, pending_token)
+        if masked:
+            self._apply(logits, masked, matchers, to_device)
+        return errors
+
+    def prepare(self, seqs: Seq[Sequence], rows: Seq[int], pending_token: Callable[[Sequence], int] | None = None
+                ) -> tuple[list[int], list[Any], list[SeqError]]:
+        """(the rows to mask, their matchers fed every generated token, the rows that failed on their own): the
+        rows a `fill` then writes the bitmasks of (terminated and failed rows are left out, unmasked)."""
         errors: list[SeqError] = []
         masked: list[int] = []
         matchers: list[Any] = []
@@ -214,23 +223,25 @@ class GrammarBook:
                 continue
             masked.append(row)
             matchers.append(state.matcher)
-        if masked:
-            self._apply(logits, masked, matchers, to_device)
-        return errors
+        return masked, matchers, errors
+
+    def fill(self, matchers: list[Any], bitmask: torch.Tensor) -> None:
+        """The matchers' next-token bitmasks into `bitmask` `[len(matchers), words]` int32 (host), in one call."""
+        self._batch_matcher().batch_fill_next_token_bitmask(matchers, bitmask, debug_print=False)
 
     def _apply(self, logits: torch.Tensor, masked: list[int], matchers: list[Any],
                to_device: Callable[[Any], torch.Tensor]) -> None:
         """Fill the rows' bitmasks in one call (xgrammar's thread pool) and set every refused logit to -inf."""
         k, words = len(masked), (logits.shape[-1] + 31) // 32
         head, bitmask = self._buffers(k, words)
-        self._batch_matcher().batch_fill_next_token_bitmask(matchers, bitmask, debug_print=False)
+        self.fill(matchers, bitmask)
         head.view(np.int64)[:k] = masked
         # One copy carries both the row indices (the head, as int64) and the packed words (vocab / 8 bytes a row),
         # unpacked where the logits are: unpacking on the host would build and copy 32x the bytes (a bool a token).
         flat = to_device(self._host[: head.size + k * words])
         index = flat[: head.size].view(torch.int64)[:k]
         bits = flat[head.size:].view(k, words)
-        refused = ((bits[:, :, None] & self._bit_values(bits.device)) == 0).view(k, -1)[:, : logits.shape[-1]]
+        refused = refused_tokens(bits, self._bit_values(bits.device), logits.shape[-1])
         logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(refused, float("-inf")))
 
     def _buffers(self, rows: int, words: int) -> tuple[np.ndarray, torch.Tensor]:
@@ -252,11 +263,9 @@ class GrammarBook:
         return self._batch
 
     def _bit_values(self, device: torch.device) -> torch.Tensor:
-        """[32] int32, bit i set in entry i, on the logits' device: built once on the host as uint32 (1 << 31 is
-        int32's sign bit, which a signed shift need not give), so its one blocking copy happens once a book."""
+        """bit_values on the logits' device, made once a book (its one blocking copy)."""
         if self._bits is None or self._bits.device != device:
-            values = np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32)).view(np.int32)
-            self._bits = torch.from_numpy(values).to(device)
+            self._bits = bit_values(device)
         return self._bits
 
     def _sync(self, state: _Row, seq: Sequence, pending_token: Callable[[Sequence], int] | None) -> None:
@@ -288,6 +297,19 @@ class GrammarBook:
             if not state.matcher.accept_token(token):
                 raise _RowFailed("internal_error", f"the grammar refused token {token} it allowed", 500)
             state.consumed += 1
+
+
+def bit_values(device: torch.device | str) -> torch.Tensor:
+    """[32] int32, bit i set in entry i: built on the host as uint32 (1 << 31 is int32's sign bit, which a signed
+    shift need not give), then copied (a blocking copy: make it once)."""
+    values = np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32)).view(np.int32)
+    return torch.from_numpy(values).to(device)
+
+
+def refused_tokens(words: torch.Tensor, bits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`[rows, vocab]` bool, True where a token's bit is clear in its row of packed `words` `[rows, words]` int32
+    (bit i of word j is token 32 j + i, xgrammar's layout); `bits` is `bit_values` on the words' device."""
+    return ((words[:, :, None] & bits) == 0).view(words.shape[0], -1)[:, :vocab]
 
 
 FILL_THREADS_ENV = "INFER_GRAMMAR_FILL_THREADS"
