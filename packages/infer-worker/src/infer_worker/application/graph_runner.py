@@ -41,7 +41,7 @@ from infer_core.ports.sampler import SamplingBatch
 from infer_worker.application.block_table import BlockTable, contiguous_start
 from infer_worker.application.input_upload import SLOTS, CopyFences, aligned, device_views, host_views
 from infer_worker.application.logits_processing import plan_processing
-from infer_worker.application.masked_sampling import GrammarMasks, masked_sample_fn
+from infer_worker.application.masked_sampling import GrammarMasks, masked_sample_fn, masked_sampling_enabled
 from infer_worker.application.model_runner import HostStep, LaunchedStep, ModelRunner, prepare_step, sampling_arrays
 from infer_worker.application.prompt_logprobs import needs_prompt_logprobs
 from infer_worker.domain.sequence import ScheduledSeq
@@ -392,7 +392,8 @@ class GraphModelRunner(ModelRunner):
         buf, n = self._buf, len(seqs)
         assert buf.logits is not None
         plan = plan_processing(seqs)
-        if plan is None or not plan.grammar_only or self.grammars is None or self._masks is None:
+        if (plan is None or not plan.grammar_only or self.grammars is None or self._masks is None
+                or not masked_sampling_enabled()):
             return self._sample(buf.logits[:n], seqs, buf.sampling_batch(n, greedy), plan)
         grammars = self.grammars
         size = self.capture_sizes[bisect.bisect_left(self.capture_sizes, n)]

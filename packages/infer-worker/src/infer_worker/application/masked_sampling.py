@@ -15,6 +15,7 @@ of the model's distribution, as logits_processing.raw_logprobs gives on the eage
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import numpy as np
@@ -81,3 +82,8 @@ def masked_sample_fn(masks: GrammarMasks, sampler: Sampler, logits: torch.Tensor
         out_logprobs.copy_(torch.where(constrained, raw, out.logprobs.to(torch.float32)))
 
     return step
+
+
+def masked_sampling_enabled() -> bool:
+    """`INFER_MASKED_SAMPLING=0` samples grammar rows eagerly after the graph (the A/B baseline)."""
+    return os.environ.get("INFER_MASKED_SAMPLING", "1") != "0"
