@@ -21,8 +21,7 @@ def wrapped(self, seqs, greedy):
         buf, m = self._buf, self._masks
         logits = buf.logits[:size].clone()
         idx = m.index[:size].clone()
-        words = torch.where(idx[:, None] >= 0, m.bits.index_select(0, idx.clamp(min=0)),
-                            torch.full((), -1, dtype=torch.int32, device=idx.device))
+        words = m.bits.index_select(0, idx)
         masked = logits.masked_fill(refused_tokens(words, m.bit_values, logits.shape[-1]), float("-inf"))
         out = self._sampler.sample(masked, buf.sampling_batch(size, greedy))
         torch.cuda.synchronize()

@@ -8,7 +8,7 @@ one device step: it made the structured batch host-bound (docs/benchmarks.md, si
 the grammar rows' bitmasks into a page-locked slot, sends them with a per-row index in one copy, and replays one
 graph per (capture size, greedy) that reads the logits the forward graph left in the static buffer.
 
-Rows without a grammar (index -1) see every bit set, so their tokens are those of the unmasked logits; their
+Rows without a grammar (the all-set index) see every bit set, so their tokens are those of the unmasked logits; their
 logprobs are the sampler's, and the grammar rows' are recomputed from the raw logits (vLLM's default: logprobs
 of the model's distribution, as logits_processing.raw_logprobs gives on the eager path).
 """
@@ -28,19 +28,24 @@ from infer_worker.application.structured_output import bit_values, refused_token
 
 
 class GrammarMasks:
-    """The device buffers a masked sampling graph reads (`index [rows]` int64: each row's bitmask row, -1 for
-    none; `bits [rows, words]` int32, the grammar rows' bitmasks packed at the front) and their page-locked
-    staging slots, used in turn and rewritten only once the device has read them."""
+    """The device buffers a masked sampling graph reads (`index [rows]` int64: each row's bitmask row, `rows`
+    (the last, every bit set) for none; `bits [rows + 1, words]` int32, the grammar rows' bitmasks packed at the
+    front) and their page-locked staging slots, used in turn and rewritten only once the device has read them.
+    (A free row reads the all-set row rather than a `torch.where` against a 0-dim -1: captured in a CUDA graph
+    that gave free rows all-zero words on the H200, every token refused.)"""
 
     def __init__(self, max_rows: int, vocab: int, device: str, backend: LlmBackend) -> None:
         self.words = (vocab + 31) // 32
         self.vocab = vocab
+        self.free_row = max_rows
         self._bits_offset = aligned(max_rows * 8)
-        layout = [(0, np.dtype(np.int64), (max_rows,)), (self._bits_offset, np.dtype(np.int32), (max_rows, self.words))]
-        num_bytes = self._bits_offset + max_rows * self.words * 4
+        layout = [(0, np.dtype(np.int64), (max_rows,)),
+                  (self._bits_offset, np.dtype(np.int32), (max_rows + 1, self.words))]
+        num_bytes = self._bits_offset + (max_rows + 1) * self.words * 4
         self.region = torch.zeros(num_bytes, dtype=torch.uint8, device=device)
         self.index, self.bits = device_views(self.region, layout)
-        self.index.fill_(-1)
+        self.index.fill_(self.free_row)
+        self.bits[self.free_row].fill_(-1)  # (never copied over: an upload sends at most max_rows rows)
         self.bit_values = bit_values(device)
         self._staging = [backend.staging_buffer(num_bytes) for _ in range(SLOTS)]
         self._host = [host_views(buf, layout) for buf in self._staging]
@@ -54,7 +59,7 @@ class GrammarMasks:
         self._next = (i + 1) % SLOTS
         self._fences.wait(i)
         index, bits = self._host[i]
-        index[:size] = -1
+        index[:size] = self.free_row
         index[rows] = np.arange(len(rows), dtype=np.int64)
         if rows:
             fill(torch.from_numpy(bits[:len(rows)]))
@@ -69,11 +74,10 @@ def masked_sample_fn(masks: GrammarMasks, sampler: Sampler, logits: torch.Tensor
     bitmask refuses at -inf, into `out_tokens` / `out_logprobs` `[size]`."""
     size = logits.shape[0]
     index = masks.index[:size]
-    all_set = torch.full((), -1, dtype=torch.int32, device=logits.device)
 
     def step() -> None:
-        constrained = index >= 0
-        words = torch.where(constrained[:, None], masks.bits.index_select(0, index.clamp(min=0)), all_set)
+        constrained = index != masks.free_row
+        words = masks.bits.index_select(0, index)
         masked = logits.masked_fill(refused_tokens(words, masks.bit_values, logits.shape[-1]), float("-inf"))
         out = sampler.sample(masked, sampling)
         chosen = logits.gather(1, out.token_ids.to(torch.int64)[:, None]).squeeze(1)
