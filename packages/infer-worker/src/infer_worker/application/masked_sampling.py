@@ -23,7 +23,7 @@ import torch
 
 from infer_core.ports.backend import LlmBackend
 from infer_core.ports.sampler import Sampler, SamplingBatch
-from infer_worker.application.input_upload import SLOTS, CopyFences, aligned, device_views, host_views
+from infer_worker.application.input_upload import StagingRing, aligned, device_views, host_views
 from infer_worker.application.structured_output import bit_values, refused_tokens
 
 
@@ -36,36 +36,30 @@ class GrammarMasks:
 
     def __init__(self, max_rows: int, vocab: int, device: str, backend: LlmBackend) -> None:
         self.words = (vocab + 31) // 32
-        self.vocab = vocab
         self.free_row = max_rows
         self._bits_offset = aligned(max_rows * 8)
-        layout = [(0, np.dtype(np.int64), (max_rows,)),
-                  (self._bits_offset, np.dtype(np.int32), (max_rows + 1, self.words))]
+        self._layout = [(0, np.dtype(np.int64), (max_rows,)),
+                        (self._bits_offset, np.dtype(np.int32), (max_rows + 1, self.words))]
         num_bytes = self._bits_offset + (max_rows + 1) * self.words * 4
         self.region = torch.zeros(num_bytes, dtype=torch.uint8, device=device)
-        self.index, self.bits = device_views(self.region, layout)
+        self.index, self.bits = device_views(self.region, self._layout)
         self.index.fill_(self.free_row)
         self.bits[self.free_row].fill_(-1)  # (never copied over: an upload sends at most max_rows rows)
         self.bit_values = bit_values(device)
-        self._staging = [backend.staging_buffer(num_bytes) for _ in range(SLOTS)]
-        self._host = [host_views(buf, layout) for buf in self._staging]
-        self._fences = CopyFences(backend)
-        self._next = 0
+        self._ring = StagingRing(backend, num_bytes)
 
     def upload(self, size: int, rows: list[int], fill: Callable[[torch.Tensor], None]) -> None:
         """Rows `rows` (of the first `size`) take the bitmasks `fill` writes into its `[len(rows), words]` host
         tensor, in that order; the other rows none. One copy."""
-        i = self._next
-        self._next = (i + 1) % SLOTS
-        self._fences.wait(i)
-        index, bits = self._host[i]
+        staging = self._ring.take(self.region.numel())
+        index, bits = host_views(staging, self._layout)
         index[:size] = self.free_row
         index[rows] = np.arange(len(rows), dtype=np.int64)
         if rows:
             fill(torch.from_numpy(bits[:len(rows)]))
         end = self._bits_offset + len(rows) * self.words * 4
-        self.region[:end].copy_(self._staging[i][:end], non_blocking=True)
-        self._fences.copied(i)
+        self.region[:end].copy_(staging[:end], non_blocking=True)
+        self._ring.copied()
 
 
 def masked_sample_fn(masks: GrammarMasks, sampler: Sampler, logits: torch.Tensor, sampling: SamplingBatch,
