@@ -285,11 +285,22 @@ def bounded(text: str, where: str) -> str:
 
 
 def check_grammar_fields(req: GenerationFields, param: str) -> None:
-    """The grammar ends the output by allowing only the stop tokens (EOS): it needs them, unmasked."""
+    """The grammar ends the output by allowing only the stop tokens (EOS): it needs them, unmasked. Nothing else may
+    end the output before the grammar does (a stop string), nor mask the tokens it needs (allowed_token_ids).
+    `stop_token_ids` are the grammar's own stop tokens (refused like EOS until the output is complete): kept."""
     if req.ignore_eos:
         raise unsupported("ignore_eos", f"not with '{param}' (the output ends on EOS once it is complete)")
     if req.min_tokens:
         raise unsupported("min_tokens", f"not with '{param}'")
+    stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    if any(stops):  # ("" never matches: the stop-string matcher drops it)
+        raise invalid_request(f"'stop' cannot be combined with '{param}': a stop string could cut the structured "
+                              f"output mid-document (the grammar ends the output itself once it is complete)",
+                              param="stop", code="unsupported_parameter")
+    if req.allowed_token_ids is not None:
+        raise invalid_request(f"'allowed_token_ids' cannot be combined with '{param}': the grammar's next tokens "
+                              f"and these could have nothing in common, leaving no token to sample",
+                              param="allowed_token_ids", code="unsupported_parameter")
 
 
 def structured_output(fmt: ResponseFormat | None, req: GenerationFields) -> StructuredOutput | None:
