@@ -9,14 +9,18 @@ protocol's `StructuredOutput.kind`).
   sequence arrived. A schema xgrammar refuses, or one still compiling at the deadline, fails that request
   alone: the row samples unconstrained, its token is void, and the step's result names it in `seq_errors`
   (the scheduler ends the request with that error). The rest of the batch is untouched.
-- Rows with a grammar need logits processing (`process_until`) and read their own output: under the
-  one-step-ahead pipeline the scheduler plans such a row only once its last token is back (it decodes every
-  other step), so its history is complete at launch without stalling the batch (the worker still collects the
-  steps in flight first if a row's token is PENDING). Its matcher catches up with the tokens it has not seen
-  (at most one a step; a whole output after a preemption's recompute) before it fills the row's bitmask. No
-  rollback, no speculation.
-- The matcher's stop tokens are the request's (EOS + stop_token_ids, as the scheduler stops on them): once the
-  grammar is complete only they are allowed, so the request ends with finish_reason "stop".
+- Rows with a grammar need logits processing (`process_until`) and read their own output, yet ride every step
+  of the one-step-ahead pipeline: the scheduler plans them like free rows (only penalised rows wait for their
+  token: `infer_core.plan.penalises_repeats`), so a grammar row's step k+1 launches with its last token still
+  PENDING (`Sequence.reads_output` stays False: the worker does not collect step k first). At sampling, after
+  step k+1's forward is queued, `prepare` feeds the matcher that token from the launch in flight
+  (`pending_token`: `ModelRunner._pending_token`, step k's host copy, done by then on the device) with the
+  others it has not seen (one a step; a whole output after a preemption's recompute), then the row's bitmask is
+  filled (`mask` on the eager path, `prepare` + `fill` into the masked sampling graph's slot). No rollback, no
+  speculation: the matcher only ever accepts sampled tokens.
+- The matcher's stop tokens are the request's (EOS + stop_token_ids, as the scheduler stops on them): refused
+  until the grammar is complete (a stop id that is ordinary text too), then only they are allowed, so the
+  request ends with finish_reason "stop" and never mid-document.
 
 Grammar state (compiled grammars, matchers) lives here, in the application layer, keyed by sequence id; the
 domain only carries the request's `Grammar` value (kind + schema text) in its `Sampling`.
