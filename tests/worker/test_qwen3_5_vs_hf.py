@@ -39,19 +39,23 @@ def test_spec_reads_the_text_config_and_layer_types(checkpoint) -> None:
 
 def test_logits_of_a_prompt_prefilled_in_chunks_match_transformers(checkpoint) -> None:
     """150 tokens in chunks of 50: the GDN's WY chunks (64) and our prefill chunks cut the prompt differently,
-    and every chunk after the first starts from the conv and recurrent state the one before left."""
+    and every chunk after the first starts from the conv and recurrent state the one before left.
+    The oracle is transformers in float64: in float32 both it and we land ~2e-4 from it on logits up to ~7 (the
+    chunked delta rule's triangular solves), so float32 against float32 sat at the tolerance and failed a CI run
+    that allocated differently; 1e-3 is 5x that error, and a mis-mapped weight, norm or state moves logits by 0.1+."""
     path, hf = checkpoint
     engine = Engine.open(path, num_blocks=64, max_blocks_per_seq=48)
     prompt = _prompt(150, seed=1)
     with torch.no_grad():
-        expected = hf(torch.tensor([prompt])).logits[0].float()
+        expected = hf.double()(torch.tensor([prompt])).logits[0].float()
+        hf.float()
     seq = engine.new_seq(0, prompt)
     for start in range(0, len(prompt), 50):
         while len(seq.block_ids) < -(-(start + 50) // engine.block_size):
             seq.block_ids.append(engine.free_blocks.pop())
         step = prepare_step([ScheduledSeq(seq, 50)], engine.block_size, engine.runner.max_blocks_per_seq)
         logits = engine.model.compute_logits(forward_step(engine.runner, step))
-        torch.testing.assert_close(logits, expected[start:start + 50], atol=2e-4, rtol=2e-4)
+        torch.testing.assert_close(logits, expected[start:start + 50], atol=1e-3, rtol=1e-3)
         seq.num_computed += 50
 
 
