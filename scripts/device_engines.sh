@@ -46,7 +46,7 @@ for spec in ${ENGINES:-bf16:structured}; do
       long=*) sweep "${label}_long" "${part#long=}" --workload long ;;
       16k) ttft_16k "$label" ;;
       structured)
-        timeout 90 python3 bench/structured_batch.py --url $URL --model qwen3-4b --repeats 2 \
+        timeout 180 python3 bench/structured_batch.py --url $URL --model qwen3-4b --repeats 3 --clients 8 \
           --out "$LOGS/structured_$label.json" > "$LOGS/structured_$label.log" 2>&1
         echo "structured $label rc=$?"; tail -7 "$LOGS/structured_$label.log" ;;
       offline)
