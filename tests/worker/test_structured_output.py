@@ -217,10 +217,13 @@ def test_the_scheduler_sends_stop_ids_and_fails_a_sequence_alone() -> None:
 
 
 def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_backend: Any,
-                                        compare_free: bool = True) -> None:
+                                        compare_free: bool = True, masked_graphs: bool = True
+                                        ) -> dict[str, tuple[list[int], str | None]]:
     """The scheduler's engine and the worker service as their loops drive them (tests/worker/test_overlap_pipeline):
     schema rows beside free ones, one-step-ahead pipeline or not, eager or graph replay, and a KV cache tight enough
-    to preempt (a recomputed constrained row's matcher replays its output)."""
+    to preempt (a recomputed constrained row's matcher replays its output). `masked_graphs`: whether graph runs
+    sample grammar rows through the masked sampling graphs (False under INFER_MASKED_SAMPLING=0). Returns each
+    request's (tokens, finish reason) under the one-step-ahead pipeline."""
     from infer_protocol.messages import Submit
     from tests.worker.test_overlap_pipeline import make_runner, serve
 
@@ -258,7 +261,7 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
     # With graphs, the grammar rows' decode steps replay the decode graphs that stop at the logits.
     assert all(n > 10 for n in logits_graph_steps) if graphs else not any(logits_graph_steps)
     # ... and sample through the masked sampling graphs (a grammar is their only processing).
-    assert all(n > 10 for n in masked_graph_steps) if graphs else not any(masked_graph_steps)
+    assert all(n > 10 for n in masked_graph_steps) if graphs and masked_graphs else not any(masked_graph_steps)
     for out in results:
         for sub in mixed:
             tokens, reason = out[sub.request_id]
@@ -276,6 +279,7 @@ def check_structured_through_the_engine(model_dir: Path, graphs: bool, make_back
         for sub in mixed:
             if sub.sampling.structured is None:
                 assert results[0][sub.request_id] == free[sub.request_id]
+    return results[0]
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-replay"])
