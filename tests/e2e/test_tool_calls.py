@@ -1,14 +1,17 @@
 """Tools through the three real processes (the embedded SmolLM2 on the CPU), with the official openai SDK: a named
 tool_choice and `required` give calls whose arguments validate against the function's schema (streamed deltas
-assemble into the same JSON), a tool-result round trip renders and answers, and bad tools are 400s naming the
-field. SmolLM2's template ignores `tools`: they reach it as a Hermes system prompt (see infer_server/tools.py)."""
+assemble into the same JSON), a tool-result round trip puts the call and its result into the prompt (read back
+through /tokenize) and gets a plain answer, and bad tools are 400s naming the field. SmolLM2's template ignores
+`tools`: they reach it as a Hermes system prompt (see infer_server/tools.py)."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
+import httpx
 import jsonschema_rs
 import openai
 import pydantic
@@ -112,21 +115,43 @@ def test_streamed_tool_call_deltas_assemble_into_valid_json(client: openai.OpenA
     _valid(calls[0]["name"], calls[0]["arguments"])
 
 
-def test_a_tool_result_round_trip(client: openai.OpenAI) -> None:
+def _tokenize(cluster: ServedCluster, messages: list[Any]) -> dict[str, Any]:
+    r = httpx.post(f"{cluster.url}/tokenize", json={"model": MODEL, "messages": messages}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_tool_result_round_trip(client: openai.OpenAI, smol_cluster: ServedCluster) -> None:
+    """The call and its result reach the prompt the model answers from, and the answer is a plain message."""
     first = client.chat.completions.create(
         model=MODEL, messages=ASK, tools=TOOLS, temperature=0, max_tokens=60,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0].message
-    call = (first.tool_calls or [])[0]
-    history: list[Any] = [*ASK, first.model_dump(exclude_none=True),
-                          {"role": "tool", "tool_call_id": call.id, "content": '{"forecast": "sunny, 24 C"}'}]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}).choices[0]
+    assert first.finish_reason == "tool_calls"
+    call = (first.message.tool_calls or [])[0]
+    arguments = _valid("get_weather", call.function.arguments)
+    result = '{"forecast": "sunny, 24 C"}'
+    history: list[Any] = [*ASK, first.message.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": call.id, "content": result}]
     answer = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, temperature=0,
                                             max_tokens=30)
     choice = answer.choices[0]
-    assert choice.finish_reason in ("stop", "length", "tool_calls")
-    assert choice.message.content or choice.message.tool_calls
-    # the history reaches the model: the call and its result are in the prompt
+    assert choice.message.role == "assistant" and choice.message.tool_calls is None and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    # /tokenize renders a history as the chat request does (the same template, the tool turns in the same words;
+    # SmolLM2's template knows neither: the call is written into the assistant's turn, the result is a user turn),
+    # only without the tools' system prompt ...
+    seen = _tokenize(smol_cluster, history)
+    text = httpx.post(f"{smol_cluster.url}/detokenize", json={"model": MODEL, "tokens": seen["tokens"]},
+                      timeout=60).json()["prompt"]
+    written = re.findall(r"<\|im_start\|>assistant\n<tool_call>\n(.*?)\n</tool_call><\|im_end\|>", text, re.S)
+    assert [json.loads(c) for c in written] == [{"name": "get_weather", "arguments": arguments}]
+    assert f"<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")  # the result is the last turn: the model answers it
+    # ... which is what the question alone adds to its prompt: so the answer's prompt is exactly that history
     plain = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=1)
-    assert answer.usage and plain.usage and answer.usage.prompt_tokens > plain.usage.prompt_tokens + 20
+    tools_prompt = (plain.usage.prompt_tokens if plain.usage else 0) - _tokenize(smol_cluster, ASK)["count"]
+    assert tools_prompt > 100  # the two tools' signatures
+    assert answer.usage and answer.usage.prompt_tokens == seen["count"] + tools_prompt
 
 
 def test_tools_on_offer_without_a_call_stay_content(client: openai.OpenAI) -> None:
