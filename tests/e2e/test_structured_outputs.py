@@ -1,7 +1,8 @@
 """response_format through the three real processes (the embedded SmolLM2 on the CPU), with the official openai
-SDK: json_schema outputs parse and validate (greedy and sampled, streamed and not), the SDK's `parse` with a pydantic
-model, json_object, refusals, and free requests next to constrained ones keep their tokens. Small schemas and short
-max_tokens: every constrained step runs synchronously (see docs/architecture.md)."""
+SDK: json_schema outputs parse and validate (greedy and sampled, streamed and not, chat and completions), a row cut
+by max_tokens ends with "length", the SDK's `parse` with a pydantic model, json_object, refusals, and free requests
+next to constrained ones keep their tokens. Small schemas and short max_tokens keep each request to seconds on a
+loaded CPU; constrained rows ride every step of the one-step-ahead pipeline (see docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,35 @@ def test_json_schema_completions(client: openai.OpenAI) -> None:
                                      extra_body={"response_format": FORMAT})
     jsonschema_rs.validate(SCHEMA, json.loads(resp.choices[0].text))
     assert resp.choices[0].finish_reason == "stop"
+
+
+def test_json_schema_completions_streamed_validates(client: openai.OpenAI) -> None:
+    stream = client.completions.create(model=MODEL, prompt="A person as JSON:", temperature=0.8, seed=6,
+                                       max_tokens=80, stream=True, extra_body={"response_format": FORMAT})
+    chunks = [c for c in stream if c.choices]
+    text = "".join(c.choices[0].text for c in chunks)
+    jsonschema_rs.validate(SCHEMA, json.loads(text))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
+
+
+def test_a_constrained_row_cut_by_max_tokens_ends_with_length(client: openai.OpenAI) -> None:
+    """Too few tokens for any document of the schema: the grammar never completes, max_tokens ends the row with
+    "length" after exactly max_tokens tokens (the text a prefix of a document), streamed or not."""
+    resp = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0, max_tokens=5,
+                                          response_format=FORMAT)  # type: ignore[arg-type]
+    choice = resp.choices[0]
+    assert choice.finish_reason == "length" and resp.usage and resp.usage.completion_tokens == 5
+    text = choice.message.content or ""
+    assert text.startswith('{"')
+    with pytest.raises(ValueError):
+        json.loads(text)
+    stream = client.chat.completions.create(model=MODEL, messages=PERSON, temperature=0, max_tokens=5,
+                                            response_format=FORMAT, stream=True,  # type: ignore[arg-type]
+                                            stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].usage and chunks[-1].usage.completion_tokens == 5
 
 
 class Address(pydantic.BaseModel):
@@ -184,3 +214,18 @@ def test_a_regex_or_grammar_the_engine_refuses_is_400_naming_it(client: openai.O
                                        extra_body={"structured_outputs": structured_outputs})
     error = info.value.body
     assert isinstance(error, dict) and error["param"] == "structured_outputs" and error["code"] == "invalid_grammar"
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"stop": ["}"]}, "stop"),
+    ({"extra_body": {"allowed_token_ids": [90]}}, "allowed_token_ids"),
+])
+def test_a_grammar_with_a_stop_string_or_allowed_token_ids_is_400(client: openai.OpenAI, fields: dict,
+                                                                  param: str) -> None:
+    """A stop string could cut the document; the allowed tokens could leave the grammar nothing to sample."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=PERSON, max_tokens=4,  # type: ignore[call-overload]
+                                       response_format=FORMAT, **fields)
+    error = info.value.body
+    assert isinstance(error, dict) and error["param"] == param
+    assert "cannot be combined with 'response_format'" in error["message"]
