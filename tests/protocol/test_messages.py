@@ -53,6 +53,8 @@ def test_scheduler_to_server_round_trip(msg: object) -> None:
     "msg",
     [
         m.StepResult(step=1, seq_ids=[1], token_ids=[5], logprobs=[-0.1]),
+        m.StepResult(step=2, seq_ids=[], token_ids=[], grammars_ready=[3, 4]),
+        m.GrammarStatus(ready=[1], errors=[m.SeqError(2, "grammar_too_complex", "too slow")]),
         m.Ready(num_blocks=10, block_size=16, model=m.ModelInfo("/m", 2048, 100, "cpu", "cpu", "float32")),
         m.Heartbeat(),
         m.Progress(status="loading"),

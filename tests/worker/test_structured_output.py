@@ -173,25 +173,78 @@ def test_a_schema_the_engine_refuses_fails_that_request_alone(model_dir: Path) -
     assert mixed[0] == alone[0] and mixed[1] == []
 
 
-def test_a_grammar_still_compiling_at_the_deadline_fails_that_request_alone(model_dir: Path,
-                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def _slow_compiles(monkeypatch: pytest.MonkeyPatch, seconds: dict[str, float]) -> list[str]:
+    """Make the compilation of each schema in `seconds` take that long (on its compile thread); the schemas whose
+    compilation ended, in order, are returned (filled as they end)."""
     import time
 
     from infer_worker.application import structured_output
 
     real = structured_output.GrammarBook._compile_now
+    ended: list[str] = []
 
     def slow(self: GrammarBook, spec: StructuredOutput) -> object:
         compiled = real(self, spec)
-        if spec.schema == '{"type": "integer"}':
-            time.sleep(2.0)  # (the thread finishes later; nothing waits for it)
+        time.sleep(seconds.get(spec.schema, 0.0))  # (a timed-out one finishes later; nothing waits for it)
+        ended.append(spec.schema)
         return compiled
 
     monkeypatch.setattr(structured_output.GrammarBook, "_compile_now", slow)
+    return ended
+
+
+def test_a_grammar_still_compiling_at_the_deadline_fails_that_request_alone(model_dir: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_compiles(monkeypatch, {'{"type": "integer"}': 2.0})
     slow_row = SamplingParams(temperature=0.0, structured=StructuredOutput(kind="json_schema",
                                                                            schema='{"type": "integer"}'))
     _, errors = _run(model_dir, [SamplingParams(temperature=0.0), slow_row], 3, timeout_s=0.3)
     assert [(e.seq_id, e.code) for e in errors] == [(1, "grammar_too_complex")]
+
+
+def test_the_deadline_runs_from_the_compilation_and_a_timed_out_one_blocks_no_later_grammar(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sequence preempted and re-admitted while its grammar compiles keeps the deadline of the compilation it
+    asked for first; once past it, that compilation keeps its thread, and later grammars compile on the others; a
+    cached grammar is ready at the first poll."""
+    import time
+
+    from infer_worker.domain.sequence import Grammar, Sampling, Sequence
+
+    ended = _slow_compiles(monkeypatch, {"[0-9]+": 3.0})
+    book = GrammarBook(_tokenizer_info, 256, timeout_s=1.0)
+
+    def seq(i: int, pattern: str) -> Sequence:
+        return Sequence(i, [1, 2, 3], 0, [0], Sampling(temperature=0.0, structured=Grammar("regex", pattern)),
+                        prompt_len=3, stop_token_ids=(EOS,))
+
+    book.admit(seq(1, "[0-9]+"))
+    book.admit(seq(2, "[a-c]+"))
+    started = time.monotonic()
+    ready: list[int] = []
+    while not ready and time.monotonic() - started < 5:
+        ready += book.poll()[0]
+        time.sleep(0.005)
+    assert ready == [2]
+    time.sleep(max(0.0, started + 0.6 - time.monotonic()))
+    book.forget(1)  # preempted ...
+    book.admit(seq(1, "[0-9]+"))  # ... and re-admitted: its compilation is the one asked 0.6 s ago
+    errors: list = []
+    while not errors and time.monotonic() - started < 5:
+        errors += book.poll()[1]
+        time.sleep(0.005)
+    assert [(e.seq_id, e.code) for e in errors] == [(1, "grammar_too_complex")]
+    assert time.monotonic() - started < 1.4  # (1 s from the first admission, not 1.6 s)
+    book.admit(seq(3, "[a-c]+"))  # a cached grammar: ready at once
+    assert book.poll() == ([3], [])
+    book.admit(seq(4, "x[0-9]"))  # a new grammar, while the timed-out one still compiles (3 s)
+    while not ready[1:] and time.monotonic() - started < 5:
+        ready += book.poll()[0]
+        time.sleep(0.005)
+    assert ready == [2, 4] and time.monotonic() - started < 2.8 and ended == ["[a-c]+", "x[0-9]"]
+    book.admit(seq(5, "[0-9]+"))  # the timed-out grammar again: failed at once (it would queue behind itself)
+    assert [(e.seq_id, e.code) for e in book.poll()[1]] == [(5, "grammar_too_complex")]
+    assert not book.compiling
 
 
 def test_the_scheduler_sends_stop_ids_and_fails_a_sequence_alone() -> None:

@@ -25,7 +25,9 @@ from infer_core.plan import penalises_repeats
 # 10: images (ImageInput; Submit.images, NewSeq.images, ModelInfo.images)
 # 11: StructuredOutput kinds regex, grammar (EBNF) and structural_tag (structured_outputs, tool calls)
 # 12: ImageInput carries uint8 patches and their value table (patches, value_table) instead of float32 pixel_values
-PROTOCOL_VERSION = 12
+# 13: grammar readiness (StepResult.grammars_ready, GrammarStatus): the scheduler holds a constrained sequence's first
+#     sample until its grammar is compiled
+PROTOCOL_VERSION = 13
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -244,6 +246,9 @@ class StepResult(_Msg, tag="step_result"):
     # prompt tokens computed this step by sequences with sampling.prompt_logprobs (any sequence of the step)
     prompt_logprobs: list[PromptLogprobs] = []
     seq_errors: list[SeqError] = []  # sequences of the step that failed on their own (see SeqError)
+    # sequences whose grammar (sampling.structured) finished compiling since the worker last said so: the scheduler
+    # lets them sample from then on (a grammar that failed to compile is in seq_errors instead)
+    grammars_ready: list[int] = []
 
 
 class SeqError(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
@@ -251,7 +256,7 @@ class SeqError(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_li
     step stands. Its token in that step, and in any step planned before the scheduler finished it, is void."""
 
     seq_id: int
-    code: str  # e.g. "invalid_request" (a schema the grammar engine refuses), "grammar_timeout"
+    code: str  # "invalid_grammar" (a schema the grammar engine refuses), "grammar_too_complex" (past the deadline)
     message: str
     status: int = 400
 
@@ -264,6 +269,15 @@ class StepFailed(_Msg, tag="step_failed"):
     step: int
     seq_ids: list[int]
     message: str
+
+
+class GrammarStatus(_Msg, tag="grammar_status"):
+    """Grammars that became ready, or failed, while no step was in flight (otherwise the next StepResult says so):
+    the worker sends it unasked, so a constrained sequence held at its last prompt token (and nothing else to run)
+    is released, or failed alone, without a step."""
+
+    ready: list[int] = []  # seq ids whose grammar is compiled (see StepResult.grammars_ready)
+    errors: list[SeqError] = []  # seq ids whose grammar failed: invalid, or not compiled by the deadline
 
 
 class Ready(_Msg, tag="ready"):
@@ -291,4 +305,4 @@ class WorkerError(_Msg, tag="worker_error"):
 
 
 SchedulerToWorker = StepPlan | Shutdown
-WorkerToScheduler = StepResult | StepFailed | Ready | Progress | Heartbeat | WorkerError
+WorkerToScheduler = StepResult | StepFailed | GrammarStatus | Ready | Progress | Heartbeat | WorkerError

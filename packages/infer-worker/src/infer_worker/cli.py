@@ -113,7 +113,10 @@ def run_steps(service: WorkerService, transport: WorkerTransport, stop: threadin
         while service.oldest_ready():
             _send_oldest(service, transport)
         busy = service.num_inflight > 0
-        msg = transport.recv(timeout_ms=0 if busy else 100)
+        compiling = not busy and service.compiling
+        if compiling and (status := service.grammar_status()) is not None:
+            transport.send(status)  # no result will carry it: the scheduler may hold the row and have nothing else
+        msg = transport.recv(timeout_ms=0 if busy else _COMPILE_POLL_MS if compiling else 100)
         if msg is None:
             if busy:
                 time.sleep(_SPIN_SECS)  # wait for the step on the device or the next plan, whichever comes first
@@ -137,6 +140,7 @@ def run_steps(service: WorkerService, transport: WorkerTransport, stop: threadin
 
 
 _SPIN_SECS = 20e-6
+_COMPILE_POLL_MS = 2  # how often an idle worker looks at the grammars compiling (a held row waits for that report)
 
 
 def _keepalive(group: RankGroup) -> None:

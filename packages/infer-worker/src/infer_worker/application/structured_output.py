@@ -2,13 +2,18 @@
 matcher per constrained sequence. A grammar is a JSON Schema, a regex, an EBNF grammar or a structural tag (the
 protocol's `StructuredOutput.kind`).
 
-- Compilation runs off the hot path, on one background thread, as soon as a sequence is admitted (it overlaps
-  the prompt's prefill), and is cached by (kind, schema text): the server sends the schema canonically
-  (sorted keys), so equal schemas share one compilation. A failed compilation is cached too.
-- The first time a row samples, its step waits for the compilation, at most `COMPILE_TIMEOUT_S` after the
-  sequence arrived. A schema xgrammar refuses, or one still compiling at the deadline, fails that request
-  alone: the row samples unconstrained, its token is void, and the step's result names it in `seq_errors`
-  (the scheduler ends the request with that error). The rest of the batch is untouched.
+- Compilation runs off the hot path, on a small pool of background threads (`COMPILE_THREADS`), as soon as a
+  sequence is admitted (it overlaps the prompt's prefill), and is cached by (kind, schema text): the server sends
+  the schema canonically (sorted keys), so equal schemas share one compilation. A failed compilation is cached too.
+- The scheduler holds a constrained sequence at its last prompt token until this book says its grammar is ready
+  (`poll`: the worker reports it in `StepResult.grammars_ready`, or in a `GrammarStatus` when no step runs), so no
+  step waits for a compilation. A schema xgrammar refuses, or one still compiling `COMPILE_TIMEOUT_S` after its
+  compilation was asked for (a re-admission after a preemption does not reset it), fails that request alone
+  (`poll`'s errors: the scheduler ends the request with that error). A timed-out compilation keeps its thread
+  until it ends (xgrammar cannot be interrupted); the other threads of the pool go on with later grammars.
+- A row that samples before its grammar is ready (a one-token prompt, which cannot be held; a rank that follows
+  rank 0 under tensor parallelism; a recompute whose grammar the cache dropped meanwhile) waits at its first sample
+  until the same deadline, as a fallback: that stalls the step.
 - Rows with a grammar need logits processing (`process_until`) and read their own output, yet ride every step
   of the one-step-ahead pipeline: the scheduler plans them like free rows (only penalised rows wait for their
   token: `infer_core.plan.penalises_repeats`), so a grammar row's step k+1 launches with its last token still
@@ -47,10 +52,13 @@ from infer_worker.domain.sequence import PENDING, Grammar, Sequence
 
 log = logging.getLogger("rustinfer.worker")
 
-# How long a request's first sample may wait for its grammar (from the sequence's arrival, or from the moment the
-# compiler was ready if that came later): the step waits with it, so this bounds the stall a pathological schema
-# can cause. The compiler itself (transformers, the vocabulary scan) is made on the first grammar, bounded apart.
+# How long a grammar may take to compile (from when its compilation was asked for, or from the moment the compiler
+# was ready if that came later): past it, every request of that grammar fails with grammar_too_complex. The compiler
+# itself (transformers, the vocabulary scan) is made on the first grammar, bounded apart.
 COMPILE_TIMEOUT_S = 30.0
+# Compilations at once: a grammar that runs past its deadline keeps its thread (xgrammar cannot be interrupted), and
+# the others serve the grammars after it.
+COMPILE_THREADS = 4
 COMPILER_TIMEOUT_S = 300.0
 MAX_CACHED_GRAMMARS = 256  # compiled grammars kept (least recently used dropped first)
 _JSON_OBJECT_SCHEMA = '{"type": "object"}'
@@ -99,16 +107,24 @@ def constrain(seq: Sequence) -> None:
     seq.process_until = _FOREVER
 
 
+@dataclass(slots=True, frozen=True)
+class _Compilation:
+    """One grammar's compilation (cached by kind and text, shared by every sequence with that grammar)."""
+
+    future: Future
+    asked: float  # time.monotonic() when it was submitted to the pool: its deadline runs from here
+
+
 @dataclass(slots=True)
 class _Row:
     """One constrained sequence: its grammar (compiling or compiled), its matcher once that is ready."""
 
-    compiled: Future
-    admitted: float  # time.monotonic() when the sequence arrived
+    compiled: _Compilation
     stop_token_ids: list[int]
     matcher: Any = None
     consumed: int = 0  # generated tokens the matcher has accepted
     failed: bool = False  # reported once; from then on the row is sampled unconstrained (its tokens are void)
+    reported: bool = False  # the scheduler was told the grammar is ready, or failed (poll, or a failed sample)
 
 
 @dataclass
@@ -120,8 +136,9 @@ class GrammarBook:
     timeout_s: float = COMPILE_TIMEOUT_S
     threads: int = field(default_factory=lambda: fill_threads())  # of the batched bitmask fill
     _rows: dict[int, _Row] = field(default_factory=dict)
-    _cache: OrderedDict[tuple[str, str], Future] = field(default_factory=OrderedDict)
-    _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "grammar-compile"))
+    _cache: OrderedDict[tuple[str, str], _Compilation] = field(default_factory=OrderedDict)
+    _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(COMPILE_THREADS, "grammar-compile"))
+    _unreported: dict[int, _Row] = field(default_factory=dict)  # rows whose readiness poll has not reported yet
     _compiler: Any = None
     _compiler_ready: float | None = None  # time.monotonic() when the compiler was made
     _compiler_error: Exception | None = None  # why it could not be made (kept: a retry would take as long again)
@@ -142,25 +159,65 @@ class GrammarBook:
         spec = seq.sampling.structured
         assert spec is not None
         constrain(seq)
-        self._rows[seq.seq_id] = _Row(self._compile(spec), time.monotonic(), list(seq.stop_token_ids))
+        row = _Row(self._compile(spec), list(seq.stop_token_ids))
+        self._rows[seq.seq_id] = row
+        self._unreported[seq.seq_id] = row
 
     def forget(self, seq_id: int) -> None:
         self._rows.pop(seq_id, None)
+        self._unreported.pop(seq_id, None)
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def _compile(self, spec: Grammar) -> Future:
+    @property
+    def compiling(self) -> bool:
+        """Some admitted row's readiness is not reported yet (the worker loop polls while so)."""
+        return bool(self._unreported)
+
+    def poll(self) -> tuple[list[int], list[SeqError]]:
+        """(the rows whose grammar is compiled, the rows whose grammar failed: refused, or past its deadline), each
+        reported once. Never waits: the worker reports them in the next StepResult, or in a GrammarStatus when no
+        step is in flight, and the scheduler lets a held row sample once it is ready."""
+        if not self._unreported:
+            return [], []
+        ready: list[int] = []
+        errors: list[SeqError] = []
+        now = time.monotonic()
+        for seq_id, row in list(self._unreported.items()):
+            if row.reported:  # (a sample resolved it first: the fallback wait)
+                del self._unreported[seq_id]
+                continue
+            try:
+                if not row.compiled.future.done() and now < self._deadline(row.compiled):
+                    continue
+                self._matcher(row, wait=False)
+            except _RowFailed as exc:
+                row.failed = True
+                errors.append(SeqError(seq_id, exc.code, exc.message, exc.status))
+            else:
+                ready.append(seq_id)
+            row.reported = True
+            del self._unreported[seq_id]
+        return ready, errors
+
+    def _deadline(self, compilation: _Compilation) -> float:
+        """When the compilation is past its time (never before the compiler exists, which has a bound of its own)."""
+        if not self._ready.is_set():
+            return compilation.asked + COMPILER_TIMEOUT_S + self.timeout_s
+        return max(compilation.asked, self._compiler_ready or 0.0) + self.timeout_s
+
+    def _compile(self, spec: Grammar) -> _Compilation:
         key = (spec.kind, spec.schema)
-        fut = self._cache.get(key)
-        if fut is not None:
+        compilation = self._cache.get(key)
+        if compilation is not None:
             self._cache.move_to_end(key)
-            return fut
-        fut = self._pool.submit(self._compile_now, spec)
-        self._cache[key] = fut
+            return compilation
+        compilation = _Compilation(self._pool.submit(self._compile_now, spec), time.monotonic())
+        self._cache[key] = compilation
         while len(self._cache) > MAX_CACHED_GRAMMARS:
             self._cache.popitem(last=False)
-        return fut
+        return compilation
 
     def _compile_now(self, spec: Grammar) -> Any:
         import xgrammar as xgr  # here, not at import: a worker that never sees a grammar never loads it
@@ -218,7 +275,7 @@ class GrammarBook:
             try:
                 self._sync(state, seq, pending_token)
             except _RowFailed as exc:
-                state.failed = True
+                state.failed = state.reported = True
                 errors.append(SeqError(seq.seq_id, exc.code, exc.message, exc.status))
                 continue
             if state.matcher.is_terminated():
@@ -275,22 +332,7 @@ class GrammarBook:
     def _sync(self, state: _Row, seq: Sequence, pending_token: Callable[[Sequence], int] | None) -> None:
         """The row's matcher, created once its grammar is compiled, fed the generated tokens it has not seen."""
         if state.matcher is None:
-            self._ready.wait(COMPILER_TIMEOUT_S)
-            deadline = max(state.admitted, self._compiler_ready or 0.0) + self.timeout_s
-            try:
-                compiled = state.compiled.result(timeout=max(0.0, deadline - time.monotonic()))
-            except FutureTimeout:
-                raise _RowFailed("grammar_too_complex", f"the grammar did not compile within "
-                                 f"{self.timeout_s:g} s", 400) from None
-            except Exception as exc:  # xgrammar refuses the schema (or no tokenizer)
-                raise _RowFailed("invalid_grammar", f"the grammar engine refused it: {_first_line(exc)}",
-                                 400) from None
-            if not state.stop_token_ids:
-                raise _RowFailed("invalid_grammar", "a grammar needs a stop token to end the output (the "
-                                 "model names no EOS)", 400)
-            import xgrammar as xgr
-
-            state.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=state.stop_token_ids)
+            self._matcher(state, wait=True)
         generated = seq.token_ids[seq.prompt_len + state.consumed:]
         for token in generated:
             if token == PENDING:  # (only a row's last token can be: the previous launch is sampling it)
@@ -301,6 +343,30 @@ class GrammarBook:
             if not state.matcher.accept_token(token):
                 raise _RowFailed("internal_error", f"the grammar refused token {token} it allowed", 500)
             state.consumed += 1
+
+    def _matcher(self, state: _Row, wait: bool) -> None:
+        """Make the row's matcher from its compiled grammar: `wait` for the compilation until its deadline (the
+        fallback of a row that samples before the scheduler heard it is ready), or not (`poll`, which calls only
+        once the compilation is done or past its deadline). Raises _RowFailed for a grammar that failed."""
+        compilation = state.compiled
+        if wait:
+            self._ready.wait(COMPILER_TIMEOUT_S)
+        try:
+            timeout = max(0.0, self._deadline(compilation) - time.monotonic()) if wait else 0.0
+            compiled = compilation.future.result(timeout=timeout)
+        except FutureTimeout:
+            raise _RowFailed("grammar_too_complex", f"the grammar did not compile within "
+                             f"{self.timeout_s:g} s", 400) from None
+        except Exception as exc:  # xgrammar refuses the schema (or no tokenizer)
+            raise _RowFailed("invalid_grammar", f"the grammar engine refused it: {_first_line(exc)}",
+                             400) from None
+        if not state.stop_token_ids:
+            raise _RowFailed("invalid_grammar", "a grammar needs a stop token to end the output (the "
+                             "model names no EOS)", 400)
+        if state.matcher is None:
+            import xgrammar as xgr
+
+            state.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=state.stop_token_ids)
 
 
 def bit_values(device: torch.device | str) -> torch.Tensor:

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
-from infer_protocol.messages import NewSeq, SamplingParams, StepFailed, StepPlan, StepResult
+from infer_protocol.messages import GrammarStatus, NewSeq, SamplingParams, SeqError, StepFailed, StepPlan, StepResult
 
 from infer_worker.application.block_table import BlockTable, ScheduledBatch
 from infer_worker.application.image_inputs import ImageInputs
@@ -91,6 +91,7 @@ class WorkerService:
         self._table = BlockTable()  # one row per live sequence; a diff writes only its new block ids
         self._inflight: deque[_InFlight] = deque()
         self._dropped: dict[int, int] = {}  # seq id -> the step that failed it (for the one step planned after it)
+        self._no_grammar: list[SeqError] = []  # grammar rows admitted without a grammar engine, not reported yet
 
     @property
     def num_sequences(self) -> int:
@@ -194,6 +195,11 @@ class WorkerService:
         self._inflight.popleft()
         for (seq, index), token_id in zip(flight.pending, sampled.token_ids, strict=True):
             seq.token_ids[index] = token_id
+        seq_errors = list(getattr(flight.work, "seq_errors", None) or ())
+        ready: list[int] = []
+        if self.compiling:
+            ready, failed = self._poll_grammars()
+            seq_errors += failed
         result = StepResult(
             step=flight.step,
             seq_ids=sampled.seq_ids,
@@ -203,16 +209,37 @@ class WorkerService:
             top_logprobs=sampled.top_logprobs,
             launch_ms=flight.launch_ms,
             prompt_logprobs=sampled.prompt_logprobs,
-            seq_errors=list(getattr(flight.work, "seq_errors", None) or ()),
+            seq_errors=seq_errors,
+            grammars_ready=ready,
         )
         return self._without_dropped(result) if self._dropped else result
+
+    @property
+    def compiling(self) -> bool:
+        """A grammar's readiness is still to report (the worker loop polls `grammar_status` while no step runs)."""
+        return bool(self._no_grammar) or (self._grammars is not None and self._grammars.compiling)
+
+    def grammar_status(self) -> GrammarStatus | None:
+        """The grammars that became ready or failed since the last report, when any did (sent unasked while no
+        step is in flight: a constrained sequence held at its last prompt token may be all the scheduler has)."""
+        if not self.compiling:
+            return None
+        ready, errors = self._poll_grammars()
+        return GrammarStatus(ready=ready, errors=errors) if ready or errors else None
+
+    def _poll_grammars(self) -> tuple[list[int], list[SeqError]]:
+        ready, errors = self._grammars.poll() if self._grammars is not None else ([], [])
+        if self._no_grammar:
+            errors, self._no_grammar = self._no_grammar + errors, []
+        return ready, errors
 
     def _without_dropped(self, result: StepResult) -> StepResult:
         """Leave out the rows of sequences an earlier step's failure dropped (launched before it was known)."""
         dropped = {sid for sid, step in self._dropped.items() if step < result.step}
         keep = [i for i, sid in enumerate(result.seq_ids) if sid not in dropped]
         if len(keep) == len(result.seq_ids) and not any(
-                c.seq_id in dropped for c in [*result.prompt_logprobs, *result.seq_errors]):
+                c.seq_id in dropped for c in [*result.prompt_logprobs, *result.seq_errors]) and not any(
+                sid in dropped for sid in result.grammars_ready):
             return result
 
         def pick(values: list | None) -> list | None:
@@ -222,7 +249,8 @@ class WorkerService:
                           logprobs=pick(result.logprobs), elapsed_ms=result.elapsed_ms,
                           top_logprobs=pick(result.top_logprobs), launch_ms=result.launch_ms,
                           prompt_logprobs=[c for c in result.prompt_logprobs if c.seq_id not in dropped],
-                          seq_errors=[e for e in result.seq_errors if e.seq_id not in dropped])
+                          seq_errors=[e for e in result.seq_errors if e.seq_id not in dropped],
+                          grammars_ready=[sid for sid in result.grammars_ready if sid not in dropped])
 
     def _admit(self, new: NewSeq) -> ScheduledSeq:
         seq = Sequence(
@@ -239,8 +267,10 @@ class WorkerService:
         if new.sampling.structured is not None:
             if self._grammars is not None:
                 self._grammars.admit(seq)
-            else:
-                constrain(seq)  # the runner, with no grammar engine either, fails the request on its own
+            else:  # (never in a worker, which always has a book): the scheduler holds the row for a report
+                constrain(seq)
+                self._no_grammar.append(SeqError(new.seq_id, "structured_output_unavailable",
+                                                 "this worker has no grammar engine", 500))
         if new.images:
             if self._images is None:
                 raise ValueError(f"sequence {new.seq_id} has images, but this worker's model has no vision tower")
