@@ -6,7 +6,8 @@ decode GEMM that is issue-limited rather than HBM-limited (an H200 issues ~128 t
 per clock; at 4.2 TB/s an SM must consume ~32 int4 or ~16 fp8 weights per clock, leaving ~4 or ~8).
 
     python3 packages/infer-backend-cuda/scripts/sass_census.py
-prints, for the quantized GEMMs' decode configs, registers, spill bytes and instructions per weight element.
+prints, for the quantized GEMMs' decode configs, registers, spill bytes and instructions per weight element
+(`FIXUP=1`: with the split-K fix-up compiled in).
 """
 
 from __future__ import annotations
@@ -65,40 +66,46 @@ def loop_census(kernel) -> tuple[str, int, collections.Counter]:  # noqa: ANN001
 
 
 _AWQ_TYPES = dict(zip(
-    ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "M", "N", "K", "x_stride", "qw_stride", "qz_stride",
-     "s_stride", "out_stride", "split_stride"],
-    ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*fp32"] + ["i32"] * 9))
+    ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "ws_ptr", "counter_ptr", "M", "N", "K", "x_stride",
+     "qw_stride", "qz_stride", "s_stride", "out_stride", "split_stride"],
+    ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*bf16", "*fp32", "*i32"] + ["i32"] * 9))
 _AWQ_GEMV_TYPES = dict(zip(
-    ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "M", "N", "x_stride", "qw_stride", "qz_stride",
-     "s_stride", "out_stride", "split_stride", "groups", "groups_per_split", "magic"],
-    ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*fp32"] + ["i32"] * 11))
+    ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "ws_ptr", "counter_ptr", "M", "N", "x_stride",
+     "qw_stride", "qz_stride", "s_stride", "out_stride", "split_stride", "groups", "groups_per_split", "magic"],
+    ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*bf16", "*fp32", "*i32"] + ["i32"] * 11))
 # Qwen3-4B's shapes: every pointer, N and the row strides are multiples of 16.
-_AWQ_DIVISIBLE = ("x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "N", "x_stride", "qw_stride", "qz_stride",
-                  "s_stride", "out_stride", "split_stride")
-_FP8_NAMES = ["xq_ptr", "xs_ptr", "w_ptr", "ws_ptr", "row_ptr", "b_ptr", "out_ptr", "M", "N", "K", "xq_stride",
-              "xs_stride", "w_stride", "ws_stride", "out_stride"]
+_AWQ_DIVISIBLE = ("x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "ws_ptr", "counter_ptr", "N", "x_stride",
+                  "qw_stride", "qz_stride", "s_stride", "out_stride", "split_stride")
+# FIXUP=1 in the environment compiles the split-K fix-up (split_k.py) into the split kernels.
+_FIXUP = os.environ.get("FIXUP", "0") == "1"
 
 
-def _fp8_types(x: str) -> dict[str, str]:
-    return dict(zip(_FP8_NAMES, [x, "*fp32", "*fp8e4nv", "*fp32", "*i32", "*fp32", "*bf16"] + ["i32"] * 8))
+def _fp8_types(x: str, split: bool = False) -> dict[str, str]:
+    """The row-streaming kernel's arguments, or with `split` the split-K kernel's (two more pointers)."""
+    head = dict(zip(["xq_ptr", "xs_ptr", "w_ptr", "ws_ptr", "row_ptr", "b_ptr", "out_ptr"],
+                    [x, "*fp32", "*fp8e4nv", "*fp32", "*i32", "*fp32", "*bf16"]))
+    extra = {"part_ptr": "*fp32", "counter_ptr": "*i32"} if split else {}
+    tail = dict.fromkeys(["M", "N", "K", "xq_stride", "xs_stride", "w_stride", "ws_stride", "out_stride"], "i32")
+    return head | extra | tail
 
 
 def cases():
     """(label, kernel, weight elements per program-step, threads) for the decode configs worth comparing."""
     for bn in (256, 512):  # one row: the longest loop is one group (its K steps unrolled)
-        ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=8, UNROLL=16,
-                  USE_PDL=False)
+        ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, FIXUP=_FIXUP, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=8,
+                  UNROLL=16, USE_PDL=False)
         kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, 4, 1, _AWQ_DIVISIBLE)
         yield f"awq gemv 1x{bn}x8 w4", kernel, bn * 128, 4
     for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (32, 128, 64, 4, 3)):
-        ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, DOT_F32=False,
+        ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, FIXUP=_FIXUP, DOT_F32=False,
                   BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=False)
         kernel = compile_sm90(A._awq_kernel, _AWQ_TYPES, ce, warps, stages, _AWQ_DIVISIBLE[:-1])
         yield f"awq {bm}x{bn}x{bk} w{warps}", kernel, bn * bk, warps
     for bm, bn, warps, stages, fuse in ((1, 64, 4, 2, True), (16, 64, 4, 3, False)):
         ce = dict(GROUP=128, HAS_BIAS=False, DOT_F32=False, SKINNY=bm <= 8, GROUPS_PER_SPLIT=8, PARTIAL=True,
-                  BLOCK_M=bm, BLOCK_N=bn, FUSE_QUANT=fuse, ROUND_IN_FP32=False, W_SCALE_UNIFORM=False)
-        kernel = compile_sm90(F8._fp8_gemm_kernel, _fp8_types("*bf16" if fuse else "*fp8e4nv"), ce, warps, stages)
+                  FIXUP=_FIXUP, BLOCK_M=bm, BLOCK_N=bn, FUSE_QUANT=fuse, ROUND_IN_FP32=False, W_SCALE_UNIFORM=False)
+        kernel = compile_sm90(F8._fp8_gemm_kernel, _fp8_types("*bf16" if fuse else "*fp8e4nv", True), ce, warps,
+                              stages)
         yield f"fp8 gemm {bm}x{bn} w{warps}{' fused' if fuse else ''}", kernel, 128 * bn, warps
     for bn, groups, warps in ((4, 4, 2), (8, 2, 4)):
         ce = dict(GROUP=128, GROUPS_PER_STEP=groups, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=bn, EVEN=True)

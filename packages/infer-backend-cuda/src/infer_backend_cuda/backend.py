@@ -97,12 +97,15 @@ class CudaBackend:
         )
 
         from infer_backend_cuda.gated_delta import CudaGatedDeltaOps
+        from infer_backend_cuda.kernels import split_k
         from infer_backend_cuda.linear_ops import CudaLinears
         from infer_backend_cuda.ops import CudaMathOps, SingleDeviceCollective, TritonFusedOps
         from infer_backend_cuda.sampler import CudaSampler
 
         sampler = CudaSampler(dev)
         sampler.warmup()  # Numba kernels compiled and loaded before any graph capture
+        # INFER_CUDA_SPLIT_K_FIXUP=1: the split-K GEMMs' arrival counters, zeroed before any graph capture.
+        split_k.allocate_counters(dev)
         # INFER_CUDA_SKINNY_GEMM=0 keeps every GEMM on cuBLAS (for A/B benchmarks and debugging).
         math = CudaMathOps(skinny_gemm=os.environ.get(SKINNY_GEMM_ENV, "1") != "0")
         fused = TritonFusedOps(math)

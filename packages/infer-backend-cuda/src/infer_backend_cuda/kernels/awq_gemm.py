@@ -8,10 +8,10 @@ Two kernels, picked by the config's `block_m`: up to SKINNY_MAX_M rows (decode) 
 `awq_gemv.py` (wide column blocks, zero point and scale out of the inner loop); above, the tiled kernel here:
 each program streams a `[BLOCK_K, BLOCK_N / 8]` tile of packed words per K step, reading each word once,
 unpacks it in registers and multiplies on the tensor cores (`tl.dot`). Both may split K into ranges (so that a
-decode GEMM launches a few programs per SM); a second small kernel sums the ranges in a fixed order. The tiled
-kernel rounds dequantized weights to the activation dtype before the product, as the CPU reference's
-dequantized GEMM does. Launch configs: a shape heuristic (`scripts/bench_quant_gemm.py` times alternatives on
-a GPU).
+decode GEMM launches a few programs per SM); a second small kernel (or, opt-in, the last program of each tile)
+sums the ranges in a fixed order. The tiled kernel rounds dequantized weights to the activation dtype before the
+product, as the CPU reference's dequantized GEMM does. Launch configs: a shape heuristic
+(`scripts/bench_quant_gemm.py` times alternatives on a GPU).
 """
 
 from __future__ import annotations
@@ -38,20 +38,21 @@ class AwqConfig(NamedTuple):
     block_k: int
     num_warps: int
     num_stages: int
-    k_splits: int = 1  # K is cut into this many ranges (at most), summed by a second kernel (split_k.py)
+    k_splits: int = 1  # K is cut into this many ranges (at most), summed in a fixed order (split_k.py)
 
 
 
 @triton.jit
 def _awq_kernel(
-    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, counter_ptr,
     M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, K_SPLIT: tl.constexpr, PARTIAL: tl.constexpr,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, K_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
     DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (m, n, s) covers rows `m * BLOCK_M`, columns `n * BLOCK_N` and K `[s * K_SPLIT, (s + 1) * K_SPLIT)`;
-    with PARTIAL it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, split_k.py).
+    with PARTIAL it writes fp32 partial sums to `ws_ptr + s * split_stride` (a split-K workspace, split_k.py), which
+    with FIXUP the last program of tile (m, n) sums into `out_ptr`.
 
     Each K step loads the packed words `[BLOCK_K, BLOCK_N / 8]` once (contiguous rows) and unpacks them in
     registers (`_awq_nibbles.unpack`)."""
@@ -90,8 +91,9 @@ def _awq_kernel(
             acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(x, w)
-    split_k.store_tile(acc, out_ptr, b_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride, pid_k, PARTIAL,
-                       HAS_BIAS)
+    split_k.store_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride,
+                       split_stride, pid_k, tl.num_programs(2), pid_m * tl.num_programs(1) + pid_n, PARTIAL,
+                       HAS_BIAS, FIXUP)
 
 
 def group_block_k(group: int, cap: int) -> int:
@@ -182,15 +184,14 @@ def awq_linear(
                         cfg.k_splits)
         return out
     steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)
-    partial = splits > 1
-    target = split_k.workspace(splits, m, n, x.device) if partial else out
-    _awq_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)](
-        x, qweight, qzeros, scales, bias if bias is not None else scales, target, m, n, k, x.stride(0),
-        qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n,
-        GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=partial,
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
+    p = split_k.partials(splits, m, n, out, grid[0] * grid[1])
+    _awq_kernel[grid](
+        x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n, k,
+        x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n,
+        GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=p.partial, FIXUP=p.fixup,
         DOT_F32=dot_in_fp32(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x.device),
     )
-    if partial:
-        split_k.reduce_splits(target, bias, out)
+    split_k.finish(p, bias, out)
     return out

@@ -47,14 +47,15 @@ def _step(part, x_ptr, x_rows, qw_ptr, qw_stride, rw, w_mask, m_mask, zero, kk, 
 
 @triton.jit
 def _awq_gemv_kernel(
-    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr,
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, counter_ptr,
     M, N, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, groups, groups_per_split, magic,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """Program (n, s) covers every row, columns `n * BLOCK_N` and groups `[s * groups_per_split, ...)`; with
-    PARTIAL it writes fp32 partial sums to `out_ptr + s * split_stride` (a split-K workspace, split_k.py).
+    PARTIAL it writes fp32 partial sums to `ws_ptr + s * split_stride` (a split-K workspace, split_k.py), which
+    with FIXUP the last program of column block n sums into `out_ptr` (arrival counter n).
 
     `magic` is 0x4B000000 (the bits of 2^23), passed at run time: as a literal, ptxas keeps it as the LOP3's
     immediate and re-materializes the five nibble masks before every LOP3 instead (sm_90 SASS: 5.3 against 4.3
@@ -91,8 +92,8 @@ def _awq_gemv_kernel(
         y = tl.sum(acc, axis=0)[None, :]
     else:
         y = tl.sum(acc, axis=1)
-    split_k.store_tile(y, out_ptr, b_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride, pid_k, PARTIAL,
-                       HAS_BIAS)
+    split_k.store_tile(y, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride,
+                       split_stride, pid_k, tl.num_programs(1), pid_n, PARTIAL, HAS_BIAS, FIXUP)
 
 
 def unroll(m: int, steps: int) -> int:
@@ -112,14 +113,13 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
     m, n = x.shape[0], out.shape[1]
     groups = scales.shape[0]
     per, splits = split_k.steps_per_split(groups, k_splits)
-    partial = splits > 1
-    target = split_k.workspace(splits, m, n, x.device) if partial else out
-    _awq_gemv_kernel[(triton.cdiv(n, block_n), splits)](
-        x, qweight, qzeros, scales, bias if bias is not None else scales, target, m, n, x.stride(0),
-        qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, groups, per, 0x4B000000,
-        GROUP=group, HAS_BIAS=bias is not None, PARTIAL=partial, BLOCK_M=triton.next_power_of_2(m),
-        BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll(m, group // block_k), num_warps=num_warps, num_stages=1,
-        **pdl_launch(x.device),
+    tiles = triton.cdiv(n, block_n)
+    p = split_k.partials(splits, m, n, out, tiles)
+    _awq_gemv_kernel[(tiles, splits)](
+        x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n,
+        x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, groups, per,
+        0x4B000000, GROUP=group, HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup,
+        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll(m, group // block_k),
+        num_warps=num_warps, num_stages=1, **pdl_launch(x.device),
     )
-    if partial:
-        split_k.reduce_splits(target, bias, out)
+    split_k.finish(p, bias, out)

@@ -86,14 +86,15 @@ def _act_quant_kernel(
 
 @triton.jit
 def _fp8_gemm_kernel(
-    xq_ptr, xs_ptr, w_ptr, ws_ptr, row_ptr, b_ptr, out_ptr,
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, row_ptr, b_ptr, out_ptr, part_ptr, counter_ptr,
     M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SKINNY: tl.constexpr,
-    GROUPS_PER_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    FUSE_QUANT: tl.constexpr, ROUND_IN_FP32: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr,
+    GROUPS_PER_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, FUSE_QUANT: tl.constexpr, ROUND_IN_FP32: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr,
 ):
     """Program (m, n, s) covers K groups `[s * GROUPS_PER_SPLIT, (s + 1) * GROUPS_PER_SPLIT)`; with PARTIAL it
-    stores fp32 partial sums at `out_ptr + s * M * N` (a split-K workspace `[splits, M, N]`).
+    stores fp32 partial sums at `part_ptr + s * M * N` (a split-K workspace `[splits, M, N]`), which with FIXUP
+    the last program of tile (m, n) sums into `out_ptr` (split_k.py).
 
     With FUSE_QUANT `xq_ptr` is the unquantized input (`xs_ptr` unused): each program quantizes the activation
     groups of its own K range, one group per K step (a few rows: the work is small next to the weight tile, and
@@ -137,14 +138,8 @@ def _fp8_gemm_kernel(
         else:
             w_scale = tl.load(ws_ptr + scale_rows * ws_stride + g, mask=n_mask, other=0.0)
             acc += partial * (x_scale[:, None] * w_scale[None, :])
-    mask = m_mask[:, None] & n_mask[None, :]
-    if PARTIAL:
-        tl.store(out_ptr + pid_k * M * N + rm[:, None] * N + rn[None, :], acc, mask=mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-                 mask=mask)
+    split_k.store_tile(acc, out_ptr, part_ptr, b_ptr, counter_ptr, rm, rn, m_mask, n_mask, N, out_stride, M * N,
+                       pid_k, tl.num_programs(2), pid_m * tl.num_programs(1) + pid_n, PARTIAL, HAS_BIAS, FIXUP)
 
 
 @triton.jit
@@ -306,18 +301,17 @@ def fp8_block_linear(
     # The skinny kernel quantizes its own activation groups; the tensor-core tiles take them from one pass.
     codes, x_scale = (x, x) if skinny else fp8_quantize_activation(x, group)
     per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits)
-    partial = splits > 1
-    target = split_k.workspace(splits, m, n, x.device) if partial else out
-    _fp8_gemm_kernel[(triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)](
-        codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, target,
-        m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
-        GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), SKINNY=skinny,
-        GROUPS_PER_SPLIT=per, PARTIAL=partial, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, FUSE_QUANT=skinny,
-        ROUND_IN_FP32=interpreting(), W_SCALE_UNIFORM=_uniform_tiles(cfg.block_n, scale_row),
+    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
+    p = split_k.partials(splits, m, n, out, grid[0] * grid[1])
+    _fp8_gemm_kernel[grid](
+        codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, out, p.workspace,
+        p.counter_arg, m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0),
+        out.stride(0), GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), SKINNY=skinny,
+        GROUPS_PER_SPLIT=per, PARTIAL=p.partial, FIXUP=p.fixup, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        FUSE_QUANT=skinny, ROUND_IN_FP32=interpreting(), W_SCALE_UNIFORM=_uniform_tiles(cfg.block_n, scale_row),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if partial:
-        split_k.reduce_splits(target, bias, out)
+    split_k.finish(p, bias, out)
     return out
 
 

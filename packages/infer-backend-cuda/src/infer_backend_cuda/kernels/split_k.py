@@ -4,9 +4,16 @@ A decode GEMM with one program per column tile launches N / BLOCK_N programs (20
 about a seventh of an H200's 132 SMs, each walking all of K: latency-bound, far from the HBM floor. Cutting K
 into ranges gives a few programs per SM; each writes fp32 partial sums to a workspace `[splits, M, N]`, and one
 small kernel adds them in split order (deterministic, unlike atomics) with the bias.
+
+With `INFER_CUDA_SPLIT_K_FIXUP=1` (opt-in: not yet measured on the H200) there is no second kernel: the program
+that finishes a tile last (an arrival counter per tile, `_fixup`) adds the partials in the same split order, so the
+output is the reduce kernel's bit for bit, one launch fewer per split GEMM (144 a Qwen3-4B AWQ decode step).
 """
 
 from __future__ import annotations
+
+import os
+from typing import Mapping, NamedTuple
 
 import torch
 import triton
@@ -16,6 +23,29 @@ from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 
 # A few programs per SM of an H100/H200 (132 SMs).
 TARGET_PROGRAMS = 512
+
+# INFER_CUDA_SPLIT_K_FIXUP=1: the last program of a tile sums the partials instead of a reduce launch (A/B runs;
+# off until measured). Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the config
+# loader's prefix, which refuses names it does not know).
+FIXUP_ENV = "INFER_CUDA_SPLIT_K_FIXUP"
+
+
+def fixup_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(FIXUP_ENV, "0").strip() == "1"
+
+
+FIXUP = fixup_wanted()
+
+# The arrival counters: one int32 per tile of a launch, zero between launches (each launch's last arrivals set
+# theirs back to 0). Owner: one buffer per device, allocated when the backend is built (`allocate_counters`,
+# called by `CudaBackend.__init__`, before any warm-up or graph capture), not per weight: every GEMM of a step
+# runs on the one compute stream, one after another (under PDL a kernel touches memory only after `gdc_wait`,
+# i.e. after the previous grid has ended), so launches never overlap in time and can share one buffer, and its
+# size need not follow each weight's configs. 64 Ki counters (256 KiB) cover far more than the default configs
+# ever split (below ~264 tiles a launch: `num_splits`, fp8_gemm's `_mid_config`); a launch with more tiles (an
+# explicit config) sums with the reduce kernel. A graph captures the buffer's address, valid for the process.
+COUNTERS = 1 << 16
+_counters: dict[torch.device, torch.Tensor] = {}
 
 
 def num_splits(k_steps: int, column_tiles: int) -> int:
@@ -30,14 +60,47 @@ def steps_per_split(k_steps: int, splits: int) -> tuple[int, int]:
 
 
 @triton.jit
-def store_tile(acc, out_ptr, b_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride, split,
-               PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr):
+def _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride, splits,
+           tile, HAS_BIAS: tl.constexpr):
+    """After this program's partial is stored: count its arrival on the tile's counter; the last of the `splits`
+    programs of the tile sums every partial in split order (the reduce kernel's sum, bit for bit), adds the bias,
+    writes the output and sets the counter back to 0.
+
+    Memory order (CUTLASS's split-K semaphore pattern): the barrier orders all of the CTA's partial stores before
+    the counter update, which one thread issues (Triton's scalar atomic) with release semantics at GPU scope, so
+    the stores are visible GPU-wide before the count; the last arriver's acquire then sees every other program's
+    stores (each released before its own increment, which the last one read through the counter's
+    modification order), and its threads learn the count through shared memory after a barrier. The partials
+    are loaded with `.cg` (L2 only): L1 is not coherent across SMs. The reset is a plain store: the next launch
+    that uses the counter starts after this grid ends (stream order, or `gdc_wait` under PDL)."""
+    tl.debug_barrier()
+    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    if arrived == splits - 1:
+        tl.debug_barrier()
+        total = tl.zeros_like(acc)
+        for s in range(0, splits):
+            total += tl.load(ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :], mask=mask, other=0.0,
+                             cache_modifier=".cg")
+        if HAS_BIAS:
+            total += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], total.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(counter_ptr + tile, 0)
+
+
+@triton.jit
+def store_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride,
+               split, splits, tile, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, FIXUP: tl.constexpr):
     """A program's fp32 tile `acc [rows rm, columns cols]`: with PARTIAL, range `split`'s partial sums into the
-    workspace (`out_ptr + split * split_stride`, rows N apart; the bias waits for the sum); else, plus the bias,
-    the output in its dtype."""
+    workspace (`ws_ptr + split * split_stride`, rows N apart; the bias waits for the sum), and with FIXUP the last
+    of the tile's `splits` programs (tile number `tile`) sums them into the output (`_fixup`); else, plus the
+    bias, the output in its dtype."""
     mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
-        tl.store(out_ptr + split * split_stride + rm[:, None] * N + cols[None, :], acc, mask=mask)
+        tl.store(ws_ptr + split * split_stride + rm[:, None] * N + cols[None, :], acc, mask=mask)
+        if FIXUP:
+            _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride,
+                   splits, tile, HAS_BIAS)
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -74,3 +137,71 @@ def reduce_splits(ws: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
         ws, bias if bias is not None else ws, out, n, out.stride(0), m * n,
         SPLITS=splits, HAS_BIAS=bias is not None, BLOCK=block, num_warps=4, **pdl_launch(out.device),
     )
+
+
+def _key(device: torch.device) -> torch.device:
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def allocate_counters(device: torch.device) -> torch.Tensor | None:
+    """The device's arrival counters, zeroed, allocated now if the fix-up is on (never under graph capture: there
+    the zeroing would not run until a replay); None with the fix-up off."""
+    if not FIXUP:
+        return None
+    key = _key(device)
+    if key not in _counters:
+        _counters[key] = torch.zeros(COUNTERS, dtype=torch.int32, device=key)
+    return _counters[key]
+
+
+def counters(device: torch.device) -> torch.Tensor | None:
+    """The device's arrival counters if allocated."""
+    return _counters.get(_key(device))
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+class Partials(NamedTuple):
+    """Where a launch's programs write: `workspace` (`[splits, M, N]` fp32, or the output itself when K is not
+    split) and `counters` (the arrival counters when the last program of a tile sums, else None)."""
+
+    splits: int
+    workspace: torch.Tensor
+    counters: torch.Tensor | None
+
+    @property
+    def partial(self) -> bool:
+        return self.splits > 1
+
+    @property
+    def fixup(self) -> bool:
+        return self.counters is not None
+
+    @property
+    def counter_arg(self) -> torch.Tensor:
+        """The kernels' counter pointer (unused without the fix-up)."""
+        return self.counters if self.counters is not None else self.workspace
+
+
+def partials(splits: int, m: int, n: int, out: torch.Tensor, tiles: int) -> Partials:
+    """The targets of a launch with `splits` K ranges and `tiles` output tiles per range: with the fix-up on, the
+    device's counters if they cover `tiles` and exist or can be made now (not under capture, so the backend makes
+    them first); else a workspace that `finish` reduces."""
+    if splits == 1:
+        return Partials(1, out, None)
+    cnt = None
+    if FIXUP and tiles <= COUNTERS:
+        cnt = counters(out.device)
+        if cnt is None and not _capturing(out.device):
+            cnt = allocate_counters(out.device)
+    return Partials(splits, workspace(splits, m, n, out.device), cnt)
+
+
+def finish(p: Partials, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+    """The reduce launch of a split GEMM without the fix-up."""
+    if p.partial and not p.fixup:
+        reduce_splits(p.workspace, bias, out)

@@ -1,0 +1,165 @@
+"""The split-K fix-up (`INFER_CUDA_SPLIT_K_FIXUP=1`, `kernels/split_k.py`): the last program of a tile sums the
+partials in split order instead of the reduce launch. Each split-K kernel (the AWQ GEMV, the AWQ tiled kernel, the
+FP8 kernel in both product forms) must give the reduce path's output bit for bit, leave its arrival counters at 0,
+and give the same output twice in a row. Interpreter shapes are tiny; Qwen3-4B shapes and a CUDA-graph capture
+with replays are marked `gpu`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, split_k
+from tests.backend_cuda.conftest import gpu, needs_cuda, poison
+from tests.backend_cuda.test_quant_gemm import QWEN3_4B, _awq, _fp8, _x
+
+# (kernel, rows, config): odd row counts and partial row tiles on every product path; N = 72 (AWQ) and 60 (FP8)
+# below end in a partial column tile at every block_n here; several split counts
+CASES = [
+    ("awq-gemv", 1, A.AwqConfig(1, 16, 16, 2, 1, 2)),
+    ("awq-gemv", 3, A.AwqConfig(4, 16, 16, 2, 1, 3)),
+    ("awq-gemv", 7, A.AwqConfig(8, 256, 16, 2, 1, 8)),
+    ("awq-tiled", 5, A.AwqConfig(16, 16, 16, 4, 1, 3)),
+    ("awq-tiled", 19, A.AwqConfig(16, 32, 16, 4, 1, 5)),
+    ("fp8-rows", 1, F8.Fp8Config(1, 32, 4, 1, 2)),
+    ("fp8-rows", 3, F8.Fp8Config(4, 16, 2, 1, 4)),
+    ("fp8-tiles", 19, F8.Fp8Config(16, 16, 4, 1, 3)),
+]
+
+
+def _gemm(kind: str, m: int, dtype: torch.dtype, device: str, with_bias: bool):
+    """A closure `run(out, config)` over one operand set, and the output width."""
+    if kind.startswith("awq"):
+        n, k = 72, 256
+        operands = _awq(n, k, 64, device, seed=m)
+    else:
+        n, k = 60, 200  # parts of 40 and 20 rows in blocks of 16; K = 200 in groups of 64: a partial last group
+        operands = _fp8([40, 20], k, (16, 64), device, seed=m)
+    bias = _x(n, 1, torch.float32, device, 7).reshape(n).to(dtype) if with_bias else None
+    x = _x(m, k, dtype, device)
+
+    def run(out, config):
+        if kind.startswith("awq"):
+            return A.awq_linear(x, *operands, bias, out=out, config=config)
+        return F8.fp8_block_linear(x, *operands, 64, bias, out=out, config=config)
+
+    return run, n
+
+
+def _reduce_launches(monkeypatch) -> list[int]:
+    calls: list[int] = []
+    reduce = split_k.reduce_splits
+
+    def spy(ws, bias, out):
+        calls.append(ws.shape[0])
+        reduce(ws, bias, out)
+
+    monkeypatch.setattr(split_k, "reduce_splits", spy)
+    return calls
+
+
+def _counters_zero(device: str) -> bool:
+    counters = split_k.counters(torch.device(device))
+    return counters is not None and not counters.any().item()
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind,m,config", CASES)
+def test_fixup_equals_the_reduce_kernel_bit_for_bit(kind, m, config, dtype, with_bias, device, monkeypatch):
+    run, n = _gemm(kind, m, dtype, device, with_bias)
+    launches = _reduce_launches(monkeypatch)
+    reduced = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
+    assert len(launches) == 1 and launches[0] > 1  # the reference path did split and reduce
+
+    monkeypatch.setattr(split_k, "FIXUP", True)
+    first = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
+    assert len(launches) == 1  # no reduce launch with the fix-up
+    assert _counters_zero(device)
+    second = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
+    assert _counters_zero(device)
+    assert torch.equal(first, reduced) and torch.equal(second, reduced)
+
+
+def test_fixup_is_off_by_default_and_read_from_the_environment():
+    assert not split_k.fixup_wanted({})
+    assert not split_k.fixup_wanted({split_k.FIXUP_ENV: "0"})
+    assert split_k.fixup_wanted({split_k.FIXUP_ENV: "1"})
+
+
+def test_one_range_and_too_many_tiles_keep_the_plain_paths(device, monkeypatch):
+    """K not split: no workspace, no counters. More tiles than counters: the reduce kernel, the same output."""
+    monkeypatch.setattr(split_k, "FIXUP", True)
+    out = torch.empty((1, 8), device=device)
+    one = split_k.partials(1, 1, 8, out, 3)
+    assert one.workspace is out and not one.partial and not one.fixup
+    run, n = _gemm("awq-gemv", 3, torch.float32, device, True)
+    config = A.AwqConfig(4, 16, 16, 2, 1, 3)
+    fixed = run(None, config)
+    launches = _reduce_launches(monkeypatch)
+    monkeypatch.setattr(split_k, "COUNTERS", 4)  # 72 columns at 16 are 5 tiles
+    assert torch.equal(run(None, config), fixed) and launches == [2]  # 4 groups in ranges of 2
+
+
+def test_counters_are_never_allocated_off_or_under_capture(device, monkeypatch):
+    monkeypatch.setattr(split_k, "_counters", {})
+    assert split_k.allocate_counters(torch.device(device)) is None  # the switch is off
+    monkeypatch.setattr(split_k, "FIXUP", True)
+    monkeypatch.setattr(split_k, "_capturing", lambda _device: True)
+    out = torch.empty((1, 8), device=device)
+    p = split_k.partials(2, 1, 8, out, 1)
+    assert p.partial and not p.fixup and split_k.counters(torch.device(device)) is None
+    monkeypatch.setattr(split_k, "_capturing", lambda _device: False)
+    assert split_k.partials(2, 1, 8, out, 1).fixup
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fmt", ["awq", "fp8"])
+@pytest.mark.parametrize("m", [1, 3, 8, 33])
+def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, m, monkeypatch):
+    """Qwen3-4B's shapes and one with partial column tiles (N = 2600), bf16, with a bias on one of them; then the
+    o_proj captured in a CUDA graph after the counters are allocated (as `CudaBackend` does), replayed three times
+    on new inputs: each replay equals an eager call of the reduce path, and the counters stay at 0."""
+    shapes = QWEN3_4B + ((2600, 2560),)
+    for i, (n, k) in enumerate(shapes):
+        operands = _awq(n, k, 128, "cuda", seed=n) if fmt == "awq" else _fp8([n], k, (128, 128), "cuda", seed=n)
+        bias = _x(n, 1, torch.bfloat16, "cuda", 7).reshape(n) if i % 2 else None
+        x = _x(m, k, torch.bfloat16, "cuda")
+
+        def run(fixup: bool) -> torch.Tensor:
+            monkeypatch.setattr(split_k, "FIXUP", fixup)
+            if fmt == "awq":
+                return A.awq_linear(x, *operands, bias)
+            return F8.fp8_block_linear(x, *operands, 128, bias)
+
+        reduced = run(False)
+        first, second = run(True), run(True)
+        torch.cuda.synchronize()
+        assert torch.equal(first, reduced) and torch.equal(second, reduced), (n, k)
+        assert _counters_zero("cuda")
+
+    n, k = QWEN3_4B[1]
+    operands = _awq(n, k, 128, "cuda") if fmt == "awq" else _fp8([n], k, (128, 128), "cuda")
+    bias = _x(n, 1, torch.bfloat16, "cuda", 7).reshape(n)
+    x = _x(m, k, torch.bfloat16, "cuda")
+
+    def gemm() -> torch.Tensor:
+        return A.awq_linear(x, *operands, bias) if fmt == "awq" else F8.fp8_block_linear(x, *operands, 128, bias)
+
+    monkeypatch.setattr(split_k, "FIXUP", True)
+    split_k.allocate_counters(torch.device("cuda"))
+    gemm()  # warm-up outside the capture (Triton compiles here)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = gemm()
+    for seed in (5, 6, 7):
+        x.copy_(_x(m, k, torch.bfloat16, "cuda", seed=seed))
+        graph.replay()
+        monkeypatch.setattr(split_k, "FIXUP", False)
+        expected = gemm()
+        monkeypatch.setattr(split_k, "FIXUP", True)
+        torch.cuda.synchronize()
+        assert torch.equal(captured, expected), seed
+        assert _counters_zero("cuda")
