@@ -9,6 +9,13 @@ image's content too (as real KV depends on the image), so KV shared across diffe
 model" of the prefix (the same tokens whatever the batching, caching or preemption), or random with `rng`.
 With `num_state_slots` (a hybrid model) it also checks that every sequence it holds owns a state slot no other
 live sequence has, and starts from position 0 (a state is never resumed from a cached prefix).
+
+Grammars (`sampling.structured`): each compiles for `grammar_steps` steps from the sequence's first admission (a
+recompute after preemption finds it compiled, as the real worker's cache does), then is reported ready in the next
+result (`StepResult.grammars_ready`) or by `idle_status` (the worker's `GrammarStatus` when no step runs, which
+also finishes every compilation: time passes while the worker idles); a grammar whose schema is `BAD_GRAMMAR` is
+reported failed instead. The worker checks that no constrained sequence samples before it reported its grammar
+ready (one whose prompt is a single token excepted: the scheduler cannot hold it).
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from infer_protocol.messages import ImageInput, StepPlan, StepResult
+from infer_protocol.messages import GrammarStatus, ImageInput, SeqError, StepPlan, StepResult
+
+BAD_GRAMMAR = "(("  # a grammar the simulated worker fails to compile (invalid_grammar)
 
 
 def extend_hashes(hashes: list[int], tokens: list[int] | list[object]) -> None:
@@ -44,12 +53,20 @@ class SimSeq:
     block_ids: list[int]
     hashes: list[int] = field(default_factory=list)
     state_slot: int = 0
+    grammar: str | None = None  # the schema of its sampling.structured
+    prompt_len: int = 0
 
 
 class SimWorker:
     def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 1000, rng: random.Random | None = None,
-                 stop_token: int | None = None, stop_every: int = 0, num_state_slots: int = 0) -> None:
+                 stop_token: int | None = None, stop_every: int = 0, num_state_slots: int = 0,
+                 grammar_steps: int = 0) -> None:
         self.num_state_slots = num_state_slots
+        self.grammar_steps = grammar_steps
+        self.compiling: dict[int, int] = {}  # seq id -> steps its grammar still needs
+        self.unreported: set[int] = set()  # held sequences whose grammar's outcome is not reported yet (this admission)
+        self.ready: set[int] = set()  # sequences whose grammar was reported ready
+        self.grammar_errors: list[SeqError] = []
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.vocab_size = vocab_size
@@ -88,9 +105,14 @@ class SimWorker:
                 assert not owners, f"state slot {ns.state_slot} of seq {ns.seq_id} is still held by {owners}"
             else:
                 assert ns.state_slot == 0, ns
-            seq = SimSeq(ns.seq_id, list(ns.token_ids), ns.num_computed, list(ns.block_ids), state_slot=ns.state_slot)
+            seq = SimSeq(ns.seq_id, list(ns.token_ids), ns.num_computed, list(ns.block_ids), state_slot=ns.state_slot,
+                         prompt_len=len(ns.token_ids) - ns.num_generated)
             extend_hashes(seq.hashes, with_images(seq.token_ids, ns.images))
             self.seqs[ns.seq_id] = seq
+            if ns.sampling.structured is not None:
+                seq.grammar = ns.sampling.structured.schema
+                self.compiling.setdefault(ns.seq_id, self.grammar_steps)  # (a recompute: compiled already)
+                self.unreported.add(ns.seq_id)
             work.append((seq, ns.num_tokens))
         for c in plan.continuing:
             seq = self.seqs[c.seq_id]
@@ -119,13 +141,43 @@ class SimWorker:
             seq.num_computed += n
             self.tokens_computed += n
             if seq.num_computed == len(seq.token_ids):
+                assert seq.grammar is None or seq.seq_id in self.ready or seq.prompt_len == 1, \
+                    f"seq {seq.seq_id} samples before its grammar was reported ready"
                 tok = self.model(seq.hashes[-1])
                 seq.token_ids.append(tok)
                 extend_hashes(seq.hashes, seq.token_ids)
                 seq_ids.append(seq.seq_id)
                 token_ids.append(tok)
                 logprobs.append(-0.5)
-        return StepResult(step=plan.step, seq_ids=seq_ids, token_ids=token_ids, logprobs=logprobs)
+        for sid, left in self.compiling.items():
+            self.compiling[sid] = max(0, left - 1)
+        ready, errors = self._grammar_outcomes()
+        return StepResult(step=plan.step, seq_ids=seq_ids, token_ids=token_ids, logprobs=logprobs,
+                          grammars_ready=ready, seq_errors=errors)
+
+    def _grammar_outcomes(self) -> tuple[list[int], list[SeqError]]:
+        """The held sequences whose grammar finished compiling, each reported once an admission."""
+        ready: list[int] = []
+        errors: list[SeqError] = []
+        for sid in sorted(self.unreported):
+            if sid not in self.seqs:
+                self.unreported.discard(sid)
+            elif self.compiling[sid] == 0:
+                self.unreported.discard(sid)
+                if self.seqs[sid].grammar == BAD_GRAMMAR:
+                    errors.append(SeqError(sid, "invalid_grammar", "the grammar engine refused it"))
+                else:
+                    ready.append(sid)
+                    self.ready.add(sid)
+        self.grammar_errors += errors
+        return ready, errors
+
+    def idle_status(self) -> GrammarStatus | None:
+        """What the worker sends unasked while no step runs: time passes, so every compilation ends."""
+        for sid in self.compiling:
+            self.compiling[sid] = 0
+        ready, errors = self._grammar_outcomes()
+        return GrammarStatus(ready=ready, errors=errors) if ready or errors else None
 
 
 def run_to_completion(engine, worker: SimWorker, max_steps: int = 10_000, check: bool = True,
@@ -144,9 +196,19 @@ def run_to_completion(engine, worker: SimWorker, max_steps: int = 10_000, check:
                 break
             held.append(worker.step(plan))
         if not held:
+            status = worker.idle_status()  # (the worker loop's report of grammars compiled while it idles)
+            if status is not None:
+                engine.grammars_ready(status.ready)
+                for err in engine.fail_sequences(status.errors):
+                    outputs.setdefault(err.request_id, []).append(err)
+                continue
             assert not engine.has_work, "the engine has work but plans nothing (a hang)"
             return outputs
-        for out in engine.apply_result(held.popleft()):
+        result = held.popleft()
+        if result.seq_errors:  # (as the scheduler's service: before the result, whose tokens of theirs are void)
+            for err in engine.fail_sequences(result.seq_errors):
+                outputs.setdefault(err.request_id, []).append(err)
+        for out in engine.apply_result(result):
             outputs.setdefault(out.request_id, []).append(out)
         if check:
             engine.check_invariants()
@@ -154,4 +216,4 @@ def run_to_completion(engine, worker: SimWorker, max_steps: int = 10_000, check:
 
 
 def tokens_of(outs: list) -> list[int]:
-    return [t for o in outs for t in o.token_ids]
+    return [t for o in outs for t in getattr(o, "token_ids", ())]  # (a RequestError has none: a failed grammar's)

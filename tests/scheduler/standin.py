@@ -30,11 +30,14 @@ MODEL = ModelInfo(model_dir="/models/stand-in", max_model_len=256, vocab_size=10
 
 class StandInWorker(threading.Thread):
     def __init__(self, config: Config, num_blocks: int = 64, block_size: int = 4, step_delay: float = 0.0,
-                 hold_ready: bool = False) -> None:
+                 hold_ready: bool = False, grammar_steps: int = 0) -> None:
         super().__init__(daemon=True)
         self.config = config
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.sim = SimWorker(num_blocks, block_size)
+        self.sim = SimWorker(num_blocks, block_size, grammar_steps=grammar_steps)
+        # while set, the worker reports the grammars that end compiling while it idles (a GrammarStatus)
+        self.compile_while_idle = threading.Event()
+        self.compile_while_idle.set()
         self.step_delay = step_delay
         self.release_ready = threading.Event()
         if not hold_ready:
@@ -87,6 +90,10 @@ class StandInWorker(threading.Thread):
                     send(Heartbeat())
                     last_beat = time.monotonic()
                 if not pull.poll(10):
+                    if self.alive.is_set() and self.compile_while_idle.is_set():
+                        status = self.sim.idle_status()
+                        if status is not None:
+                            send(status)
                     continue
                 msg = dec.decode(pull.recv())
                 if isinstance(msg, Shutdown):

@@ -280,17 +280,19 @@ def test_a_penalised_request_waits_for_its_token_under_the_pipeline_and_a_gramma
     for s in submits():
         e.submit(s)
     ids = {r.request_id: r.seq_id for r in e.waiting}
+    e.grammars_ready([ids["grammar"]])  # (its grammar compiled: the hold until then is tested below)
     first = e.plan_step()
     second = e.plan_step()  # planned while the first is in flight: the penalised request sits it out
     assert first is not None and second is not None
     assert {n.seq_id for n in first.new_seqs} == set(ids.values())
     assert [c.seq_id for c in second.continuing] == [ids["free"], ids["grammar"]]
     worker = SimWorker(64, 4)
+    worker.ready.add(ids["grammar"])  # (as if it had reported the grammar)
     held = deque([worker.step(first), worker.step(second)])
     piped = run_to_completion(e, worker, held=held)
     alone = make_engine(max_inflight_steps=1)
     for s in submits():
         alone.submit(s)
-    sync = run_to_completion(alone, SimWorker(64, 4))
+    sync = run_to_completion(alone, SimWorker(64, 4))  # (here the grammar row waits for its report: same tokens)
     assert {k: tokens_of(v) for k, v in piped.items()} == {k: tokens_of(v) for k, v in sync.items()}
     assert all(len(tokens_of(v)) == 6 for v in piped.values())

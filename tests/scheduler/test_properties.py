@@ -4,6 +4,10 @@ After every operation: no block leaked or double-freed (every reference count eq
 list is exactly the count-0 blocks) and free + cached + in-use == total; with state slots (a hybrid model) every
 running request holds exactly one, no two the same, and free + held == total. At the end every accepted request
 has finished (or was aborted) and every block and slot is free (or the block cached).
+
+Some requests carry a grammar: held at their last prompt token until the simulated worker reports it compiled (after
+a random number of steps, in a result, or at any moment as the worker's unsolicited GrammarStatus), or failed (a
+bad grammar ends that request alone); the worker checks that none samples before its report.
 """
 
 from __future__ import annotations
@@ -18,8 +22,21 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from infer_scheduler.engine import Engine
 
+import msgspec
+
+from infer_protocol.messages import RequestError, StructuredOutput
+
 from .conftest import make_submit
-from .sim_worker import SimWorker, run_to_completion
+from .sim_worker import BAD_GRAMMAR, SimWorker, run_to_completion
+
+
+def with_grammar(sub, grammar: str | None):
+    """`sub` constrained by a grammar ("ok": one that compiles, "bad": one that fails), or as it is (None)."""
+    if grammar is None:
+        return sub
+    schema = BAD_GRAMMAR if grammar == "bad" else "[0-9]+"
+    sampling = msgspec.structs.replace(sub.sampling, structured=StructuredOutput("regex", schema))
+    return msgspec.structs.replace(sub, sampling=sampling)
 
 STOP = 3
 
@@ -29,17 +46,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         num_blocks=st.integers(4, 24), block_size=st.sampled_from([1, 2, 4]), max_batch_tokens=st.integers(1, 32),
         max_batch_seqs=st.integers(1, 8), chunk=st.integers(1, 16), prefix_caching=st.booleans(),
         seed=st.integers(0, 2**16), overlap=st.booleans(), prefill_cap=st.integers(0, 6),
-        state_slots=st.sampled_from([0, 0, 1, 2, 3]),
+        state_slots=st.sampled_from([0, 0, 1, 2, 3]), grammar_steps=st.integers(0, 6),
     )
     def setup(self, num_blocks, block_size, max_batch_tokens, max_batch_seqs, chunk, prefix_caching, seed,
-              overlap, prefill_cap, state_slots):
+              overlap, prefill_cap, state_slots, grammar_steps):
         self.engine = Engine(num_blocks=num_blocks, block_size=block_size, max_model_len=48,
                              max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
                              chunked_prefill_size=chunk, enable_prefix_caching=prefix_caching,
                              prefill_tokens_while_decoding=prefill_cap, max_inflight_steps=2 if overlap else 1,
                              num_state_slots=state_slots)
         self.worker = SimWorker(num_blocks, block_size, vocab_size=8, rng=random.Random(seed),
-                                num_state_slots=state_slots)
+                                num_state_slots=state_slots, grammar_steps=grammar_steps)
         self.held: deque = deque()  # results the worker computed that the engine has not seen yet
         self.prefixes = [[5, 6, 7, 4, 5, 6, 7, 4], [4, 4, 5, 5, 6, 6, 7, 7]]
         self.accepted: set[str] = set()
@@ -49,17 +66,22 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _collect(self, outs) -> None:
         for o in outs:
             assert o.request_id in self.accepted and o.request_id not in self.ended, o
-            if o.finish_reason is not None:
+            if isinstance(o, RequestError):
+                assert o.code == "invalid_grammar" and o.status == 400, o
+                self.ended[o.request_id] = "error"
+            elif o.finish_reason is not None:
                 self.ended[o.request_id] = o.finish_reason
 
     @rule(prefix=st.integers(0, 2), plen=st.integers(0, 8), tail=st.lists(st.integers(1, 7), max_size=10),
-          max_tokens=st.integers(1, 16), stop=st.booleans(), min_tokens=st.integers(0, 3))
-    def submit(self, prefix, plen, tail, max_tokens, stop, min_tokens):
+          max_tokens=st.integers(1, 16), stop=st.booleans(), min_tokens=st.integers(0, 3),
+          grammar=st.sampled_from([None, None, "ok", "bad"]))
+    def submit(self, prefix, plen, tail, max_tokens, stop, min_tokens, grammar):
         prompt = (self.prefixes[prefix][:plen] if prefix < 2 else []) + tail
         self.n += 1
         rid = f"h{self.n}"
-        err = self.engine.submit(make_submit(prompt, max_tokens=max_tokens, rid=rid,
-                                             stop_token_ids=[STOP] if stop else [], min_tokens=min_tokens))
+        err = self.engine.submit(with_grammar(make_submit(prompt, max_tokens=max_tokens, rid=rid,
+                                                          stop_token_ids=[STOP] if stop else [],
+                                                          min_tokens=min_tokens), grammar))
         if err is None:
             self.accepted.add(rid)
         else:
@@ -76,7 +98,17 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.held))
     @rule()
     def deliver(self):
-        self._collect(self.engine.apply_result(self.held.popleft()))
+        result = self.held.popleft()
+        self._collect(self.engine.fail_sequences(result.seq_errors))  # (the service's order)
+        self._collect(self.engine.apply_result(result))
+
+    @rule()
+    def grammar_status(self):
+        """The worker's unsolicited report (sent while it idles; here at any moment): every compilation ends."""
+        status = self.worker.idle_status()
+        if status is not None:
+            self.engine.grammars_ready(status.ready)
+            self._collect(self.engine.fail_sequences(status.errors))
 
     @precondition(lambda self: bool(self.engine.requests))
     @rule(pick=st.integers(0, 10_000))
@@ -129,10 +161,11 @@ SchedulerMachine.TestCase.settings = settings(
 TestSchedulerProperties = SchedulerMachine.TestCase
 
 
-def _serve(subs, arrivals, **kw) -> tuple[dict[str, list[int]], Engine]:
+def _serve(subs, arrivals, grammar_steps: int = 0, **kw) -> tuple[dict[str, list[int]], Engine]:
     e = Engine(max_model_len=64, **kw)
     # the deterministic "greedy model"
-    w = SimWorker(kw["num_blocks"], kw["block_size"], vocab_size=8, num_state_slots=kw.get("num_state_slots", 0))
+    w = SimWorker(kw["num_blocks"], kw["block_size"], vocab_size=8, num_state_slots=kw.get("num_state_slots", 0),
+                  grammar_steps=grammar_steps)
     toks: dict[str, list[int]] = {}
     pending = sorted(zip(arrivals, range(len(subs)), strict=True))
     step = 0
@@ -145,6 +178,8 @@ def _serve(subs, arrivals, **kw) -> tuple[dict[str, list[int]], Engine]:
         if held:
             for o in e.apply_result(held.popleft()):
                 toks.setdefault(o.request_id, []).extend(o.token_ids)
+        elif (status := w.idle_status()) is not None:  # grammars compiled while the worker idled
+            e.grammars_ready(status.ready)
         step += 1
         assert step < 5000
     e.check_invariants()
@@ -154,23 +189,25 @@ def _serve(subs, arrivals, **kw) -> tuple[dict[str, list[int]], Engine]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     reqs=st.lists(st.tuples(st.integers(0, 12), st.lists(st.integers(1, 7), min_size=1, max_size=8),
-                            st.integers(1, 10), st.integers(0, 6)), min_size=1, max_size=10),
+                            st.integers(1, 10), st.integers(0, 6), st.booleans()), min_size=1, max_size=10),
     block_size=st.sampled_from([1, 2, 4]), spare=st.integers(0, 6), chunk=st.integers(1, 8),
     max_batch_tokens=st.integers(2, 24), prefix_caching=st.booleans(), overlap=st.booleans(),
-    state_slots=st.sampled_from([0, 0, 1, 2, 3]),
+    state_slots=st.sampled_from([0, 0, 1, 2, 3]), grammar_steps=st.integers(0, 4),
 )
 def test_outputs_do_not_depend_on_caching_chunking_preemption_or_overlap(reqs, block_size, spare, chunk,
                                                                          max_batch_tokens, prefix_caching, overlap,
-                                                                         state_slots):
-    """(state_slots: a hybrid model's, few enough that they, not the blocks, often bound the running set)"""
+                                                                         state_slots, grammar_steps):
+    """(state_slots: a hybrid model's, few enough that they, not the blocks, often bound the running set; some
+    requests carry a grammar, held until the worker reports it compiled, `grammar_steps` after admission)"""
     shared = [5, 6, 7, 4, 5, 6, 7, 4, 6, 6, 5, 5]
-    subs = [make_submit(shared[:p] + tail, max_tokens=m, rid=f"e{i}") for i, (p, tail, m, _) in enumerate(reqs)]
-    arrivals = [a for *_, a in reqs]
+    subs = [with_grammar(make_submit(shared[:p] + tail, max_tokens=m, rid=f"e{i}"), "ok" if g else None)
+            for i, (p, tail, m, _, g) in enumerate(reqs)]
+    arrivals = [a for *_, a, _ in reqs]
     # the smallest cache that holds the largest request alone, plus a little: preemption is the norm
     need = max(-(-(len(s.prompt_token_ids) + s.max_tokens - 1) // block_size) for s in subs)
     ref, _ = _serve(subs, arrivals, num_blocks=512, block_size=block_size, enable_prefix_caching=False)
     got, e = _serve(subs, arrivals, num_blocks=need + spare, block_size=block_size, chunked_prefill_size=chunk,
                     max_batch_tokens=max_batch_tokens, enable_prefix_caching=prefix_caching,
-                    max_inflight_steps=2 if overlap else 1, num_state_slots=state_slots)
+                    max_inflight_steps=2 if overlap else 1, num_state_slots=state_slots, grammar_steps=grammar_steps)
     assert got == ref
     assert all(len(ref[s.request_id]) == s.max_tokens for s in subs)

@@ -18,7 +18,9 @@ from infer_protocol.messages import Abort, Pong, RequestError, TokenBatch
 from infer_scheduler.service import Service
 
 from .conftest import make_submit
+from .sim_worker import BAD_GRAMMAR
 from .standin import FakeServer, StandInWorker
+from .test_grammar_hold import grammar_submit
 
 _cluster = itertools.count()
 
@@ -386,3 +388,25 @@ def test_a_malformed_result_fails_its_step_and_the_service_goes_on(config, servi
     wait_for(lambda: srv.ping().stats.num_running == 0)
     stats = srv.ping().stats
     assert stats.num_free_blocks + stats.num_cached_blocks == stats.num_total_blocks
+
+
+def test_a_grammar_compiled_while_the_worker_idles_releases_its_held_request(config, service, servers, workers):
+    """A constrained request held at its last prompt token, with nothing else to run: no step goes out, so only the
+    worker's unsolicited GrammarStatus can release it (or fail it alone: invalid_grammar, 400)."""
+    srv = servers()
+    w = workers(config, grammar_steps=10**6)  # compiled only while idle, once allowed
+    w.compile_while_idle.clear()
+    wait_for(lambda: srv.ping().ready)
+    srv.send(grammar_submit([1, 2, 3, 4, 5], "g", max_tokens=3))
+    srv.send(grammar_submit([6, 7, 8], "bad", schema=BAD_GRAMMAR))
+    srv.send(make_submit([9, 10, 11], max_tokens=4, rid="free"))
+    outs, errors = collect(srv, {"free"})
+    assert not errors and sum(len(o.token_ids) for o in outs["free"]) == 4
+    steps = len(w.plans)
+    time.sleep(0.2)
+    assert len(w.plans) == steps and srv.ping().stats.num_running == 2  # held: admitted, no step runs
+    w.compile_while_idle.set()
+    outs, errors = collect(srv, {"g", "bad"})
+    assert [(e.request_id, e.code, e.status) for e in errors] == [("bad", "invalid_grammar", 400)]
+    assert sum(len(o.token_ids) for o in outs["g"]) == 3 and outs["g"][-1].finish_reason == "length"
+    wait_for(lambda: srv.ping().stats.num_running == 0)

@@ -10,6 +10,7 @@ first), preemptions on a tight KV cache, and aborts while steps are in flight.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -96,10 +97,19 @@ def serve(runner: ModelRunner, subs: list[Submit], *, overlap: bool, num_blocks:
                 held.append(service.collect())
         if not held and service.num_inflight:
             held.append(service.collect())
+        if not held and engine.has_work and service.compiling:
+            # Only requests held for their grammars: the worker loop polls the compilations and reports them unasked.
+            while (status := service.grammar_status()) is None:
+                time.sleep(0.002)
+            engine.grammars_ready(status.ready)
+            engine.fail_sequences(status.errors)
+            continue
         if not held:
             assert not engine.has_work and not late
             return out, engine
-        for o in engine.apply_result(held.popleft()):
+        result = held.popleft()
+        engine.fail_sequences(result.seq_errors)  # (as the scheduler's service: a grammar that failed ends alone)
+        for o in engine.apply_result(result):
             toks, _ = out[o.request_id]
             out[o.request_id] = (toks + o.token_ids, o.finish_reason)
         applied += 1

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from infer_protocol.messages import ContinueSeq, NewSeq, SamplingParams, StepPlan, StructuredOutput
@@ -202,6 +203,114 @@ def test_a_grammar_still_compiling_at_the_deadline_fails_that_request_alone(mode
     assert [(e.seq_id, e.code) for e in errors] == [(1, "grammar_too_complex")]
 
 
+def _timed_serve(model_dir: Path, subs: list, timeout_s: float = 30.0, overlap: bool = True
+                 ) -> tuple[dict[str, tuple[list[int], str | None]], list[float], list[bool], list]:
+    """tests/worker/test_overlap_pipeline.serve with a grammar book, also returning each step's host time (launch
+    and collect), whether any first sample waited for a compilation, and the failures reported."""
+    import time
+
+    from infer_protocol.messages import StepResult
+    from tests.worker.test_overlap_pipeline import make_runner, serve
+
+    runner = make_runner(model_dir, False, 256)
+    book = runner.grammars = GrammarBook(_tokenizer_info, runner.model.spec.vocab_size, timeout_s=timeout_s)
+    times: list[float] = []
+    waited: list[bool] = []
+    errors: list = []
+    real_matcher = book._matcher
+
+    def matcher(state: Any, wait: bool) -> None:
+        waited.append(wait and not state.compiled.future.done())
+        real_matcher(state, wait)
+
+    book._matcher = matcher  # type: ignore[method-assign]
+    from infer_worker.application import worker_service
+
+    real_launch, real_collect = worker_service.WorkerService.launch, worker_service.WorkerService.collect
+
+    def launch(self: Any, plan: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return real_launch(self, plan)
+        finally:
+            times.append(time.perf_counter() - started)
+
+    def collect(self: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            result = real_collect(self)
+        finally:
+            times.append(time.perf_counter() - started)
+        if isinstance(result, StepResult):
+            errors.extend(result.seq_errors)
+        return result
+
+    real_status = worker_service.WorkerService.grammar_status
+
+    def grammar_status(self: Any) -> Any:
+        status = real_status(self)
+        if status is not None:
+            errors.extend(status.errors)
+        return status
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(worker_service.WorkerService, "launch", launch)
+        mp.setattr(worker_service.WorkerService, "collect", collect)
+        mp.setattr(worker_service.WorkerService, "grammar_status", grammar_status)
+        out, _ = serve(runner, subs, overlap=overlap, num_blocks=256, max_model_len=64, initial=len(subs))
+    return out, times, waited, errors
+
+
+def _grammar_batch(slow_schema: str, free_tokens: int = 24) -> list:
+    from infer_protocol.messages import Submit
+
+    free = [Submit(request_id=f"free{i}", prompt_token_ids=[3, 9, 27] + [50 + 7 * i + j for j in range(i + 2)],
+                   sampling=SamplingParams(temperature=0.0 if i == 0 else 0.8, seed=i, top_k=30),
+                   max_tokens=free_tokens, stop_token_ids=[EOS]) for i in range(2)]
+    slow = Submit(request_id="slow", prompt_token_ids=[3, 9, 27, 60, 61, 62], max_tokens=30, stop_token_ids=[EOS],
+                  sampling=SamplingParams(temperature=0.0, structured=StructuredOutput("json_schema", slow_schema)))
+    return [free[0], slow, free[1]]
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "sync"])
+def test_free_rows_run_every_step_while_a_grammar_compiles_and_keep_their_tokens(
+        model_dir: Path, monkeypatch: pytest.MonkeyPatch, overlap: bool) -> None:
+    """The scheduler holds the constrained row at its last prompt token while its grammar compiles (slowly here:
+    1.5 s), so no step waits for the compilation: the free rows produce a token every step meanwhile, exactly those
+    they get alone, and the constrained row, released by the worker's report, follows its schema."""
+    schema = json.dumps(SCHEMA, sort_keys=True)
+    ended = _slow_compiles(monkeypatch, {schema: 1.5})
+    subs = _grammar_batch(schema)
+    alone, _, _, _ = _timed_serve(model_dir, [s for s in subs if s.request_id != "slow"], overlap=overlap)
+    mixed, times, waited, errors = _timed_serve(model_dir, subs, overlap=overlap)
+    assert not errors and not any(waited)  # no first sample waited for its grammar
+    assert max(times) < 0.75, max(times)  # no step stalled for the compilation (1.5 s)
+    for rid in ("free0", "free1"):
+        assert mixed[rid] == alone[rid] and len(mixed[rid][0]) == 24
+    assert ended == [schema]  # (compiled once)
+    tokens, reason = mixed["slow"]  # (a random model may not close the object within its max_tokens)
+    matcher = xgr.GrammarMatcher(compile_spec(xgr.GrammarCompiler(_tokenizer_info(256)), subs[1].sampling.structured),
+                                 override_stop_tokens=[EOS])
+    assert tokens and all(matcher.accept_token(t) for t in tokens) and reason in ("stop", "length")
+
+
+def test_a_grammar_past_its_deadline_fails_alone_while_the_batch_runs(model_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compilation that runs past the deadline (1 s here, 4 s of compiling) fails its request alone (a 400 through
+    the worker's report), and no step waits for it: the free rows and another grammar row run to their ends."""
+    _slow_compiles(monkeypatch, {'{"type": "integer"}': 4.0})
+    subs = _grammar_batch('{"type": "integer"}', free_tokens=40)
+    later = msgspec.structs.replace(subs[1], request_id="later", sampling=SamplingParams(
+        temperature=0.0, structured=_structured(SCHEMA)), prompt_token_ids=[3, 9, 27, 70])
+    started = __import__("time").perf_counter()
+    out, times, waited, errors = _timed_serve(model_dir, [*subs, later], timeout_s=1.0)
+    assert __import__("time").perf_counter() - started < 3.5  # nothing waited for the 4 s compilation
+    assert [(e.code, e.status) for e in errors] == [("grammar_too_complex", 400)]
+    assert not any(waited) and max(times) < 0.6  # (a step that waited for the grammar would take 1 s)
+    assert out["slow"] == ([], None)  # (failed: its error went to the scheduler, no token came)
+    assert len(out["free0"][0]) == 40 and out["later"][1] in ("stop", "length") and out["later"][0]
+
+
 def test_the_deadline_runs_from_the_compilation_and_a_timed_out_one_blocks_no_later_grammar(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A sequence preempted and re-admitted while its grammar compiles keeps the deadline of the compilation it
@@ -260,11 +369,12 @@ def test_the_scheduler_sends_stop_ids_and_fails_a_sequence_alone() -> None:
     plan = eng.plan_step()
     assert plan is not None
     assert [ns.stop_token_ids for ns in plan.new_seqs] == [[2, 9], []]  # the matcher's stop tokens
+    assert [ns.num_tokens for ns in plan.new_seqs] == [2, 2]  # a's last prompt token waits for its grammar
     sids = [ns.seq_id for ns in plan.new_seqs]
-    errors = eng.fail_sequences([SeqError(sids[0], "invalid_request", "bad schema")])
-    assert [(e.request_id, e.code, e.status) for e in errors] == [("a", "invalid_request", 400)]
-    outs = eng.apply_result(StepResult(step=1, seq_ids=sids, token_ids=[11, 12]))
-    assert [(o.request_id, o.token_ids) for o in outs] == [("b", [12])]  # a's token is void
+    errors = eng.fail_sequences([SeqError(sids[0], "invalid_grammar", "bad schema")])
+    assert [(e.request_id, e.code, e.status) for e in errors] == [("a", "invalid_grammar", 400)]
+    outs = eng.apply_result(StepResult(step=1, seq_ids=[sids[1]], token_ids=[12]))
+    assert [(o.request_id, o.token_ids) for o in outs] == [("b", [12])]
     plan = eng.plan_step()
     assert plan is not None and plan.finished == [sids[0]] and [c.seq_id for c in plan.continuing] == [sids[1]]
 

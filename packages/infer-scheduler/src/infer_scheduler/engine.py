@@ -10,6 +10,10 @@ steps are in flight discards their tokens the same way. A request preempted whil
 token keeps that token (so a preemption never loses progress, as in the synchronous pipeline) and is re-admitted
 only once the token is known.
 
+A request with a grammar (`sampling.structured`) is held at its last prompt token until the worker reports its
+grammar compiled (`grammars_ready`: `StepResult.grammars_ready`, or a `GrammarStatus` sent while no step runs); a
+grammar that fails comes as a `SeqError` (`fail_sequences`) and ends that request alone.
+
 Stop rules, applied to each sampled token: a token in `stop_token_ids` once more than `min_tokens` tokens are
 out ("stop"; the server adds EOS to stop_token_ids unless the request says `ignore_eos`); `max_tokens`
 tokens out, or the context reaching `max_model_len` ("length"). The stop token is part of `token_ids`. (The worker
@@ -242,9 +246,20 @@ class Engine:
             if req.num_computed == len(req.token_ids):
                 samplers.append((req, req.add_pending()))
 
+    def grammars_ready(self, seq_ids: list[int]) -> None:
+        """The worker compiled these sequences' grammars: their first sample may be planned from now on (a request
+        that ended meanwhile, or was already released, is no matter)."""
+        by_seq = self._by_seq
+        for sid in seq_ids:
+            req = by_seq.get(sid)
+            if req is not None:
+                req.awaits_grammar = False
+
     def apply_result(self, result: StepResult) -> list[TokenOutput]:
         """Take the sampled tokens of the oldest step in flight; the outputs to stream (finished ones included)."""
         sched = self._take_oldest(result)
+        if result.grammars_ready:
+            self.grammars_ready(result.grammars_ready)
         for chunk in result.prompt_logprobs:
             owner = self._by_seq.get(chunk.seq_id)
             if owner is not None:
@@ -392,10 +407,13 @@ class Engine:
         for req in self.waiting:
             assert req.status is RequestStatus.WAITING and not req.block_ids and req.num_computed == 0, req
             assert req.state_slot == NO_STATE_SLOT, req
+            assert not req.awaits_grammar or not req.num_output_tokens, req  # held: it never sampled
         bs = self.kv.block_size
         for req in self.running:
             assert req.status is RequestStatus.RUNNING, req
             assert len(req.block_ids) >= blocks_needed(req.num_computed, bs), req
             assert (req.state_slot != NO_STATE_SLOT) == (self.kv.slots is not None), req
+            # held at its last prompt token: never sampled, never computed that token
+            assert not req.awaits_grammar or (not req.num_output_tokens and req.num_computed < req.num_tokens), req
         assert len(self.running) <= self.policy.max_running
         assert set(self.requests) == {r.request_id for r in self.running} | {r.request_id for r in self.waiting}

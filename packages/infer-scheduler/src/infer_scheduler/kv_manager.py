@@ -61,11 +61,12 @@ class KvCacheManager:
         """Attach the longest cached page-aligned prefix to a request being admitted; returns its length.
 
         At most `len(token_ids) - 1` tokens match: the last known token is always computed, since its
-        logits are needed to sample the next one (a full-prompt hit recomputes one token)."""
+        logits are needed to sample the next one (a full-prompt hit recomputes one token). A request held at its
+        last token while its grammar compiles matches one token fewer, so that its admission computes something."""
         assert not req.block_ids and req.cache_node is None, req
         if self.cache is None:
             return 0
-        blocks, node = self.cache.match(req.cache_tokens, len(req.token_ids) - 1)
+        blocks, node = self.cache.match(req.cache_tokens, len(req.token_ids) - 1 - req.awaits_grammar)
         self.cache.lock(node)
         self.allocator.incref(blocks)
         req.cache_node = node

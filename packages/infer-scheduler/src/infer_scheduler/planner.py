@@ -4,6 +4,10 @@ The plan is a diff against the worker's persistent batch: `NewSeq` for a request
 (first admission, or re-admission after preemption: every known token, the cached prefix as num_computed),
 `ContinueSeq` for one it holds (decode = 1 token, or the next prefill chunk). Each request's `num_computed`
 advances when it is planned, so the tokens of the step in flight count as computed from then on.
+
+A request whose grammar the worker is still compiling (`Request.awaits_grammar`) computes every prompt token but the
+last and then sits out the steps (admitted, its blocks held) until the worker reports the grammar ready: its first
+sample never waits for a compilation, and no other request waits for it.
 """
 
 from __future__ import annotations
@@ -80,6 +84,8 @@ class Planner:
             if len(req.token_ids) - nc != 1:
                 prefills.append(req)
                 continue
+            if req.awaits_grammar:
+                continue  # held at its last prompt token until the worker's grammar is ready
             if req.status is not running_ or budget <= 0:
                 continue  # preempted earlier in this step
             if nc + 1 >= req.max_len:
@@ -112,6 +118,8 @@ class Planner:
                 continue
             n = self.policy.chunk(req, budget)
             nc = req.num_computed
+            if req.awaits_grammar:
+                n = min(n, req.num_computable)  # (>= 1: a part-way prefill has two tokens left at least)
             while True:
                 need = -(-(nc + n) // bs) - len(req.block_ids)
                 if need <= 0 or need <= kv.num_available:
@@ -166,7 +174,8 @@ class Planner:
             if req.num_pending:
                 break  # preempted while a step in flight samples its token: re-admit it once the token is known
             num_cached = 0 if req.prompt_lps is not None else kv.match(req)  # prompt logprobs: compute it all
-            n = min(len(req.token_ids) - num_cached, self.policy.chunk_size, budget)
+            # (a request awaiting its grammar leaves its last token: it still computes one, kv.match saw to that)
+            n = min(len(req.token_ids) - num_cached - req.awaits_grammar, self.policy.chunk_size, budget)
             need = -(-(num_cached + n) // bs) - len(req.block_ids)
             if need > kv.num_available or not kv.take_slot(req):
                 kv.release(req, keep_in_cache=False)

@@ -5,6 +5,9 @@
        +----preempt-------+      (PREEMPTED is the transient edge back to WAITING: blocks are dropped and
                                   every known token, prompt + generated, is recomputed on re-admission)
 
+A request with a grammar is held while RUNNING (`awaits_grammar`): it computes every prompt token but the last until
+the worker reports its grammar compiled, so its first sample never waits for a compilation (planner.py).
+
 `token_ids` holds every known token (prompt + sampled), then `num_pending` placeholders (PENDING) for the tokens
 that steps in flight are sampling: the one-step-ahead pipeline plans the next step as if each of them were known,
 and the engine writes each one in place when its step's result arrives. `num_computed` counts the leading tokens
@@ -58,7 +61,7 @@ class Request:
         "min_tokens", "max_len", "min_len", "want_logprobs", "status", "num_computed", "block_ids", "cache_node",
         "cache_len", "num_cached_tokens", "num_preemptions", "scheduled_step", "on_worker", "finish_reason",
         "decode_msg", "num_pending", "prompt_lps", "prompt_top", "state_slot", "images", "key_prompt",
-        "reads_output",
+        "reads_output", "awaits_grammar",
     )
 
     def __init__(self, msg: Submit, seq_id: int, max_model_len: int) -> None:
@@ -77,6 +80,11 @@ class Request:
         self.min_len = p + msg.min_tokens  # stop tokens count once len(token_ids) is beyond this
         self.want_logprobs = msg.sampling.logprobs
         self.reads_output = msg.sampling.reads_its_output  # (planner.py: it skips a step while its token is in flight)
+        # A grammar (sampling.structured: response_format, a forced tool call) compiles on the worker from the
+        # sequence's admission: until the worker reports it ready (Engine.grammars_ready) the request may compute
+        # every prompt token but the last, whose logits it would sample (planner.py). A one-token prompt has nothing
+        # to compute before that token: it is not held (the worker waits for the grammar at its first sample).
+        self.awaits_grammar = msg.sampling.structured is not None and p > 1
         self.status = RequestStatus.WAITING
         self.num_computed = 0
         self.block_ids: list[int] = []
@@ -135,6 +143,11 @@ class Request:
     def num_known(self) -> int:
         """Tokens whose ids are known (the placeholders of steps in flight excluded)."""
         return len(self.token_ids) - self.num_pending
+
+    @property
+    def num_computable(self) -> int:
+        """Tokens it may compute now: all it has left, but the last one while its grammar compiles."""
+        return len(self.token_ids) - self.num_computed - self.awaits_grammar
 
     @property
     def num_remaining(self) -> int:

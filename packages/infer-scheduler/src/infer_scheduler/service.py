@@ -4,7 +4,8 @@ Sockets (all bound here, so any start order works):
   ROUTER `sched`  servers' DEALERs: Submit / Abort / Ping in; TokenBatch / RequestError / Pong out, each request's
                   outputs to the server that submitted it, one TokenBatch per step per server.
   PUSH   `plan`   StepPlan / Shutdown to the worker.
-  PULL   `result` StepResult / StepFailed / Ready / Progress / Heartbeat / WorkerError from the worker.
+  PULL   `result` StepResult / StepFailed / GrammarStatus / Ready / Progress / Heartbeat / WorkerError from the
+                  worker.
 
 A worker is lost when its connection to `plan` closes (the kernel closes it the moment the process dies, so a
 kill -9 is noticed within a poll, and a busy worker, however long its step, keeps it open), when it reports a
@@ -36,6 +37,7 @@ from infer_protocol.config import Config
 from infer_protocol.messages import (
     PROTOCOL_VERSION,
     Abort,
+    GrammarStatus,
     Heartbeat,
     ModelInfo,
     Ping,
@@ -413,6 +415,11 @@ class Service:
             except EngineError as exc:
                 log.error("%s", exc)
             self.timings.result_applied((time.perf_counter() - started) * 1e3, msg.launch_ms, msg.elapsed_ms)
+        elif isinstance(msg, GrammarStatus):  # grammars compiled (or failed) while the worker ran no step
+            if self.engine is not None:
+                self.engine.grammars_ready(msg.ready)
+                if msg.errors:
+                    self._send_errors(self.engine.fail_sequences(msg.errors))
         elif isinstance(msg, StepFailed):
             log.error("worker step %d failed (%d sequences): %s", msg.step, len(msg.seq_ids), msg.message)
             if self.engine is not None:
