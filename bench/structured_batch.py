@@ -175,6 +175,7 @@ def phase_stats(free: list[RequestRecord], bound: list[RequestRecord], wall: flo
         "tpot_free_p50_ms": summarize(_tpot_ms(free))["p50"],
         "itl_ms": summarize(every),
         "itl_free_p50_ms": summarize(_itl_ms(free))["p50"],
+        "ttft_free_p50_ms": summarize([1000 * r.ttft for r in free if r.ok])["p50"],
         "errors": [r.error for r in free + bound if not r.ok],
         "output_tokens": sum(r.output_tokens for r in free + bound),
     }
@@ -183,6 +184,8 @@ def phase_stats(free: list[RequestRecord], bound: list[RequestRecord], wall: flo
         stats |= {
             "itl_constrained_p50_ms": summarize(_itl_ms(bound))["p50"],
             "tpot_constrained_p50_ms": summarize(_tpot_ms(bound))["p50"],
+            # (the refills' TTFT: a grammar row waits at its last prompt token for its compilation, docs/architecture.md)
+            "ttft_constrained_p50_ms": summarize([1000 * r.ttft for r in bound if r.ok])["p50"],
             "constrained": len(bound),
             "parsed_json": sum(parsed for parsed, _ in checks),
             "validated": sum(valid for _, valid in checks) if jsonschema_rs is not None else None,
@@ -219,7 +222,8 @@ def server_bench(args: argparse.Namespace) -> dict[str, Any]:
                   f"{len(stats['errors'])} errors, {stats['wall_s']:.1f} s", file=sys.stderr)
     summary = {phase: {key: _median(phase_runs, key) for key in
                        ("tpot_p50_ms", "tpot_free_p50_ms", "tpot_constrained_p50_ms", "itl_p50_ms", "itl_p99_ms",
-                        "itl_free_p50_ms", "itl_constrained_p50_ms", "wall_s")}
+                        "itl_free_p50_ms", "itl_constrained_p50_ms", "ttft_free_p50_ms", "ttft_constrained_p50_ms",
+                        "wall_s")}
                for phase, phase_runs in runs.items()}
     summary["B_over_A_tpot_p50"] = summary["B"]["tpot_p50_ms"] / summary["A"]["tpot_p50_ms"]
     summary["B_over_A_free_tpot_p50"] = summary["B"]["tpot_free_p50_ms"] / summary["A"]["tpot_free_p50_ms"]
