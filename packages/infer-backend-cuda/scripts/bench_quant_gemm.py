@@ -23,11 +23,12 @@ from pathlib import Path
 
 import torch
 
-from bench_skinny_gemm import BW, SHAPES
+from bench_skinny_gemm import BW, MODEL_SHAPES
 from graph_timing import graph_replay_us
 from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, split_k
 
 DECODE_SHAPES = ("qkv", "o_proj", "gate_up", "down")
+SHAPES = MODEL_SHAPES["qwen3-4b"]
 GROUP = 128
 
 
@@ -44,11 +45,15 @@ def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
             (32, 64), (64, 128), (64, 128), (4, 8)) for s in _splits(d.k_splits)]
         return [d] + [c for c in grid if c != d]
     gemv_splits = A.gemv_config(m, n, k, GROUP).k_splits
-    gemv = [A.AwqConfig(A.next_pow2(m), bn, bk, 4, 1, s) for bn in (256, 512)
+    gemv = [A.AwqConfig(A.next_pow2(m), bn, bk, w, 1, s) for w in (4, 8) for bn in (256, 512)
             for bk in ((8, 16) if m == 1 else (4, 8)) for s in (gemv_splits, max(1, gemv_splits // 2))]
+    if m == 1:  # narrower column blocks (more programs, fewer registers) and finer K ranges
+        gemv += [A.AwqConfig(1, 128, 8, w, 1, s) for w in (2, 4) for s in (gemv_splits, 2 * gemv_splits)]
     tiled_splits = min(split_k.num_splits(k // 64, -(-n // 128)), max(1, k // (64 * m)))
     tiled = [A.AwqConfig(16, bn, 64, w, 3, s) for bn, w in ((128, 4), (256, 4), (128, 8), (256, 8))
              for s in (tiled_splits, max(1, tiled_splits // 2))]
+    if m == 1:  # the tiled kernel at one row: ~25 us a GEMM on the H200 (docs/benchmarks.md), not worth the budget
+        tiled = []
     first, second = (gemv, tiled) if m <= A.GEMV_MAX_M else (tiled, gemv)
     # The two kernels in turn, so that a short run has timed both.
     grid = [c for pair in itertools.zip_longest(first, second) for c in pair if c is not None]

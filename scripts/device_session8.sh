@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The eighth session's device calls: measurements of what landed unmeasured, each part bounded, the logs packed into
+# $OUT/s8.tar.gz after every part (a cut run still returns what finished).
+#   CALL=1: GPU tests (split-K fix-up, structured on the final tree); AWQ / FP8 batch-1 replay with the split-K reduce
+#           kernel and with the fix-up; the AWQ GEMV alone per shape (bench_quant_gemm); the BF16 skinny GEMM's
+#           weight-prefetch form tuned at one row, then the Qwen3-4B batch-1 replay with the tuned and the committed
+#           table.
+#   CALL=2: the same prefetch tuning and replay A/B for Qwen3.5-4B; FP8 GEMMs alone at 16-96 rows; the prefill
+#           attention's tile configs at 8k chunks.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session8.sh
+set -u
+OUT=${OUT:-/tmp/out}; LOGS=$OUT/s8; mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+COMMIT=${COMMIT:-unknown}
+SCRIPTS=packages/infer-backend-cuda/scripts
+TABLE=$(python3 -c "from infer_backend_cuda.kernels import skinny_gemm as S; print(S._TABLE)")
+cp "$TABLE" "$LOGS/skinny_gemm_committed.json"
+echo "commit $COMMIT on $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$LOGS/commit.txt"
+pack() { tar -czf "$OUT/s8.tar.gz" -C "$OUT" s8; }
+
+roofline() {  # roofline TAG MODEL BATCHES [extra env assignments...]
+  local tag=$1 model=$2 batches=$3; shift 3
+  env "$@" timeout "${ROOFLINE_TIMEOUT:-80}" python3 bench/decode_roofline.py --model-dir "bench/models/$model" \
+    --batches "$batches" --eager-batches "" --steps 20 --profile --profile-steps 3 --out "$LOGS/$tag.json" \
+    > "$LOGS/$tag.log" 2>&1
+  echo "$tag rc=$?"; grep -A3 "^batch *floor" "$LOGS/$tag.log" | tail -3; pack
+}
+
+prefetch_ab() {  # prefetch_ab MODEL: tune the one-row linears with and without prefetch into the installed table,
+  # replay batch 1 with it, then with the committed table
+  local model=$1
+  timeout "${TUNE_TIMEOUT:-90}" python3 "$SCRIPTS/bench_skinny_gemm.py" --model "$model" --prefetch --ops linear \
+    --ms 1 --budget-s $(( ${TUNE_TIMEOUT:-90} - 15 )) --table "$TABLE" --json "$LOGS/prefetch_$model.json" \
+    > "$LOGS/prefetch_$model.log" 2>&1
+  echo "prefetch tune $model rc=$?"; tail -12 "$LOGS/prefetch_$model.log"; cp "$TABLE" "$LOGS/skinny_gemm_$model.json"
+  roofline "roofline_${model}_prefetch" "$model" 1
+  cp "$LOGS/skinny_gemm_committed.json" "$TABLE"
+  roofline "roofline_${model}_committed" "$model" 1
+}
+
+case ${CALL:-1} in
+  1)
+    timeout -s INT "${TEST_TIMEOUT:-110}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+      tests/backend_cuda/test_split_k_fixup.py tests/gpu/test_structured_cuda.py > "$LOGS/pytest_gpu.log" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_gpu.log" | tail -8; pack
+    for model in qwen3-4b-awq qwen3-4b-fp8; do
+      roofline "roofline_${model}_reduce" "$model" 1 INFER_CUDA_SPLIT_K_FIXUP=0
+      roofline "roofline_${model}_fixup" "$model" 1 INFER_CUDA_SPLIT_K_FIXUP=1
+    done
+    timeout "${QGEMM_TIMEOUT:-70}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-70} - 10 )) \
+      --formats awq --ms 1 --json "$LOGS/qgemm_awq_1.json" > "$LOGS/qgemm_awq_1.log" 2>&1
+    echo "qgemm awq 1 rc=$?"; tail -6 "$LOGS/qgemm_awq_1.log"; pack
+    prefetch_ab qwen3-4b
+    ;;
+  2)
+    prefetch_ab qwen3.5-4b
+    timeout "${QGEMM_TIMEOUT:-70}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-70} - 10 )) \
+      --formats fp8 --ms "${FP8_MS:-16,32,64,96}" --json "$LOGS/qgemm_fp8.json" > "$LOGS/qgemm_fp8.log" 2>&1
+    echo "qgemm fp8 rc=$?"; tail -18 "$LOGS/qgemm_fp8.log"; pack
+    timeout "${ATTN_TIMEOUT:-60}" python3 bench/attention_prefill.py --chunks 8192 --no-sdpa --reps 5 \
+      --configs default 128,128,8,3 128,64,8,3 128,64,4,3 64,128,4,3 128,64,8,2 > "$LOGS/attention_prefill.log" 2>&1
+    echo "attention rc=$?"; tail -10 "$LOGS/attention_prefill.log"; pack
+    ;;
+esac
+pack
