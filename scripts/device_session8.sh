@@ -5,8 +5,9 @@
 #           kernel and with the fix-up; the AWQ GEMV alone per shape (bench_quant_gemm); the BF16 skinny GEMM's
 #           weight-prefetch form tuned at one row, then the Qwen3-4B batch-1 replay with the tuned and the committed
 #           table.
-#   CALL=2: the same prefetch tuning and replay A/B for Qwen3.5-4B; FP8 GEMMs alone at 16-96 rows; the prefill
-#           attention's tile configs at 8k chunks.
+#   CALL=2: the AWQ GPU tests and batch-1 replay with the one-row GEMV of 128 columns and the fix-up on; chat at
+#           qps 1 for BF16 and AWQ; the prefetch tuning and replay A/B for Qwen3.5-4B; the AWQ GEMV alone again.
+#   CALL=3: FP8 GEMMs alone at 16-96 rows; the prefill attention's tile configs at 8k chunks.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session8.sh
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/s8; mkdir -p "$LOGS"
@@ -53,7 +54,17 @@ case ${CALL:-1} in
     prefetch_ab qwen3-4b
     ;;
   2)
+    timeout -s INT "${TEST_TIMEOUT:-70}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+      tests/backend_cuda/test_quant_gemm.py -k awq > "$LOGS/pytest_gpu_awq.log" 2>&1
+    echo "pytest awq rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_gpu_awq.log" | tail -8; pack
+    roofline roofline_qwen3-4b-awq_gemv128 qwen3-4b-awq 1
+    ENGINES=${ENGINES:-"bf16:chat=1 awq:chat=1"} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
     prefetch_ab qwen3.5-4b
+    timeout "${QGEMM_TIMEOUT:-70}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-70} - 10 )) \
+      --formats awq --ms 1 --json "$LOGS/qgemm_awq_1.json" > "$LOGS/qgemm_awq_1.log" 2>&1
+    echo "qgemm awq 1 rc=$?"; tail -6 "$LOGS/qgemm_awq_1.log"; pack
+    ;;
+  3)
     timeout "${QGEMM_TIMEOUT:-70}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-70} - 10 )) \
       --formats fp8 --ms "${FP8_MS:-16,32,64,96}" --json "$LOGS/qgemm_fp8.json" > "$LOGS/qgemm_fp8.log" 2>&1
     echo "qgemm fp8 rc=$?"; tail -18 "$LOGS/qgemm_fp8.log"; pack

@@ -1,8 +1,8 @@
-"""The split-K fix-up (`INFER_CUDA_SPLIT_K_FIXUP=1`, `kernels/split_k.py`): the last program of a tile sums the
-partials in split order instead of the reduce launch. Each split-K kernel (the AWQ GEMV, the AWQ tiled kernel, the
-FP8 kernel in both product forms) must give the reduce path's output bit for bit, leave its arrival counters at 0,
-and give the same output twice in a row. Interpreter shapes are tiny; Qwen3-4B shapes and a CUDA-graph capture
-with replays are marked `gpu`."""
+"""The split-K fix-up (on by default, `INFER_CUDA_SPLIT_K_FIXUP=0` turns it off; `kernels/split_k.py`): the last
+program of a tile sums the partials in split order instead of the reduce launch. Each split-K kernel (the AWQ GEMV,
+the AWQ tiled kernel, the FP8 kernel in both product forms) must give the reduce path's output bit for bit, leave
+its arrival counters at 0, and give the same output twice in a row. Interpreter shapes are tiny; Qwen3-4B shapes and
+a CUDA-graph capture with replays are marked `gpu`."""
 
 from __future__ import annotations
 
@@ -69,6 +69,7 @@ def _counters_zero(device: str) -> bool:
 def test_fixup_equals_the_reduce_kernel_bit_for_bit(kind, m, config, dtype, with_bias, device, monkeypatch):
     run, n = _gemm(kind, m, dtype, device, with_bias)
     launches = _reduce_launches(monkeypatch)
+    monkeypatch.setattr(split_k, "FIXUP", False)
     reduced = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
     assert len(launches) == 1 and launches[0] > 1  # the reference path did split and reduce
 
@@ -81,8 +82,8 @@ def test_fixup_equals_the_reduce_kernel_bit_for_bit(kind, m, config, dtype, with
     assert torch.equal(first, reduced) and torch.equal(second, reduced)
 
 
-def test_fixup_is_off_by_default_and_read_from_the_environment():
-    assert not split_k.fixup_wanted({})
+def test_fixup_is_on_by_default_and_read_from_the_environment():
+    assert split_k.fixup_wanted({})
     assert not split_k.fixup_wanted({split_k.FIXUP_ENV: "0"})
     assert split_k.fixup_wanted({split_k.FIXUP_ENV: "1"})
 
@@ -103,6 +104,7 @@ def test_one_range_and_too_many_tiles_keep_the_plain_paths(device, monkeypatch):
 
 def test_counters_are_never_allocated_off_or_under_capture(device, monkeypatch):
     monkeypatch.setattr(split_k, "_counters", {})
+    monkeypatch.setattr(split_k, "FIXUP", False)
     assert split_k.allocate_counters(torch.device(device)) is None  # the switch is off
     monkeypatch.setattr(split_k, "FIXUP", True)
     monkeypatch.setattr(split_k, "_capturing", lambda _device: True)

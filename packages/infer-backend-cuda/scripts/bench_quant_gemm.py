@@ -47,8 +47,10 @@ def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
     gemv_splits = A.gemv_config(m, n, k, GROUP).k_splits
     gemv = [A.AwqConfig(A.next_pow2(m), bn, bk, w, 1, s) for w in (4, 8) for bn in (256, 512)
             for bk in ((8, 16) if m == 1 else (4, 8)) for s in (gemv_splits, max(1, gemv_splits // 2))]
-    if m == 1:  # narrower column blocks (more programs, fewer registers) and finer K ranges
-        gemv += [A.AwqConfig(1, 128, 8, w, 1, s) for w in (2, 4) for s in (gemv_splits, 2 * gemv_splits)]
+    if m == 1:  # narrower column blocks (more programs, fewer registers), finer K ranges, the old wide default
+        gemv = [A.AwqConfig(1, bn, bk, w, 1, s) for bn, bk, w in ((128, 8, 1), (64, 8, 1), (128, 16, 2), (128, 8, 4),
+                                                                 (256, 16, 4), (256, 8, 4), (512, 8, 4))
+                for s in (gemv_splits, 2 * gemv_splits, max(1, gemv_splits // 2))] + gemv
     tiled_splits = min(split_k.num_splits(k // 64, -(-n // 128)), max(1, k // (64 * m)))
     tiled = [A.AwqConfig(16, bn, 64, w, 3, s) for bn, w in ((128, 4), (256, 4), (128, 8), (256, 8))
              for s in (tiled_splits, max(1, tiled_splits // 2))]

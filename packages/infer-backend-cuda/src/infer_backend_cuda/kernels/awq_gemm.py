@@ -117,13 +117,19 @@ _GEMV_BLOCKS = {1: (8, 512), 2: (8, 512), 4: (4, 512), 8: (4, 256)}
 
 
 def gemv_config(m: int, n: int, k: int, group: int) -> AwqConfig:
-    """The GEMV's config for `m <= SKINNY_MAX_M` rows: its widest column block (512: two 128-byte lines per K
-    row) while that leaves >= 3 programs per SM of 132, else 256; K split to ~512 programs, the workspace within
-    half the weight bytes."""
+    """The GEMV's config for `m <= SKINNY_MAX_M` rows: K split to ~512 programs of its widest column block (512:
+    two 128-byte lines per K row) while that leaves >= 3 programs per SM of 132, else of 256, the workspace
+    within half the weight bytes. At one row the columns then go in blocks of 128 on 2 warps, 2-4x the
+    programs, each holding a quarter of the registers: on the H200 (`bench_quant_gemm.py`, Qwen3-4B shapes, the
+    split reduce included) qkv 12.25 -> 9.89 us, gate_up 26.68 -> 18.30, down 17.10 -> 14.91 (o_proj's best,
+    11.36 against 13.56, was 256 columns of 16-row steps on 4 warps); the wider blocks were tuned when the
+    programs' registers held 4 unrolled steps, not a whole group as now at one row (`awq_gemv.unroll`)."""
     bm, groups = next_pow2(m), k // group
     block_k, widest = _GEMV_BLOCKS[bm]
     block_n = widest if triton.cdiv(n, widest) * groups >= 396 else 256
     splits = min(split_k.num_splits(groups, triton.cdiv(n, block_n)), max(1, k // (32 * m)))
+    if m == 1:
+        return AwqConfig(1, 128, group_block_k(group, block_k), 2, 1, splits)
     return AwqConfig(bm, block_n, group_block_k(group, block_k), 4, 1, splits)
 
 

@@ -5,9 +5,11 @@ about a seventh of an H200's 132 SMs, each walking all of K: latency-bound, far 
 into ranges gives a few programs per SM; each writes fp32 partial sums to a workspace `[splits, M, N]`, and one
 small kernel adds them in split order (deterministic, unlike atomics) with the bias.
 
-With `INFER_CUDA_SPLIT_K_FIXUP=1` (opt-in: not yet measured on the H200) there is no second kernel: the program
-that finishes a tile last (an arrival counter per tile, `_fixup`) adds the partials in the same split order, so the
-output is the reduce kernel's bit for bit, one launch fewer per split GEMM (144 a Qwen3-4B AWQ decode step).
+By default there is no second kernel (the fix-up; `INFER_CUDA_SPLIT_K_FIXUP=0` brings the reduce launch back for
+A/B runs): the program that finishes a tile last (an arrival counter per tile, `_fixup`) adds the partials in the
+same split order, so the output is the reduce kernel's bit for bit, one launch fewer per split GEMM (144 a
+Qwen3-4B AWQ decode step: on the H200 its batch-1 replay 3.290 -> 3.154 ms; FP8's 3.465 -> 3.484, unchanged
+within the run's noise; docs/benchmarks.md, eighth session).
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 # A few programs per SM of an H100/H200 (132 SMs).
 TARGET_PROGRAMS = 512
 
-# INFER_CUDA_SPLIT_K_FIXUP=1: the last program of a tile sums the partials instead of a reduce launch (A/B runs;
-# off until measured). Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the config
+# INFER_CUDA_SPLIT_K_FIXUP (default 1): the last program of a tile sums the partials instead of a reduce launch;
+# 0 for the reduce kernel (A/B runs). Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the config
 # loader's prefix, which refuses names it does not know).
 FIXUP_ENV = "INFER_CUDA_SPLIT_K_FIXUP"
 
 
 def fixup_wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(FIXUP_ENV, "0").strip() == "1"
+    return environ.get(FIXUP_ENV, "1").strip() != "0"
 
 
 FIXUP = fixup_wanted()
