@@ -82,3 +82,26 @@ def test_empty_batch(device):
     w = torch.ones(16, device=device)
     assert K.rms_norm(x, w, 1e-6).shape == (0, 16)
     assert K.silu_and_mul(torch.empty((0, 32), device=device)).shape == (0, 16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens,heads,dim", [(1, 2, 8), (5, 3, 24)] + [pytest.param(257, 16, 256, marks=gpu)])
+def test_sigmoid_gate_mul_reads_the_gate_in_place_and_rounds_as_torch(tokens, heads, dim, dtype, device):
+    """The gate as attention.py hands it over: every other head-sized slice of a `[T, H, 2, D]` projection."""
+    x = _rand((tokens, heads, dim), dtype, device, 7)
+    projected = _rand((tokens, heads, 2, dim), dtype, device, 8)
+    gate = projected.unbind(dim=2)[1]
+    assert not gate.is_contiguous()
+    out = poison(torch.empty_like(x))
+    y = K.sigmoid_gate_mul(x, gate, out=out)
+    assert y.data_ptr() == out.data_ptr()
+    expected = x * torch.sigmoid(gate)  # torch's two ops, each rounded to the dtype
+    if dtype == torch.float32:
+        torch.testing.assert_close(y, expected, rtol=1e-6, atol=1e-6)
+    else:  # at most one rounding step apart (the sigmoid's last bit), almost always equal; the interpreter's
+        # bf16 casts do not round to nearest, so its bf16 is held to the tolerance only
+        torch.testing.assert_close(y.float(), expected.float(), **tol(dtype))
+        if not (INTERPRETING and dtype == torch.bfloat16):
+            assert (y != expected).float().mean().item() < 0.05
+    with pytest.raises(ValueError, match="must be equal"):
+        K.sigmoid_gate_mul(x, gate[:, :1])

@@ -102,6 +102,9 @@ class CpuFusedOps:
         gate, up = gate_up.chunk(2, dim=-1)
         return F.silu(gate) * up
 
+    def sigmoid_gate_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(gate)
+
     def qk_norm_rope_store(
         self,
         q: torch.Tensor,

@@ -59,6 +59,9 @@ class TritonFusedOps:
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return kernels.silu_and_mul(gate_up)
 
+    def sigmoid_gate_mul(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        return kernels.sigmoid_gate_mul(x, gate)
+
     def add_rms_norm_linear(
         self,
         x: torch.Tensor,

@@ -5,7 +5,7 @@ computes in fp32 inside the kernel, accepts bf16 / fp16 / fp32 inputs, and takes
 so tests can hand in poisoned buffers. Importing this package imports triton.
 """
 
-from infer_backend_cuda.kernels.activation import silu_and_mul
+from infer_backend_cuda.kernels.activation import sigmoid_gate_mul, silu_and_mul
 from infer_backend_cuda.kernels.attention_decode import paged_attention_decode
 from infer_backend_cuda.kernels.attention_prefill import paged_attention_prefill
 from infer_backend_cuda.kernels.qk_norm_rope import qk_norm_rope_store
@@ -19,6 +19,7 @@ __all__ = [
     "paged_attention_prefill",
     "qk_norm_rope_store",
     "rms_norm",
+    "sigmoid_gate_mul",
     "silu_and_mul",
     "topk_topp_threshold",
 ]

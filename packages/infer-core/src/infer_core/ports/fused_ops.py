@@ -41,6 +41,11 @@ class FusedOps(Protocol):
         """`[T, 2I]` -> `silu(gate) * up` `[T, I]` (gate is the first half)."""
         ...
 
+    def sigmoid_gate_mul(self, x: Tensor, gate: Tensor) -> Tensor:
+        """`x * sigmoid(gate)` for `x [T, H, D]` and `gate [T, H, D]` (any row and head strides, last dim
+        contiguous: a view into a wider projection), each rounded to x's dtype as the two unfused ops round."""
+        ...
+
     def add_rms_norm_linear(
         self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Tensor, bias: Tensor | None
     ) -> tuple[Tensor, Tensor]:

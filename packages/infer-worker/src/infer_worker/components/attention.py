@@ -84,8 +84,9 @@ class Attention:
         q, k, v = qkv.split(self.qkv_proj.part_sizes, dim=-1)
         gate = None
         if self.output_gate:
+            # Strided views of the projection, read in place: qk_norm_rope_store returns a dense q, and the gate
+            # is read by sigmoid_gate_mul with its strides (no copy launches in the decode step).
             q, gate = q.reshape(num_tokens, self.num_heads, 2, self.head_dim).unbind(dim=2)
-            q = q.contiguous()  # (a strided view: kernels read heads densely)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -99,7 +100,7 @@ class Attention:
         )
         out = self._fused.paged_attention(q, k_cache, v_cache, batch, self.scale)
         if gate is not None:
-            out = out * torch.sigmoid(gate)
+            out = self._fused.sigmoid_gate_mul(out, gate)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def weight_slots(self) -> WeightSlots:
