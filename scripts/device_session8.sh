@@ -7,7 +7,8 @@
 #           table.
 #   CALL=2: the AWQ GPU tests and batch-1 replay with the one-row GEMV of 128 columns and the fix-up on; chat at
 #           qps 1 for BF16 and AWQ; the prefetch tuning and replay A/B for Qwen3.5-4B; the AWQ GEMV alone again.
-#   CALL=3: FP8 GEMMs alone at 16-96 rows; the prefill attention's tile configs at 8k chunks.
+#   CALL=3: FP8 GEMMs alone at 16-96 rows; the prefill attention's tile configs at 8k chunks; chat at qps 32 for
+#           BF16 and FP8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session8.sh
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/s8; mkdir -p "$LOGS"
@@ -72,6 +73,7 @@ case ${CALL:-1} in
     timeout "${ATTN_TIMEOUT:-60}" python3 bench/attention_prefill.py --chunks 8192 --no-sdpa --reps 5 \
       --configs default 128,128,8,3 128,64,8,3 128,64,4,3 64,128,4,3 128,64,8,2 > "$LOGS/attention_prefill.log" 2>&1
     echo "attention rc=$?"; tail -10 "$LOGS/attention_prefill.log"; pack
+    ENGINES=${ENGINES:-"bf16:chat=32 fp8:chat=32"} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
     ;;
 esac
 pack
