@@ -14,7 +14,7 @@ import torch
 import infer_backend_cuda.gated_delta as cuda_gdn
 from infer_backend_cpu.gated_delta import CpuGatedDeltaOps
 from infer_backend_cuda.gated_delta import FUSED_DECODE_ENV, CudaGatedDeltaOps, fused_decode_wanted
-from infer_core.ports.linear_attention import GdnLayer, StateBatch
+from infer_core.ports.linear_attention import GdnLayer, StateBatch, unfused_gated_delta_mix
 from tests.backend_cuda.conftest import HAS_CUDA, gpu
 
 
@@ -202,3 +202,34 @@ def test_fused_decode_graph_replay_equals_eager(device):
         eager = _run(ops, layer, eager_pools, new, batch)
         assert torch.equal(out, eager)
         assert all(torch.equal(p, e) for p, e in zip(pools, eager_pools))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_folds_the_gates_into_the_recurrence_bit_for_bit(dtype, device, monkeypatch):
+    """At decode the adapter's three launches (conv, recurrence computing its head's gates, gated norm) give the
+    port's four-op chain's output and pools exactly, and the gates kernel does not run; a prefill step keeps it."""
+    gates_calls = []
+    real_gates = cuda_gdn.gdn_gates
+
+    def spy(*args, **kwargs):
+        gates_calls.append(1)
+        return real_gates(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_gdn, "gdn_gates", spy)
+    layer = _layer(2, 4, 16, 16, 4, dtype, device, seed=30)
+    start = _pools(layer, 4, 6, dtype, device, seed=31)
+    ops = CudaGatedDeltaOps(device, fused_decode=False)
+    folded, chain = tuple(p.clone() for p in start), tuple(p.clone() for p in start)
+    for step, slots in enumerate([[4, 1, 3], [3, 4, 1]]):
+        batch = _batch([1] * len(slots), slots, device)
+        inputs = _projected(len(slots), layer, dtype, device, seed=32 + step)
+        out = _run(ops, layer, folded, inputs, batch)
+        assert not gates_calls
+        want = unfused_gated_delta_mix(ops, *inputs, layer, *chain, batch)
+        assert gates_calls == [1]
+        gates_calls.clear()
+        assert torch.equal(out, want), f"step {step}"
+        assert torch.equal(folded[0], chain[0]) and torch.equal(folded[1], chain[1]), f"step {step}"
+    prefill = _batch([3, 1], [2, 5], device)
+    _run(ops, layer, folded, _projected(4, layer, dtype, device, seed=40), prefill)
+    assert gates_calls == [1]

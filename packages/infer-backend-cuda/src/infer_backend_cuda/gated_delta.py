@@ -1,7 +1,7 @@
 """The `GatedDeltaOps` port (linear-attention layers of hybrid models) on Triton kernels.
 
-A decode step's mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) runs the four separate kernels:
-the fused one-launch form (`kernels/gdn_decode.py`, `INFER_CUDA_GDN_FUSED_DECODE=1`) measured slower on the H200
+A decode step's mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) runs three kernels, the gates
+computed inside the recurrence (each program its head's, with the gates kernel's numerics); the fused one-launch form (`kernels/gdn_decode.py`, `INFER_CUDA_GDN_FUSED_DECODE=1`) measured slower on the H200
 (17.8 against 12.9 us a layer at one row, 150 against 106 at 60; docs/kernels.md), so it is opt-in. In other
 steps the gated delta rule splits by row length on the device: rows shorter than `SHORT_ROW` (decode rows of a
 mixed step) through the recurrent kernel, the others through the chunked (WY form) kernels, in the same step and
@@ -102,4 +102,23 @@ class CudaGatedDeltaOps:
             heads = (layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim)
             return gdn_decode(qkv, z, b, a, heads, layer.conv_weight, layer.a_log, layer.dt_bias, layer.norm_weight,
                               layer.norm_eps, conv_states, recurrent_states, batch.cu_seqlens, batch.slot_ids)
+        if batch.is_decode:
+            return self._decode_mix(qkv, z, b, a, layer, conv_states, recurrent_states, batch)
         return unfused_gated_delta_mix(self, qkv, z, b, a, layer, conv_states, recurrent_states, batch)
+
+    def _decode_mix(
+        self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer: GdnLayer,
+        conv_states: torch.Tensor, recurrent_states: torch.Tensor, batch: StateBatch,
+    ) -> torch.Tensor:
+        """`unfused_gated_delta_mix` at one token a sequence, the gates kernel folded into the recurrence (the
+        same values bit for bit): three launches a layer instead of four."""
+        rows = qkv.shape[0]
+        hk, dk, hv, dv = layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim
+        mixed = self.causal_conv1d(qkv, layer.conv_weight, conv_states, batch)
+        q, k, v = mixed.split((hk * dk, hk * dk, hv * dv), dim=-1)
+        out = gdn_recurrent(q.reshape(rows, hk, dk), k.reshape(rows, hk, dk), v.reshape(rows, hv, dv), a, b,
+                            recurrent_states, batch.cu_seqlens, batch.slot_ids,
+                            gates=(layer.a_log.contiguous(), layer.dt_bias.contiguous()))
+        heads = rows * hv
+        out = gated_rms_norm(out.reshape(heads, dv), z.reshape(heads, dv), layer.norm_weight, layer.norm_eps)
+        return out.reshape(rows, hv * dv)

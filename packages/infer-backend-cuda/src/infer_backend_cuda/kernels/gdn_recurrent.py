@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
+from infer_backend_cuda.kernels.gdn_gates import gate_values
 
 
 @triton.jit
@@ -56,12 +57,14 @@ def delta_rule_step(state, q, k, v, g, beta):
 
 @triton.jit(do_not_specialize=("max_len",))
 def _gdn_recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, state_ptr, out_ptr, cu_ptr, slot_ptr, alog_ptr, dtb_ptr,
     q_st, q_sh, k_st, k_sh, v_st, v_sh, g_st, beta_st, o_st, o_sh,
     s_ss, s_sh, s_sk,
     DK, DV, GROUP, scale, max_len,
-    BK: tl.constexpr, BV: tl.constexpr, USE_PDL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, GATES: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    """With GATES, `g_ptr` / `beta_ptr` hold the raw `in_proj_a` / `in_proj_b` outputs and each program computes
+    its head's decay and beta itself (`gdn_gates.gate_values`, the gates kernel's numerics: one launch fewer)."""
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -77,6 +80,9 @@ def _gdn_recurrent_kernel(
             v = tl.load(v_ptr + t64 * v_st + h * v_sh + vv, mask=vm, other=0.0).to(tl.float32)
             g = tl.load(g_ptr + t64 * g_st + h).to(tl.float32)
             beta = tl.load(beta_ptr + t64 * beta_st + h).to(tl.float32)
+            if GATES:
+                g, beta = gate_values(g, beta, tl.load(alog_ptr + h).to(tl.float32),
+                                      tl.load(dtb_ptr + h).to(tl.float32), beta_ptr.dtype.element_ty)
             state, o = delta_rule_step(state, l2_normalise(q) * scale, l2_normalise(k), v, g, beta)
             tl.store(out_ptr + t64 * o_st + h * o_sh + vv, o.to(out_ptr.dtype.element_ty), mask=vm)
         tl.store(s_ptrs, state, mask=smask)
@@ -104,11 +110,12 @@ def prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out: torch.T
 def gdn_recurrent(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     states: torch.Tensor, cu_seqlens: torch.Tensor, slot_ids: torch.Tensor, out: torch.Tensor | None = None,
-    max_len: int = 2**31 - 1,
+    max_len: int = 2**31 - 1, gates: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The gated delta rule token by token (q, k `[T, Hk, Dk]`, v `[T, Hv, Dv]`, g / beta `[T, Hv]`), starting
     from `states[slot_ids[i]]` and writing the final state back there, for the sequences of at most `max_len`
-    tokens (the others' output rows and slots are left untouched). Returns `[T, Hv, Dv]` in v's dtype."""
+    tokens (the others' output rows and slots are left untouched). Returns `[T, Hv, Dv]` in v's dtype.
+    With `gates = (A_log, dt_bias)`, g and beta are the raw a and b (`gdn_gates`' inputs), gated in the kernel."""
     out = prepare_gdn_out(q, k, v, g, beta, states, cu_seqlens, slot_ids, out)
     n_seq, dk, hv, dv = slot_ids.shape[0], q.shape[2], v.shape[1], v.shape[2]
     if n_seq == 0 or q.shape[0] == 0:
@@ -118,9 +125,10 @@ def gdn_recurrent(
     bv = max(1, min(next_pow2(dv), 4096 // bk))
     _gdn_recurrent_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
         q, k, v, g, beta, states, out, cu_seqlens, slot_ids,
+        *(gates if gates is not None else (g, g)),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), beta.stride(0),
         out.stride(0), out.stride(1), states.stride(0), states.stride(1), states.stride(2),
         dk, dv, hv // q.shape[1], float(dk) ** -0.5, max_len,
-        BK=bk, BV=bv, num_warps=4, **pdl_launch(q.device),
+        BK=bk, BV=bv, GATES=gates is not None, num_warps=4, **pdl_launch(q.device),
     )
     return out
