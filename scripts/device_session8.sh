@@ -56,8 +56,8 @@ case ${CALL:-1} in
     ;;
   2)
     timeout -s INT "${TEST_TIMEOUT:-110}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
-      tests/backend_cuda/test_norm_activation.py tests/gpu/test_qwen3_5_cuda.py "tests/backend_cuda/test_quant_gemm.py" \
-      -k "sigmoid or qwen3_5 or awq" > "$LOGS/pytest_gpu_awq.log" 2>&1
+      tests/backend_cuda/test_norm_activation.py tests/gpu/test_qwen3_5_cuda.py tests/backend_cuda/test_gdn_decode.py \
+      tests/backend_cuda/test_quant_gemm.py -k "sigmoid or qwen3_5 or gdn_decode or awq" > "$LOGS/pytest_gpu_awq.log" 2>&1
     echo "pytest awq rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_gpu_awq.log" | tail -8; pack
     roofline roofline_qwen3-4b-awq_gemv128 qwen3-4b-awq 1
     ENGINES=${ENGINES:-"bf16:chat=1 awq:chat=1"} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
