@@ -5,8 +5,9 @@
 #           kernel and with the fix-up; the AWQ GEMV alone per shape (bench_quant_gemm); the BF16 skinny GEMM's
 #           weight-prefetch form tuned at one row, then the Qwen3-4B batch-1 replay with the tuned and the committed
 #           table.
-#   CALL=2: the AWQ GPU tests and batch-1 replay with the one-row GEMV of 128 columns and the fix-up on; chat at
-#           qps 1 for BF16 and AWQ; the prefetch tuning and replay A/B for Qwen3.5-4B; the AWQ GEMV alone again.
+#   CALL=2: GPU tests of the new kernels; the AWQ batch-1 replay (one-row GEMV of 128 columns, the fix-up on) and
+#           Qwen3.5-4B's (the gate kernel, the gates in the recurrence); chat at qps 1 for BF16 and AWQ; the Qwen3.5
+#           one-row shapes tuned with the prefetch form and its replay again; the AWQ GEMV alone again.
 #   CALL=3: FP8 GEMMs alone at 16-96 rows; the prefill attention's tile configs at 8k chunks; chat at qps 32 for
 #           BF16 and FP8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session8.sh
@@ -55,14 +56,19 @@ case ${CALL:-1} in
     prefetch_ab qwen3-4b
     ;;
   2)
-    timeout -s INT "${TEST_TIMEOUT:-110}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+    timeout -s INT "${TEST_TIMEOUT:-90}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
       tests/backend_cuda/test_norm_activation.py tests/gpu/test_qwen3_5_cuda.py tests/backend_cuda/test_gdn_decode.py \
-      tests/backend_cuda/test_quant_gemm.py -k "sigmoid or qwen3_5 or gdn_decode or awq" > "$LOGS/pytest_gpu_awq.log" 2>&1
-    echo "pytest awq rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_gpu_awq.log" | tail -8; pack
+      tests/backend_cuda/test_quant_gemm.py -k "sigmoid or qwen3_5 or gdn_decode or awq" > "$LOGS/pytest_gpu_2.log" 2>&1
+    echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_gpu_2.log" | tail -8; pack
     roofline roofline_qwen3-4b-awq_gemv128 qwen3-4b-awq 1
+    roofline roofline_qwen3.5-4b_committed qwen3.5-4b 1
     ENGINES=${ENGINES:-"bf16:chat=1 awq:chat=1"} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
-    prefetch_ab qwen3.5-4b
-    timeout "${QGEMM_TIMEOUT:-70}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-70} - 10 )) \
+    timeout "${TUNE_TIMEOUT:-80}" python3 "$SCRIPTS/bench_skinny_gemm.py" --model qwen3.5-4b --prefetch --ops linear \
+      --ms 1 --budget-s $(( ${TUNE_TIMEOUT:-80} - 15 )) --table "$TABLE" --json "$LOGS/prefetch_qwen3.5-4b.json" \
+      > "$LOGS/prefetch_qwen3.5-4b.log" 2>&1
+    echo "prefetch tune rc=$?"; tail -8 "$LOGS/prefetch_qwen3.5-4b.log"; cp "$TABLE" "$LOGS/skinny_gemm_qwen3.5-4b.json"
+    roofline roofline_qwen3.5-4b_prefetch qwen3.5-4b 1
+    timeout "${QGEMM_TIMEOUT:-60}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-60} - 10 )) \
       --formats awq --ms 1 --json "$LOGS/qgemm_awq_1.json" > "$LOGS/qgemm_awq_1.log" 2>&1
     echo "qgemm awq 1 rc=$?"; tail -6 "$LOGS/qgemm_awq_1.log"; pack
     ;;
