@@ -7,7 +7,8 @@
 #           table.
 #   CALL=2: GPU tests of the new kernels; the AWQ batch-1 replay (one-row GEMV of 128 columns, the fix-up on) and
 #           Qwen3.5-4B's (the gate kernel, the gates in the recurrence); chat at qps 1 for BF16 and AWQ; the Qwen3.5
-#           one-row shapes tuned with the prefetch form and its replay again; the AWQ GEMV alone again.
+#           one-row shapes (plain and norm / SiLU fused) tuned with the prefetch form, its replay again; Qwen3-4B's
+#           fused shapes likewise.
 #   CALL=3: FP8 GEMMs alone at 16-96 rows; the prefill attention's tile configs at 8k chunks; chat at qps 32 for
 #           BF16 and FP8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session8.sh
@@ -41,6 +42,12 @@ prefetch_ab() {  # prefetch_ab MODEL: tune the one-row linears with and without 
   roofline "roofline_${model}_committed" "$model" 1
 }
 
+tune() {  # tune MODEL OPS SECONDS: the one-row shapes of these ops, with and without prefetch, into the installed table
+  timeout "$3" python3 "$SCRIPTS/bench_skinny_gemm.py" --model "$1" --prefetch --ops "$2" --ms 1 \
+    --budget-s $(( $3 - 15 )) --table "$TABLE" --json "$LOGS/tune_$1_$2.json" > "$LOGS/tune_$1_$2.log" 2>&1
+  echo "tune $1 $2 rc=$?"; grep -A12 "^ *op " "$LOGS/tune_$1_$2.log"; cp "$TABLE" "$LOGS/skinny_gemm_after_$1_$2.json"; pack
+}
+
 case ${CALL:-1} in
   1)
     timeout -s INT "${TEST_TIMEOUT:-110}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
@@ -56,21 +63,18 @@ case ${CALL:-1} in
     prefetch_ab qwen3-4b
     ;;
   2)
-    timeout -s INT "${TEST_TIMEOUT:-90}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
+    timeout -s INT "${TEST_TIMEOUT:-80}" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE \
       tests/backend_cuda/test_norm_activation.py tests/gpu/test_qwen3_5_cuda.py tests/backend_cuda/test_gdn_decode.py \
       tests/backend_cuda/test_quant_gemm.py -k "sigmoid or qwen3_5 or gdn_decode or awq" > "$LOGS/pytest_gpu_2.log" 2>&1
     echo "pytest rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_gpu_2.log" | tail -8; pack
     roofline roofline_qwen3-4b-awq_gemv128 qwen3-4b-awq 1
     roofline roofline_qwen3.5-4b_committed qwen3.5-4b 1
-    ENGINES=${ENGINES:-"bf16:chat=1 awq:chat=1"} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
-    timeout "${TUNE_TIMEOUT:-80}" python3 "$SCRIPTS/bench_skinny_gemm.py" --model qwen3.5-4b --prefetch --ops linear \
-      --ms 1 --budget-s $(( ${TUNE_TIMEOUT:-80} - 15 )) --table "$TABLE" --json "$LOGS/prefetch_qwen3.5-4b.json" \
-      > "$LOGS/prefetch_qwen3.5-4b.log" 2>&1
-    echo "prefetch tune rc=$?"; tail -8 "$LOGS/prefetch_qwen3.5-4b.log"; cp "$TABLE" "$LOGS/skinny_gemm_qwen3.5-4b.json"
+    ENGINES=${ENGINES:-"bf16:chat=1 awq:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
+      bash scripts/device_engines.sh
+    tune qwen3.5-4b linear,add_rms_norm_linear,silu_mul_linear "${TUNE_TIMEOUT:-100}"
     roofline roofline_qwen3.5-4b_prefetch qwen3.5-4b 1
-    timeout "${QGEMM_TIMEOUT:-60}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-60} - 10 )) \
-      --formats awq --ms 1 --json "$LOGS/qgemm_awq_1.json" > "$LOGS/qgemm_awq_1.log" 2>&1
-    echo "qgemm awq 1 rc=$?"; tail -6 "$LOGS/qgemm_awq_1.log"; pack
+    tune qwen3-4b add_rms_norm_linear,silu_mul_linear "${TUNE_FUSED_TIMEOUT:-60}"
+    roofline roofline_qwen3-4b_prefetch_fused qwen3-4b 1
     ;;
   3)
     timeout "${QGEMM_TIMEOUT:-70}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-70} - 10 )) \
