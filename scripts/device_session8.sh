@@ -9,8 +9,8 @@
 #           Qwen3.5-4B's (the gate kernel, the gates in the recurrence); chat at qps 1 for BF16 and AWQ; the Qwen3.5
 #           one-row shapes (plain and norm / SiLU fused) tuned with the prefetch form, its replay again; Qwen3-4B's
 #           fused shapes likewise.
-#   CALL=3: FP8 GEMMs alone at 16-96 rows; the prefill attention's tile configs at 8k chunks; chat at qps 32 for
-#           BF16 and FP8.
+#   CALL=3: the AWQ replay at 1-4 rows with the narrow GEMV blocks at one row and at up to 4 rows, AWQ chat at qps 1
+#           with the latter; the prefill attention's tile configs at 8k chunks; the AWQ GEMV alone at 2 and 4 rows.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session8.sh
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/s8; mkdir -p "$LOGS"
@@ -77,13 +77,15 @@ case ${CALL:-1} in
     roofline roofline_qwen3-4b_prefetch_fused qwen3-4b 1
     ;;
   3)
-    timeout "${QGEMM_TIMEOUT:-70}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-70} - 10 )) \
-      --formats fp8 --ms "${FP8_MS:-16,32,64,96}" --json "$LOGS/qgemm_fp8.json" > "$LOGS/qgemm_fp8.log" 2>&1
-    echo "qgemm fp8 rc=$?"; tail -18 "$LOGS/qgemm_fp8.log"; pack
-    timeout "${ATTN_TIMEOUT:-60}" python3 bench/attention_prefill.py --chunks 8192 --no-sdpa --reps 5 \
-      --configs default 128,128,8,3 128,64,8,3 128,64,4,3 64,128,4,3 128,64,8,2 > "$LOGS/attention_prefill.log" 2>&1
-    echo "attention rc=$?"; tail -10 "$LOGS/attention_prefill.log"; pack
-    ENGINES=${ENGINES:-"bf16:chat=32 fp8:chat=32"} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
+    roofline roofline_qwen3-4b-awq_narrow1 qwen3-4b-awq 1,2,4
+    roofline roofline_qwen3-4b-awq_narrow4 qwen3-4b-awq 2,4 INFER_CUDA_AWQ_NARROW_ROWS=4
+    INFER_CUDA_AWQ_NARROW_ROWS=4 ENGINES=${ENGINES:-"awq:chat=1"} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
+    timeout "${ATTN_TIMEOUT:-50}" python3 bench/attention_prefill.py --chunks 8192 --no-sdpa --reps 5 \
+      --configs default 128,128,8,3 128,64,8,3 64,128,4,3 > "$LOGS/attention_prefill.log" 2>&1
+    echo "attention rc=$?"; tail -8 "$LOGS/attention_prefill.log"; pack
+    timeout "${QGEMM_TIMEOUT:-50}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-50} - 10 )) \
+      --formats awq --ms 2,4 --json "$LOGS/qgemm_awq_2_4.json" > "$LOGS/qgemm_awq_2_4.log" 2>&1
+    echo "qgemm awq 2,4 rc=$?"; tail -10 "$LOGS/qgemm_awq_2_4.log"; pack
     ;;
 esac
 pack

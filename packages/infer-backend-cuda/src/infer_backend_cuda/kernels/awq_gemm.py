@@ -16,6 +16,7 @@ product, as the CPU reference's dequantized GEMM does. Launch configs: a shape h
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -110,6 +111,10 @@ def check_group(group: int) -> None:
 
 
 GEMV_MAX_M = 4  # the default GEMV's rows; above, the tiled kernel (see `default_config`)
+# Up to this many rows the GEMV takes 128-column blocks on 2 warps (`gemv_config`); INFER_CUDA_AWQ_NARROW_ROWS
+# sets it for A/B runs (read once at import, like the other INFER_CUDA_ switches).
+NARROW_ENV = "INFER_CUDA_AWQ_NARROW_ROWS"
+NARROW_ROWS = int(os.environ.get(NARROW_ENV, "1"))
 # The GEMV's (K step, widest column block) per row block: with 4 steps unrolled (`awq_gemv.unroll`) the
 # products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice: the group's and the running sum)
 # fit without spills (sm_90 SASS, `scripts/sass_census.py`: ~250 registers at 2 to 8 rows).
@@ -128,8 +133,8 @@ def gemv_config(m: int, n: int, k: int, group: int) -> AwqConfig:
     block_k, widest = _GEMV_BLOCKS[bm]
     block_n = widest if triton.cdiv(n, widest) * groups >= 396 else 256
     splits = min(split_k.num_splits(groups, triton.cdiv(n, block_n)), max(1, k // (32 * m)))
-    if m == 1:
-        return AwqConfig(1, 128, group_block_k(group, block_k), 2, 1, splits)
+    if m <= NARROW_ROWS:
+        return AwqConfig(bm, 128, group_block_k(group, block_k), 2, 1, splits)
     return AwqConfig(bm, block_n, group_block_k(group, block_k), 4, 1, splits)
 
 
