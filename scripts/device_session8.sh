@@ -80,6 +80,7 @@ case ${CALL:-1} in
     roofline roofline_qwen3-4b-awq_narrow1 qwen3-4b-awq 1,2,4
     roofline roofline_qwen3-4b-awq_narrow4 qwen3-4b-awq 2,4 INFER_CUDA_AWQ_NARROW_ROWS=4
     INFER_CUDA_AWQ_NARROW_ROWS=4 ENGINES=${ENGINES:-"awq:chat=1"} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
+    [ "${EXTRA:-1}" = 1 ] || { pack; exit 0; }
     timeout "${ATTN_TIMEOUT:-50}" python3 bench/attention_prefill.py --chunks 8192 --no-sdpa --reps 5 \
       --configs default 128,128,8,3 128,64,8,3 64,128,4,3 > "$LOGS/attention_prefill.log" 2>&1
     echo "attention rc=$?"; tail -8 "$LOGS/attention_prefill.log"; pack
