@@ -40,6 +40,7 @@ class AwqConfig(NamedTuple):
     num_warps: int
     num_stages: int
     k_splits: int = 1  # K is cut into this many ranges (at most), summed in a fixed order (split_k.py)
+    row_programs: bool = False  # the GEMV: each row in one-row programs of its own (`awq_gemv.launch`)
 
 
 
@@ -115,6 +116,10 @@ GEMV_MAX_M = 4  # the default GEMV's rows; above, the tiled kernel (see `default
 # sets it for A/B runs (read once at import, like the other INFER_CUDA_ switches).
 NARROW_ENV = "INFER_CUDA_AWQ_NARROW_ROWS"
 NARROW_ROWS = int(os.environ.get(NARROW_ENV, "1"))
+# Up to this many rows (at most SKINNY_MAX_M) each row runs the one-row GEMV in programs of its own, the word tiles
+# shared through L2 (`awq_gemv.launch`); 0 (the default) keeps the multi-row GEMV. For A/B runs.
+ROW_PROGRAMS_ENV = "INFER_CUDA_AWQ_ROW_PROGRAMS"
+ROW_PROGRAMS_ROWS = min(SKINNY_MAX_M, int(os.environ.get(ROW_PROGRAMS_ENV, "0")))
 # The GEMV's (K step, widest column block) per row block: with 4 steps unrolled (`awq_gemv.unroll`) the
 # products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice: the group's and the running sum)
 # fit without spills (sm_90 SASS, `scripts/sass_census.py`: ~250 registers at 2 to 8 rows).
@@ -130,6 +135,9 @@ def gemv_config(m: int, n: int, k: int, group: int) -> AwqConfig:
     11.36 against 13.56, was 256 columns of 16-row steps on 4 warps); the wider blocks were tuned when the
     programs' registers held 4 unrolled steps, not a whole group as now at one row (`awq_gemv.unroll`)."""
     bm, groups = next_pow2(m), k // group
+    if 1 < m <= ROW_PROGRAMS_ROWS:
+        one = gemv_config(1, n, k, group)
+        return one._replace(block_m=bm, row_programs=True)
     block_k, widest = _GEMV_BLOCKS[bm]
     block_n = widest if triton.cdiv(n, widest) * groups >= 396 else 256
     splits = min(split_k.num_splits(groups, triton.cdiv(n, block_n)), max(1, k // (32 * m)))
@@ -148,7 +156,7 @@ def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
     how many SMs run it: held to a quarter, 32 rows split qkv / o_proj / down not at all / 2x / 4x, 48 / 40 / 80
     programs for 132 SMs (the H200's batch-32 replay 14.1 ms against a 0.94 ms byte floor); the workspace, a few
     MB read back once from L2, costs less than the idle SMs."""
-    if m <= GEMV_MAX_M:
+    if m <= max(GEMV_MAX_M, ROW_PROGRAMS_ROWS):
         return gemv_config(m, n, k, group)
     if m <= 64:
         bm, warps = max(16, next_pow2(m)), 4
@@ -192,7 +200,7 @@ def awq_linear(
         if cfg.block_m < m:
             raise ValueError(f"a GEMV config covers at most block_m = {cfg.block_m} rows, got {m}")
         awq_gemv.launch(x, qweight, qzeros, scales, bias, out, group, cfg.block_n, cfg.block_k, cfg.num_warps,
-                        cfg.k_splits)
+                        cfg.k_splits, cfg.row_programs)
         return out
     steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)

@@ -51,7 +51,7 @@ def _awq_gemv_kernel(
     M, N, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, groups, groups_per_split, magic,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    ROW_PROGRAMS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (n, s) covers every row, columns `n * BLOCK_N` and groups `[s * groups_per_split, ...)`; with
     PARTIAL it writes fp32 partial sums to `ws_ptr + s * split_stride` (a split-K workspace, split_k.py), which
@@ -63,8 +63,14 @@ def _awq_gemv_kernel(
     if USE_PDL:  # programmatic dependent launch: start early, read x only after its producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    rm, rk = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
+    if ROW_PROGRAMS:  # one row a program (BLOCK_M 1), the rows of a tile and range neighbours in launch order
+        row, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        x_ptr += row.to(tl.int64) * x_stride
+        tile = pid_n * M + row
+    else:
+        row, pid_n, pid_k = 0, tl.program_id(0), tl.program_id(1)
+        tile = pid_n
+    rm, rk = row + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
     rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
     m_mask = rm < M
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * x_stride
@@ -93,7 +99,7 @@ def _awq_gemv_kernel(
     else:
         y = tl.sum(acc, axis=1)
     split_k.store_tile(y, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride,
-                       split_stride, pid_k, tl.num_programs(1), pid_n, PARTIAL, HAS_BIAS, FIXUP)
+                       split_stride, pid_k, tl.num_programs(2 if ROW_PROGRAMS else 1), tile, PARTIAL, HAS_BIAS, FIXUP)
 
 
 def unroll(m: int, steps: int) -> int:
@@ -107,19 +113,24 @@ def unroll(m: int, steps: int) -> int:
 
 def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
            bias: torch.Tensor | None, out: torch.Tensor, group: int, block_n: int, block_k: int, num_warps: int,
-           k_splits: int) -> None:
+           k_splits: int, row_programs: bool = False) -> None:
     """`out = x @ dequant (+ bias)` for `x [M <= 8, K]`, K a whole number of groups; `k_splits` ranges at most,
-    each of whole groups (validated by `awq_gemm.awq_linear`)."""
+    each of whole groups (validated by `awq_gemm.awq_linear`). With `row_programs` each row runs the one-row
+    kernel in programs of its own, next to the other rows' programs of the same tile and range in launch order, so
+    that a word tile read from HBM for one row is read from L2 for the others."""
     m, n = x.shape[0], out.shape[1]
     groups = scales.shape[0]
     per, splits = split_k.steps_per_split(groups, k_splits)
     tiles = triton.cdiv(n, block_n)
-    p = split_k.partials(splits, m, n, out, tiles)
-    _awq_gemv_kernel[(tiles, splits)](
+    rows = m if row_programs else 1
+    p = split_k.partials(splits, m, n, out, tiles * rows)
+    grid = (m, tiles, splits) if row_programs else (tiles, splits)
+    _awq_gemv_kernel[grid](
         x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, groups, per,
         0x4B000000, GROUP=group, HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup,
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, UNROLL=unroll(m, group // block_k),
-        num_warps=num_warps, num_stages=1, **pdl_launch(x.device),
+        BLOCK_M=1 if row_programs else triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
+        UNROLL=unroll(1 if row_programs else m, group // block_k), ROW_PROGRAMS=row_programs, num_warps=num_warps,
+        num_stages=1, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)
