@@ -77,6 +77,9 @@ case ${CALL:-1} in
     roofline roofline_qwen3-4b_prefetch_fused qwen3-4b 1
     ;;
   3)
+    INFER_CUDA_AWQ_ROW_PROGRAMS=8 timeout -s INT "${TEST_TIMEOUT:-50}" python3 -m pytest -m gpu -q -p no:cacheprovider \
+      -rfE tests/backend_cuda/test_quant_gemm.py -k "awq_qwen3_4b_shapes_on_gpu" > "$LOGS/pytest_gpu_3.log" 2>&1
+    echo "pytest (row programs) rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_gpu_3.log" | tail -4; pack
     roofline roofline_qwen3-4b-awq_narrow1 qwen3-4b-awq 1,2,4,8
     roofline roofline_qwen3-4b-awq_narrow4 qwen3-4b-awq 2,4 INFER_CUDA_AWQ_NARROW_ROWS=4
     roofline roofline_qwen3-4b-awq_rows8 qwen3-4b-awq 2,4,8 INFER_CUDA_AWQ_ROW_PROGRAMS=8
