@@ -111,15 +111,20 @@ def check_group(group: int) -> None:
         raise ValueError(f"the cuda AWQ kernels need a group size divisible by 16, got {group}")
 
 
-GEMV_MAX_M = 4  # the default GEMV's rows; above, the tiled kernel (see `default_config`)
+# The default GEMV's rows; above, the tiled kernel (see `default_config`). Measured on the H200 (Qwen3-4B AWQ decode
+# replays, docs/benchmarks.md, eighth session): 2 rows 3.489 ms as row programs against 5.171 in the 2-row GEMV; 4 rows
+# 7.193 in the 4-row GEMV and 5.389 as row programs, while the tiled kernel's padded 16-row tile took 5.217 at 8 rows
+# (its cost does not grow with the rows it holds), so from 3 rows (4 in a decode graph) the tiled kernel.
+GEMV_MAX_M = 2
 # Up to this many rows the GEMV takes 128-column blocks on 2 warps (`gemv_config`); INFER_CUDA_AWQ_NARROW_ROWS
 # sets it for A/B runs (read once at import, like the other INFER_CUDA_ switches).
 NARROW_ENV = "INFER_CUDA_AWQ_NARROW_ROWS"
 NARROW_ROWS = int(os.environ.get(NARROW_ENV, "1"))
 # Up to this many rows (at most SKINNY_MAX_M) each row runs the one-row GEMV in programs of its own, the word tiles
-# shared through L2 (`awq_gemv.launch`); 0 (the default) keeps the multi-row GEMV. For A/B runs.
+# shared through L2 (`awq_gemv.launch`); the default 2 is the one row count where that wins (above). 0 keeps the
+# multi-row GEMV (A/B runs).
 ROW_PROGRAMS_ENV = "INFER_CUDA_AWQ_ROW_PROGRAMS"
-ROW_PROGRAMS_ROWS = min(SKINNY_MAX_M, int(os.environ.get(ROW_PROGRAMS_ENV, "0")))
+ROW_PROGRAMS_ROWS = min(SKINNY_MAX_M, int(os.environ.get(ROW_PROGRAMS_ENV, "2")))
 # The GEMV's (K step, widest column block) per row block: with 4 steps unrolled (`awq_gemv.unroll`) the
 # products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice: the group's and the running sum)
 # fit without spills (sm_90 SASS, `scripts/sass_census.py`: ~250 registers at 2 to 8 rows).
@@ -147,10 +152,10 @@ def gemv_config(m: int, n: int, k: int, group: int) -> AwqConfig:
 
 
 def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
-    """Up to GEMV_MAX_M rows the GEMV (`awq_gemv.py`). sm_90 SASS per weight (`scripts/sass_census.py`): the
-    GEMV ~4 at M = 1, ~6.2 at 2, ~9.9 at 4 (its 3-D product converts x through shared memory), ~24 at 8;
-    a padded 16-row `tl.dot` tile ~9.5 at any M <= 16, so from 5 rows the tensor cores (up to 64 or 128-row
-    tiles for prefill). K is split to fill the GPU, but only while the fp32 workspace traffic
+    """Up to GEMV_MAX_M rows the GEMV (`awq_gemv.py`; 2 rows as row programs). sm_90 SASS per weight
+    (`scripts/sass_census.py`): the one-row GEMV ~4, the multi-row one ~6.2 at 2, ~9.9 at 4 (its 3-D product
+    converts x through shared memory), ~24 at 8; a padded 16-row `tl.dot` tile ~9.5 at any M <= 16, so from 3 rows
+    the tensor cores (up to 64 or 128-row tiles for prefill; the H200's replays, at GEMV_MAX_M). K is split to fill the GPU, but only while the fp32 workspace traffic
     (`16 * M * splits / K` of the int4 weight's bytes; it stays in L2) is within a half (GEMV) or the weight's
     bytes (tiled). The tiled kernel dequantizes on the CUDA cores (~9.5 instructions a weight), so it is bound by
     how many SMs run it: held to a quarter, 32 rows split qkv / o_proj / down not at all / 2x / 4x, 48 / 40 / 80
