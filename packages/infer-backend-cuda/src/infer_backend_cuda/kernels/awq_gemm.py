@@ -155,12 +155,12 @@ def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
     """Up to GEMV_MAX_M rows the GEMV (`awq_gemv.py`; 2 rows as row programs). sm_90 SASS per weight
     (`scripts/sass_census.py`): the one-row GEMV ~4, the multi-row one ~6.2 at 2, ~9.9 at 4 (its 3-D product
     converts x through shared memory), ~24 at 8; a padded 16-row `tl.dot` tile ~9.5 at any M <= 16, so from 3 rows
-    the tensor cores (up to 64 or 128-row tiles for prefill; the H200's replays, at GEMV_MAX_M). K is split to fill the GPU, but only while the fp32 workspace traffic
-    (`16 * M * splits / K` of the int4 weight's bytes; it stays in L2) is within a half (GEMV) or the weight's
-    bytes (tiled). The tiled kernel dequantizes on the CUDA cores (~9.5 instructions a weight), so it is bound by
-    how many SMs run it: held to a quarter, 32 rows split qkv / o_proj / down not at all / 2x / 4x, 48 / 40 / 80
-    programs for 132 SMs (the H200's batch-32 replay 14.1 ms against a 0.94 ms byte floor); the workspace, a few
-    MB read back once from L2, costs less than the idle SMs."""
+    the tensor cores (up to 64 or 128-row tiles for prefill; the H200's replays, at GEMV_MAX_M). K is split to fill
+    the GPU, but only while the fp32 workspace traffic (`16 * M * splits / K` of the int4 weight's bytes; it stays
+    in L2) is within a half (GEMV) or the weight's bytes (tiled). The tiled kernel dequantizes on the CUDA cores
+    (~9.5 instructions a weight), so it is bound by how many SMs run it: held to a quarter, 32 rows split qkv /
+    o_proj / down not at all / 2x / 4x, 48 / 40 / 80 programs for 132 SMs (the H200's batch-32 replay 14.1 ms
+    against a 0.94 ms byte floor); the workspace, a few MB read back once from L2, costs less than the idle SMs."""
     if m <= max(GEMV_MAX_M, ROW_PROGRAMS_ROWS):
         return gemv_config(m, n, k, group)
     if m <= 64:

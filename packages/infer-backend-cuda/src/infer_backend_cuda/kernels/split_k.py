@@ -27,8 +27,8 @@ from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 TARGET_PROGRAMS = 512
 
 # INFER_CUDA_SPLIT_K_FIXUP (default 1): the last program of a tile sums the partials instead of a reduce launch;
-# 0 for the reduce kernel (A/B runs). Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the config
-# loader's prefix, which refuses names it does not know).
+# 0 for the reduce kernel (A/B runs). Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_,
+# the config loader's prefix, which refuses names it does not know).
 FIXUP_ENV = "INFER_CUDA_SPLIT_K_FIXUP"
 
 
