@@ -1,8 +1,9 @@
 """The `GatedDeltaOps` port (linear-attention layers of hybrid models) on Triton kernels.
 
 A decode step's mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) runs three kernels, the gates
-computed inside the recurrence (each program its head's, with the gates kernel's numerics); the fused one-launch form (`kernels/gdn_decode.py`, `INFER_CUDA_GDN_FUSED_DECODE=1`) measured slower on the H200
-(17.8 against 12.9 us a layer at one row, 150 against 106 at 60; docs/kernels.md), so it is opt-in. In other
+computed inside the recurrence (each program its head's, with the gates kernel's numerics); the fused one-launch
+form (`kernels/gdn_decode.py`, `INFER_CUDA_GDN_FUSED_DECODE=1`) measured slower on the H200 (17.8 against 12.9 us
+a layer at one row, 150 against 106 at 60, against the four kernels then; docs/kernels.md), so it is opt-in. In other
 steps the gated delta rule splits by row length on the device: rows shorter than `SHORT_ROW` (decode rows of a
 mixed step) through the recurrent kernel, the others through the chunked (WY form) kernels, in the same step and
 without a host sync.

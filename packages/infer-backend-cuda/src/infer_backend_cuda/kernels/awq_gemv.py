@@ -54,9 +54,9 @@ def _awq_gemv_kernel(
     ROW_PROGRAMS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (n, s) covers every row (with ROW_PROGRAMS program (r, n, s) row r alone), columns `n * BLOCK_N`
-    and groups `[s * groups_per_split, ...)`; with PARTIAL it writes fp32 partial sums to `ws_ptr + s * split_stride` (a
-    split-K workspace, split_k.py), which with FIXUP the last program of column block n sums into `out_ptr` (arrival
-    counter n).
+    and groups `[s * groups_per_split, ...)`; with PARTIAL it writes fp32 partial sums to `ws_ptr + s *
+    split_stride` (a split-K workspace, split_k.py), which with FIXUP the last program of the tile sums into
+    `out_ptr` (arrival counter n, or n * M + r with ROW_PROGRAMS).
 
     `magic` is 0x4B000000 (the bits of 2^23), passed at run time: as a literal, ptxas keeps it as the LOP3's
     immediate and re-materializes the five nibble masks before every LOP3 instead (sm_90 SASS: 5.3 against 4.3
