@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The ninth session's device calls, each part bounded, the logs packed into $OUT/s9.tar.gz after every part.
+#   CALL=1: what the eighth session left unmeasured: the AWQ replay at 1-8 rows with the final decode forms, AWQ chat
+#           at qps 1 / 8 / 32 with them; FP8 chat at qps 32 and its GEMMs at 16-96 rows; the prefill attention's tile
+#           configs at 8k chunks.
+#   CALL=2: the fused decode attention block (GPU tests, then the batch-1 replays of Qwen3-4B and Qwen3.5-4B with it
+#           and without it, INFER_CUDA_FUSED_DECODE_ATTENTION=0), BF16 chat at qps 1.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session9.sh
+set -u
+OUT=${OUT:-/tmp/out}; LOGS=$OUT/s9; mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+COMMIT=${COMMIT:-unknown}
+SCRIPTS=packages/infer-backend-cuda/scripts
+echo "commit $COMMIT on $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$LOGS/commit.txt"
+pack() { tar -czf "$OUT/s9.tar.gz" -C "$OUT" s9 $( [ -d "$OUT/engines" ] && echo engines ); }
+
+roofline() {  # roofline TAG MODEL BATCHES [extra env assignments...]
+  local tag=$1 model=$2 batches=$3; shift 3
+  env "$@" timeout "${ROOFLINE_TIMEOUT:-80}" python3 bench/decode_roofline.py --model-dir "bench/models/$model" \
+    --batches "$batches" --eager-batches "" --steps 20 --profile --profile-steps 3 --out "$LOGS/$tag.json" \
+    > "$LOGS/$tag.log" 2>&1
+  echo "$tag rc=$?"; grep -A8 "^batch *floor" "$LOGS/$tag.log" | tail -8; pack
+}
+
+gpu_tests() {  # gpu_tests TAG SECONDS FILES... [-k EXPR]
+  local tag=$1 secs=$2; shift 2
+  timeout -s INT "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" > "$LOGS/pytest_$tag.log" 2>&1
+  echo "pytest $tag rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_$tag.log" | tail -8; pack
+}
+
+case ${CALL:-1} in
+  1)
+    roofline roofline_qwen3-4b-awq_rows qwen3-4b-awq 1,2,3,4,8
+    ENGINES=${ENGINES:-"awq:chat=1,8,32 fp8:chat=32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
+      bash scripts/device_engines.sh
+    pack
+    timeout "${QGEMM_TIMEOUT:-60}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-60} - 10 )) \
+      --formats fp8 --ms 16,32,64,96 --json "$LOGS/qgemm_fp8.json" > "$LOGS/qgemm_fp8.log" 2>&1
+    echo "qgemm fp8 rc=$?"; tail -12 "$LOGS/qgemm_fp8.log"; pack
+    timeout "${ATTN_TIMEOUT:-50}" python3 bench/attention_prefill.py --chunks 8192 --no-sdpa --reps 5 \
+      --configs default 128,128,8,3 128,64,8,3 64,128,4,3 > "$LOGS/attention_prefill.log" 2>&1
+    echo "attention rc=$?"; tail -8 "$LOGS/attention_prefill.log"; pack
+    ;;
+  2)
+    gpu_tests fused_attention "${TEST_TIMEOUT:-90}" tests/backend_cuda/test_attention.py tests/gpu/test_qwen3_5_cuda.py
+    roofline roofline_qwen3-4b_fused qwen3-4b 1,2,4
+    roofline roofline_qwen3-4b_unfused qwen3-4b 1,2,4 INFER_CUDA_FUSED_DECODE_ATTENTION=0
+    roofline roofline_qwen3.5-4b_fused qwen3.5-4b 1
+    roofline roofline_qwen3.5-4b_unfused qwen3.5-4b 1 INFER_CUDA_FUSED_DECODE_ATTENTION=0
+    ENGINES=${ENGINES:-"bf16:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
+    ;;
+esac
+pack
