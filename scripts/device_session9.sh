@@ -42,7 +42,8 @@ case ${CALL:-1} in
     echo "attention rc=$?"; tail -8 "$LOGS/attention_prefill.log"; pack
     ;;
   2)
-    gpu_tests fused_attention "${TEST_TIMEOUT:-90}" tests/backend_cuda/test_attention.py tests/gpu/test_qwen3_5_cuda.py
+    gpu_tests fused_attention "${TEST_TIMEOUT:-100}" tests/backend_cuda/test_fused_decode_attention.py \
+      tests/backend_cuda/test_attention.py tests/gpu/test_qwen3_5_cuda.py tests/gpu/test_cuda_matches_cpu.py
     roofline roofline_qwen3-4b_fused qwen3-4b 1,2,4
     roofline roofline_qwen3-4b_unfused qwen3-4b 1,2,4 INFER_CUDA_FUSED_DECODE_ATTENTION=0
     roofline roofline_qwen3.5-4b_fused qwen3.5-4b 1

@@ -8,7 +8,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from infer_core.ports.fused_ops import AttentionBatch, unfused_add_rms_norm_linear, unfused_silu_mul_linear
+from infer_core.ports.fused_ops import (
+    AttentionBatch,
+    unfused_add_rms_norm_linear,
+    unfused_qk_norm_rope_attention,
+    unfused_silu_mul_linear,
+)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -128,6 +133,25 @@ class CpuFusedOps:
         k = _rope_partial(k, cos, sin)
         _store_kv(k, v, k_cache, v_cache, slot_mapping)
         return q, k
+
+    def qk_norm_rope_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        q_norm_weight: torch.Tensor | None,
+        k_norm_weight: torch.Tensor | None,
+        eps: float,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: AttentionBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        return unfused_qk_norm_rope_attention(
+            self, q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch, scale
+        )
 
     def paged_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch, scale: float

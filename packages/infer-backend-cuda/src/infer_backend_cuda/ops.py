@@ -6,8 +6,14 @@ import torch
 import torch.nn.functional as F
 
 from infer_backend_cuda import kernels
+from infer_backend_cuda.kernels import attention_decode
 from infer_backend_cuda.kernels import skinny_gemm as skinny
-from infer_core.ports.fused_ops import AttentionBatch, unfused_add_rms_norm_linear, unfused_silu_mul_linear
+from infer_core.ports.fused_ops import (
+    AttentionBatch,
+    unfused_add_rms_norm_linear,
+    unfused_qk_norm_rope_attention,
+    unfused_silu_mul_linear,
+)
 
 
 class CudaMathOps:
@@ -98,6 +104,35 @@ class TritonFusedOps:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return kernels.qk_norm_rope_store(
             q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, slot_mapping
+        )
+
+    def qk_norm_rope_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor,
+        cos_sin_cache: torch.Tensor,
+        q_norm_weight: torch.Tensor | None,
+        k_norm_weight: torch.Tensor | None,
+        eps: float,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: AttentionBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """A decode batch in one launch (`kernels/attention_decode.py`: the q/k norm, RoPE and store in the split
+        pass, the split merge by its last program); a mixed one, or with the fusion off
+        (`INFER_CUDA_FUSED_DECODE_ATTENTION=0`), the two ops."""
+        if batch.is_decode and attention_decode.FUSED:
+            rope = attention_decode.DecodeRope(
+                k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, batch.slot_mapping
+            )
+            return kernels.paged_attention_decode(
+                q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, rope=rope
+            )
+        return unfused_qk_norm_rope_attention(
+            self, q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch, scale
         )
 
     def paged_attention(

@@ -18,16 +18,30 @@ query row is `query_start_loc[b]`, and both passes' programs of a sequence whose
 at once (the prefill kernel, told `skip_single_token`, computes those rows). The split workspace is indexed by
 sequence, so a skipped sequence's slots are neither written nor read. Which sequences run is read on the
 device: a captured mixed graph serves any mix of prefill chunks and one-token rows.
+
+Two fusions, each saving a launch a layer in the decode step (`DecodeRope`, `merge`; both on by default,
+`INFER_CUDA_FUSED_DECODE_ATTENTION=0` turns them off for A/B runs):
+- The q/k norm, RoPE and KV store before the attention (`qk_norm_rope.py`'s work) run in pass 1: every program
+  norms and rotates its group's q rows from the raw projection (a few KB from L2), and the program whose split
+  holds the new token's position norms, rotates and stores that token's k and v, then synchronises its threads
+  (stores before a CTA barrier are visible to the CTA's later loads) before its key loop reads them back; no
+  other program reads that position.
+- The split merge runs in pass 1 too: each program stores its partial, counts its arrival on a per-(sequence,
+  KV head) counter (the split-K fix-up's counters and memory order, `split_k._fixup`), and the last one merges
+  the splits of its group's heads, reading the partials from L2, and resets the counter.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._common import (
     check_last_dim_contiguous,
     dot_in_fp32,
@@ -41,6 +55,26 @@ MAX_SPLITS = 32
 # own, so a mixed step, whose batch sizes are not those of the captured decode graphs and may run eagerly,
 # meets no compile in the middle of serving (with the reduce pass's SPLITS_PAD fixed in ragged mode).
 SPLIT_ARGS = ("num_splits", "ml_s0", "ml_s1")  # the LSE workspace's strides are multiples of it
+# INFER_CUDA_FUSED_DECODE_ATTENTION=0: the q/k norm + RoPE + store and the split merge as launches of their own (A/B
+# runs). Read once at import, like the other INFER_CUDA_ switches.
+FUSED_ENV = "INFER_CUDA_FUSED_DECODE_ATTENTION"
+FUSED = os.environ.get(FUSED_ENV, "1").strip() != "0"
+
+
+class DecodeRope(NamedTuple):
+    """What `qk_norm_rope_store` takes besides q and the caches, for pass 1 to do its work: q is then the raw
+    projection's q `[B, Hq, D]` (any row and head strides), k / v `[B, Hkv, D]` likewise, the rotation row of
+    sequence b's token `cos_sin_cache[positions[b]]` (`[max_pos, R]`, `R <= D`: partial rotary), the token stored
+    at `slot_mapping[b]` (-1: nothing)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    positions: torch.Tensor
+    cos_sin_cache: torch.Tensor
+    q_norm_weight: torch.Tensor | None
+    k_norm_weight: torch.Tensor | None
+    eps: float
+    slot_mapping: torch.Tensor
 
 
 @triton.jit
@@ -55,45 +89,111 @@ def _query_row(qsl_ptr, b, RAGGED: tl.constexpr):
         return b
 
 
+@triton.jit
+def _norm_rope_rows(src_ptr, row_stride, n_rows, w_ptr, cs_row_ptr, eps, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr):
+    """`n_rows` head rows of one token `[ROWS, BLOCK_D]`, RMS-normed (optional; rounded to the input dtype, as
+    `qk_norm_rope.py` rounds) and NeoX-rotated in their first `2 HALF` dims by the row `cs_row_ptr` (`[cos | sin]`),
+    returned in fp32. Each dim's rotation partner (`d +- HALF`) is loaded as a second tile, so the result has the
+    attention's `[rows, D]` layout with no register shuffle."""
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    rotary = offs_d < 2 * HALF
+    partner = tl.where(offs_d < HALF, offs_d + HALF, tl.where(rotary, offs_d - HALF, offs_d))
+    d_mask = offs_d < HEAD_DIM
+    mask = (offs_r < n_rows)[:, None] & d_mask[None, :]
+    rows = src_ptr + offs_r[:, None] * row_stride
+    x = tl.load(rows + offs_d[None, :], mask=mask, other=0.0)
+    xp = tl.load(rows + partner[None, :], mask=mask, other=0.0)
+    dt = x.dtype
+    x = x.to(tl.float32)
+    xp = xp.to(tl.float32)
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)
+        w = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)
+        x = (x * rstd[:, None] * w[None, :]).to(dt).to(tl.float32)
+        xp = (xp * rstd[:, None] * wp[None, :]).to(dt).to(tl.float32)
+    half_d = offs_d % HALF
+    cos = tl.load(cs_row_ptr + half_d, mask=rotary, other=1.0).to(tl.float32)
+    sin = tl.load(cs_row_ptr + HALF + half_d, mask=rotary, other=0.0).to(tl.float32)
+    sin = tl.where(offs_d < HALF, -sin, sin)  # x1 cos - x2 sin | x2 cos + x1 sin
+    return tl.where(rotary[None, :], x * cos[None, :] + xp * sin[None, :], x)
+
+
+@triton.jit
+def _rope_and_store_token(q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+                          b, row, kvh, owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2,
+                          vc_s0, vc_s1, vc_s2, block_size, eps, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                          HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr):
+    """Pass 1's share of `qk_norm_rope_store` for sequence b's token (query row `row`) and KV head `kvh`: returns the
+    group's normed, rotated q rows (in q's dtype, as that kernel stores them); the `owner` program also stores the
+    token's rotated k and its v at `slot_mapping[b]` and every program then waits at a CTA barrier, after which
+    the owner's key loop sees the stored rows."""
+    cs_row = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
+    q_rows = q_ptr + row * q_s0 + (kvh * GROUP).to(tl.int64) * q_s1
+    q = _norm_rope_rows(q_rows, q_s1, GROUP, qw_ptr, cs_row, eps, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM)
+    if owner:
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+        if slot >= 0:
+            # the token's one head row as a 2-row tile (row 1 masked off): a 1-row tile is avoided, as elsewhere
+            rows = tl.arange(0, 2)
+            cols = (rows * 0)[:, None] + tl.arange(0, BLOCK_D)[None, :]
+            d_mask = (rows < 1)[:, None] & (cols < HEAD_DIM)
+            k = _norm_rope_rows(k_ptr + row * k_s0 + kvh * k_s1, k_s1, 1, kw_ptr, cs_row, eps, HEAD_DIM, HALF, 2,
+                                BLOCK_D, HAS_K_NORM)
+            blk, off = slot // block_size, slot % block_size
+            kc = k_cache_ptr + blk * kc_s0 + off * kc_s1 + kvh * kc_s2
+            tl.store(kc + cols, k.to(k_cache_ptr.dtype.element_ty), mask=d_mask)
+            v = tl.load(v_ptr + row * v_s0 + kvh * v_s1 + cols, mask=d_mask, other=0.0)
+            vc = v_cache_ptr + blk * vc_s0 + off * vc_s1 + kvh * vc_s2
+            tl.store(vc + cols, v.to(v_cache_ptr.dtype.element_ty), mask=d_mask)
+    tl.debug_barrier()
+    return q.to(q_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _merge_head(mid_o_ptr, mid_lse_ptr, o_ptr, b, h, row, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1, num_splits,
+                HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
+    """Query head h of sequence b: the LSE-weighted merge of its splits' partials, written to its output row (zeros
+    when every split was empty). CACHE: the loads' cache modifier (".cg" when other SMs wrote the partials)."""
+    offs_s = tl.arange(0, SPLITS_PAD)
+    s_mask = offs_s < num_splits
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(mid_lse_ptr + b * ml_s0 + h * ml_s1 + offs_s, mask=s_mask, other=float("-inf"),
+                  cache_modifier=CACHE)
+    m = tl.max(lse, axis=0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp(lse - m_safe)
+    w = tl.where(s_mask, w, 0.0)
+    parts = tl.load(
+        mid_o_ptr + b * mo_s0 + h * mo_s1 + offs_s[:, None] * mo_s2 + offs_d[None, :],
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+        cache_modifier=CACHE,
+    )
+    total = tl.sum(w, axis=0)
+    out = tl.sum(parts * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
+    tl.store(o_ptr + row * o_s0 + h * o_s1 + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
+
+
 @triton.jit(do_not_specialize=SPLIT_ARGS)
 def _decode_split_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    mid_o_ptr,
-    mid_lse_ptr,
-    seq_lens_ptr,
-    bt_ptr,
-    qsl_ptr,
-    q_s0,
-    q_s1,
-    kc_s0,
-    kc_s1,
-    kc_s2,
-    vc_s0,
-    vc_s1,
-    vc_s2,
-    bt_s0,
-    mo_s0,
-    mo_s1,
-    mo_s2,
-    ml_s0,
-    ml_s1,
-    scale,
-    block_size,
-    num_splits,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    DOT_F32: tl.constexpr,
-    RAGGED: tl.constexpr,
-    DIRECT: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    q_ptr, k_cache_ptr, v_cache_ptr, mid_o_ptr, mid_lse_ptr, o_ptr, seq_lens_ptr, bt_ptr, qsl_ptr, counter_ptr,
+    k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr,
+    q_s0, q_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, bt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
+    k_s0, k_s1, v_s0, v_s1, cs_stride, scale, eps, block_size, num_splits,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr, RAGGED: tl.constexpr, DIRECT: tl.constexpr,
+    ROPE: tl.constexpr, HALF: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
+    MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """With DIRECT (one split) `mid_o_ptr` is the output `[rows, Hq, D]` (strides `mo_s0`, `mo_s1`), written at the
-    sequence's query row in its dtype, and the LSE is not stored."""
+    """With DIRECT (one split) the normalised output goes to the query row of `o_ptr` in its dtype and no partial
+    is stored; else the partial and its LSE go to the workspace, which with MERGE the last program of the
+    (sequence, KV head) merges into `o_ptr` (else the reduce kernel does). With ROPE q is the raw projection's
+    and this program also does `qk_norm_rope_store`'s work for its token (`_rope_and_store_token`)."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -113,9 +213,18 @@ def _decode_split_kernel(
     heads = (kvh * GROUP + offs_h).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + row * q_s0 + heads[:, None] * q_s1 + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :], other=0.0
-    )
+    if ROPE:
+        owner = (ctx > 0) & (sp == (ctx - 1) // tl.maximum(chunk, 1))  # the split that holds the new token
+        q = _rope_and_store_token(
+            q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, b, row, kvh,
+            owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2,
+            block_size, eps, GROUP, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM, HAS_K_NORM,
+        )
+    else:
+        q = tl.load(
+            q_ptr + row * q_s0 + heads[:, None] * q_s1 + offs_d[None, :], mask=h_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
     if DOT_F32:
         q = q.to(tl.float32)
 
@@ -160,8 +269,8 @@ def _decode_split_kernel(
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     if DIRECT:
         tl.store(
-            mid_o_ptr + row * mo_s0 + heads[:, None] * mo_s1 + offs_d[None, :],
-            out.to(mid_o_ptr.dtype.element_ty),
+            o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :],
+            out.to(o_ptr.dtype.element_ty),
             mask=h_mask[:, None] & d_mask[None, :],
         )
     else:
@@ -172,6 +281,16 @@ def _decode_split_kernel(
             mask=h_mask[:, None] & d_mask[None, :],
         )
         tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + sp, lse, mask=h_mask)
+        if MERGE:  # the split-K fix-up's arrival pattern (`split_k._fixup` says why this order is safe)
+            tile = b * tl.num_programs(1) + kvh
+            tl.debug_barrier()
+            arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == num_splits - 1:
+                tl.debug_barrier()
+                for i in tl.static_range(GROUP):
+                    _merge_head(mid_o_ptr, mid_lse_ptr, o_ptr, b, (kvh * GROUP + i).to(tl.int64), row, mo_s0, mo_s1,
+                                mo_s2, ml_s0, ml_s1, o_s0, o_s1, num_splits, HEAD_DIM, SPLITS_PAD, BLOCK_D, ".cg")
+                tl.store(counter_ptr + tile, 0)
 
 
 @triton.jit(do_not_specialize=SPLIT_ARGS)
@@ -202,23 +321,8 @@ def _decode_reduce_kernel(
     row = _query_row(qsl_ptr, b, RAGGED)
     if row < 0:
         return
-    offs_s = tl.arange(0, SPLITS_PAD)
-    s_mask = offs_s < num_splits
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < HEAD_DIM
-    lse = tl.load(mid_lse_ptr + b * ml_s0 + h * ml_s1 + offs_s, mask=s_mask, other=float("-inf"))
-    m = tl.max(lse, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m_safe)
-    w = tl.where(s_mask, w, 0.0)
-    parts = tl.load(
-        mid_o_ptr + b * mo_s0 + h * mo_s1 + offs_s[:, None] * mo_s2 + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    total = tl.sum(w, axis=0)
-    out = tl.sum(parts * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(o_ptr + row * o_s0 + h * o_s1 + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
+    _merge_head(mid_o_ptr, mid_lse_ptr, o_ptr, b, h, row, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1, num_splits,
+                HEAD_DIM, SPLITS_PAD, BLOCK_D, "")
 
 
 @functools.lru_cache(maxsize=8)
@@ -246,6 +350,31 @@ def _decode_config(head_dim: int) -> tuple[int, int, int]:
     return 32, 4, 2
 
 
+def _merge_counters(device: torch.device, n_seq: int, num_kv_heads: int) -> torch.Tensor | None:
+    """The arrival counters for an in-kernel merge (the split-K fix-up's, shared: launches on the one stream never
+    overlap), or None: the reduce kernel merges (fused attention or the fix-up off, too many tiles, or none
+    allocated and under capture, where zeroing a new buffer would not run until a replay)."""
+    if not FUSED or n_seq * num_kv_heads > split_k.COUNTERS:
+        return None
+    counters = split_k.counters(device)
+    if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        counters = split_k.allocate_counters(device)
+    return counters
+
+
+def _check_rope(rope: DecodeRope, q: torch.Tensor, num_kv_heads: int) -> int:
+    """Rope's shapes against q's; returns the rotary half width."""
+    n_tok, _, head_dim = q.shape
+    if rope.k.shape != (n_tok, num_kv_heads, head_dim) or rope.v.shape != rope.k.shape:
+        raise ValueError(f"k {tuple(rope.k.shape)} / v {tuple(rope.v.shape)} do not match q {tuple(q.shape)}")
+    rotary_dim = rope.cos_sin_cache.shape[-1]
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"cos_sin_cache last dim {rotary_dim}: the rotary dims must be even and in (0, {head_dim}]")
+    for name, t in (("k", rope.k), ("v", rope.v), ("cos_sin_cache", rope.cos_sin_cache)):
+        check_last_dim_contiguous(name, t)
+    return rotary_dim // 2
+
+
 def paged_attention_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -257,6 +386,8 @@ def paged_attention_decode(
     num_splits: int | None = None,
     block_n: int | None = None,
     query_start_loc: torch.Tensor | None = None,
+    rope: DecodeRope | None = None,
+    merge_in_kernel: bool = True,
 ) -> torch.Tensor:
     """q `[B, Hq, D]` (one token per sequence), caches `[num_blocks, block_size, Hkv, D]`, seq_lens `[B]`
     (0 = padding row -> zeros), block_tables `[B, max_blocks]` -> `[B, Hq, D]` in q's dtype.
@@ -264,7 +395,11 @@ def paged_attention_decode(
     With `query_start_loc` (`[B+1]`) the batch is ragged (a mixed step): q and out are `[T, Hq, D]`, and only the
     sequences whose query length is 1 are computed, each into its row `query_start_loc[b]`; the other rows are
     left unwritten (the prefill kernel's, with `skip_single_token`). The lengths are read on the device, so the
-    launch (and `num_splits`, from B) depends on shapes only."""
+    launch (and `num_splits`, from B) depends on shapes only.
+
+    With `rope` (a decode batch only) q is the raw projection's and pass 1 first does `qk_norm_rope_store`'s work
+    (module docstring). `merge_in_kernel`: the last split program merges (when the counters exist), else the
+    reduce kernel."""
     n_tok, num_q_heads, head_dim = q.shape
     n_seq = seq_lens.shape[0]
     _, block_size, num_kv_heads, kd = k_cache.shape
@@ -277,8 +412,11 @@ def paged_attention_decode(
         raise ValueError(f"query_start_loc has {query_start_loc.shape[0]} entries for {n_seq} sequences")
     if not ragged and n_tok != n_seq:
         raise ValueError(f"decode needs one query row per sequence: q has {n_tok} rows, {n_seq} sequences")
+    if ragged and rope is not None:
+        raise ValueError("the fused q/k norm, RoPE and store take a decode batch, not a ragged one")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
+    half = _check_rope(rope, q, num_kv_heads) if rope is not None else 1
     if out is None:
         out = torch.empty((n_tok, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
     if n_seq == 0 or n_tok == 0:
@@ -291,36 +429,35 @@ def paged_attention_decode(
     block_d = max(16, next_pow2(head_dim))
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     direct = splits == 1
-    if direct:  # pass 1 writes `out`; the LSE workspace is not touched (a 1-element stand-in)
-        mid_o = out
+    counters = None if direct or not merge_in_kernel else _merge_counters(q.device, n_seq, num_kv_heads)
+    if direct:  # pass 1 writes `out`; the workspace is not touched (1-element stand-ins)
+        mid_o = torch.empty((1, 1, 1, 1), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((1, 1, 1), dtype=torch.float32, device=q.device)
     else:
         mid_o = torch.empty((n_seq, num_q_heads, splits, head_dim), dtype=torch.float32, device=q.device)
         mid_lse = torch.empty((n_seq, num_q_heads, splits), dtype=torch.float32, device=q.device)
+    splits_pad = MAX_SPLITS if ragged else max(2, next_pow2(splits))
+    r = rope
+    if r is not None:
+        positions = r.positions if r.positions.is_contiguous() else r.positions.contiguous()
+        slots = r.slot_mapping if r.slot_mapping.is_contiguous() else r.slot_mapping.contiguous()
     _decode_split_kernel[(n_seq, num_kv_heads, splits)](
-        q,
-        k_cache,
-        v_cache,
-        mid_o,
-        mid_lse,
-        seq_lens,
-        block_tables,
+        q, k_cache, v_cache, mid_o, mid_lse, out, seq_lens, block_tables,
         query_start_loc if ragged else seq_lens,  # unread unless RAGGED
-        q.stride(0),
-        q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        counters if counters is not None else seq_lens,  # unread unless MERGE
+        *((r.k, r.v, positions, r.cos_sin_cache, r.q_norm_weight if r.q_norm_weight is not None else q,
+           r.k_norm_weight if r.k_norm_weight is not None else q, slots) if r is not None else (q,) * 7),
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        mid_o.stride(0),
-        mid_o.stride(1),
-        0 if direct else mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
+        mid_o.stride(0), mid_o.stride(1), 0 if direct else mid_o.stride(2),
+        mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1),
+        *((r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1), r.cos_sin_cache.stride(0))
+          if r is not None else (0,) * 5),
         float(scale),
+        float(r.eps) if r is not None else 0.0,
         block_size,
         splits,
         GROUP=group,
@@ -331,11 +468,17 @@ def paged_attention_decode(
         DOT_F32=dot_in_fp32(q.dtype),
         RAGGED=ragged,
         DIRECT=direct,
+        ROPE=r is not None,
+        HALF=half,
+        HAS_Q_NORM=r is not None and r.q_norm_weight is not None,
+        HAS_K_NORM=r is not None and r.k_norm_weight is not None,
+        MERGE=counters is not None,
+        SPLITS_PAD=splits_pad,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
     )
-    if direct:
+    if direct or counters is not None:
         return out
     _decode_reduce_kernel[(n_seq, num_q_heads)](
         mid_o,
@@ -351,7 +494,7 @@ def paged_attention_decode(
         out.stride(1),
         splits,
         HEAD_DIM=head_dim,
-        SPLITS_PAD=MAX_SPLITS if ragged else max(2, next_pow2(splits)),
+        SPLITS_PAD=splits_pad,
         BLOCK_D=block_d,
         RAGGED=ragged,
         num_warps=1 if block_d <= 128 else 2,

@@ -92,6 +92,27 @@ class FusedOps(Protocol):
         stored). Grouped-query: query head h reads KV head `h // (Hq // Hkv)`. Returns `[T, Hq, D]`."""
         ...
 
+    def qk_norm_rope_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        positions: Tensor,
+        cos_sin_cache: Tensor,
+        q_norm_weight: Tensor | None,
+        k_norm_weight: Tensor | None,
+        eps: float,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        batch: AttentionBatch,
+        scale: float,
+    ) -> Tensor:
+        """`qk_norm_rope_store` (at `batch.slot_mapping`) then `paged_attention` of the rotated q: an attention
+        layer's work between its two projections, as one op so that an adapter can run it as one kernel where
+        that pays (decode batches). Equals the two ops up to rounding; `unfused_qk_norm_rope_attention` is its
+        meaning."""
+        ...
+
 
 Linear = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
 
@@ -112,6 +133,28 @@ def unfused_add_rms_norm_linear(
         return linear(fused.rms_norm(x, norm_weight, eps), weight, bias), x
     normed, stream = fused.add_rms_norm(x, residual, norm_weight, eps)
     return linear(normed, weight, bias), stream
+
+
+def unfused_qk_norm_rope_attention(
+    fused: FusedOps,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    positions: Tensor,
+    cos_sin_cache: Tensor,
+    q_norm_weight: Tensor | None,
+    k_norm_weight: Tensor | None,
+    eps: float,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    batch: AttentionBatch,
+    scale: float,
+) -> Tensor:
+    """`FusedOps.qk_norm_rope_attention` as the separate ops it stands for."""
+    q, _ = fused.qk_norm_rope_store(
+        q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch.slot_mapping
+    )
+    return fused.paged_attention(q, k_cache, v_cache, batch, scale)
 
 
 def unfused_silu_mul_linear(
