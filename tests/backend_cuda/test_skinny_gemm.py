@@ -100,6 +100,30 @@ def test_skinny_silu_mul_linear_matches_unfused(m, dtype, use_dot, device):
     torch.testing.assert_close(y.float(), ref, **_fused_tol(dtype, ref))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize(
+    "config", [CONFIGS[0], CONFIGS[3], CONFIGS[6], None], ids=["cores", "dot", "dot-prefetch", "default"]
+)
+def test_skinny_linear_silu_mul_equals_the_gemm_then_silu(m, dtype, config, device):
+    """The gate / up GEMM with SiLU-and-mul in its epilogue: each program's rows come from both halves (the
+    intermediate size 37 leaves a part-full last program), equal to the plain kernel's output through
+    `silu_and_mul` (both round the GEMM output first)."""
+    inter, k = 37, 96
+    x = _rand((m, k), dtype, device, 40 + m)
+    w = _rand((2 * inter, k), dtype, device, 41) * 0.5
+    b = _rand((2 * inter,), dtype, device, 42)
+    out = poison(torch.empty((m, inter), dtype=dtype, device=device))
+    y = S.skinny_linear_silu_mul(x, w, b, out=out, config=config)
+    assert y is out
+    expected = ref_silu_and_mul(S.skinny_linear(x, w, b, config=config))
+    torch.testing.assert_close(y.float(), expected.float(), **tol(dtype))
+    ref = ref_silu_and_mul(_reference(x, w, b).to(dtype))
+    torch.testing.assert_close(y.float(), ref.float(), **_fused_tol(dtype, ref.float()))
+    with pytest.raises(ValueError, match="even"):
+        S.skinny_linear_silu_mul(x, w[1:])
+
+
 def test_skinny_linear_bias_strided_input_and_default_config(device):
     wide = _rand((3, 300), torch.float32, device, 5)
     x = wide[:, 44:244]  # rows strided by 300, last dim contiguous (a slice of a wider GEMM output)

@@ -70,17 +70,28 @@ def _skinny_gemm_kernel(
     USE_DOT: tl.constexpr,
     DOT_F32: tl.constexpr,
     PREFETCH: tl.constexpr,
+    GATED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    """With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
+    a program streams the rows of its `BLOCK_N / 2` output columns from both halves and applies the SiLU-and-mul
+    in its epilogue (`_gated_epilogue`)."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
         if not PREFETCH:
             tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GATED:  # rows j of the gate half, then the same rows of the up half
+        HALF_N: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        col = pid * HALF_N + j % HALF_N
+        rn = tl.where(j < HALF_N, col, N // 2 + col)
+        n_mask = col < N // 2
+    else:
+        rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = rn < N
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
-    n_mask = rn < N
     m_mask = rm < M
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * w_stride + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -142,8 +153,27 @@ def _skinny_gemm_kernel(
         y = y * tl.rsqrt(sum_sq / K + eps)[:, None]
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
-    tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    if GATED:
+        _gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, N // 2, BLOCK_M, BLOCK_N)
+    else:
+        out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
+        tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, half_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """`y [BLOCK_M, BLOCK_N]` = (gate columns | up columns) of output columns `pid * BLOCK_N / 2 + j`: stores
+    `silu(gate) * up`, each GEMM output first rounded to the output dtype and the product rounded again, as the
+    unfused GEMM and `silu_and_mul` round."""
+    HALF_N: tl.constexpr = BLOCK_N // 2
+    dt = out_ptr.dtype.element_ty
+    gate, up = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, HALF_N]), [0, 2, 1]))
+    gate = gate.to(dt).to(tl.float32)
+    up = up.to(dt).to(tl.float32)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    cols = pid * HALF_N + tl.arange(0, HALF_N)
+    mask = m_mask[:, None] & (cols < half_n)[None, :]
+    tl.store(out_ptr + rm[:, None] * out_stride + cols[None, :], act.to(dt), mask=mask)
 
 
 def m_bucket(m: int) -> int:
@@ -222,15 +252,19 @@ def _launch(
     norm_weight: torch.Tensor | None = None,
     residual_out: torch.Tensor | None = None,
     eps: float = 0.0,
+    gated: bool = False,
 ) -> torch.Tensor:
     m, n = _check(x, weight, k)
+    n_out = n // 2 if gated else n
     if out is None:
-        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
     check_last_dim_contiguous("out", out)
     cfg = config or heuristic_config(m, n, k)
+    if gated and cfg.block_n < 2:
+        cfg = cfg._replace(block_n=2)
     r = residual if residual is not None else x
     r_out = residual_out if residual_out is not None else x
-    _skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
+    _skinny_gemm_kernel[(triton.cdiv(n_out, cfg.block_n // 2) if gated else triton.cdiv(n, cfg.block_n),)](
         x,
         r,
         norm_weight if norm_weight is not None else weight,
@@ -257,6 +291,7 @@ def _launch(
         USE_DOT=cfg.use_dot,
         DOT_F32=dot_in_fp32(x.dtype),
         PREFETCH=cfg.prefetch,
+        GATED=gated,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch(x.device),
@@ -273,6 +308,21 @@ def skinny_linear(
 ) -> torch.Tensor:
     """`x [M, K] @ weight[N, K].T (+ bias [N])` -> `[M, N]` in x's dtype, for `1 <= M <= 8`."""
     return _launch(PLAIN, x, weight, bias, out, config, x.shape[-1])
+
+
+def skinny_linear_silu_mul(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    config: SkinnyConfig | None = None,
+) -> torch.Tensor:
+    """`silu_and_mul(x @ weight.T (+ bias))` for `weight = [gate | up]` `[2I, K]` -> `[M, I]`: the gate / up GEMM with
+    the SiLU-and-mul in its epilogue (no `[M, 2I]` intermediate, no second launch). `config` is the plain GEMM's
+    at this shape (a program's `block_n` weight rows are half gate, half up)."""
+    if weight.shape[0] % 2:
+        raise ValueError(f"a gate / up weight has an even number of rows, got {weight.shape[0]}")
+    return _launch(PLAIN, x, weight, bias, out, config, x.shape[-1], gated=True)
 
 
 def skinny_add_rms_norm_linear(
