@@ -3,8 +3,9 @@
 #   CALL=1: what the eighth session left unmeasured: the AWQ replay at 1-8 rows with the final decode forms, AWQ chat
 #           at qps 1 / 8 / 32 with them; FP8 chat at qps 32 and its GEMMs at 16-96 rows; the prefill attention's tile
 #           configs at 8k chunks.
-#   CALL=2: the fused decode attention block (GPU tests, then the batch-1 replays of Qwen3-4B and Qwen3.5-4B with it
-#           and without it, INFER_CUDA_FUSED_DECODE_ATTENTION=0), BF16 chat at qps 1.
+#   CALL=2: the fused decode attention and the gated gate / up GEMM (GPU tests, then the batch-1 replays of Qwen3-4B
+#           and Qwen3.5-4B with them and without, INFER_CUDA_FUSED_DECODE_ATTENTION=0 INFER_CUDA_GATED_GEMM=0), BF16
+#           chat at qps 1.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session9.sh
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/s9; mkdir -p "$LOGS"
@@ -42,12 +43,14 @@ case ${CALL:-1} in
     echo "attention rc=$?"; tail -8 "$LOGS/attention_prefill.log"; pack
     ;;
   2)
-    gpu_tests fused_attention "${TEST_TIMEOUT:-100}" tests/backend_cuda/test_fused_decode_attention.py \
-      tests/backend_cuda/test_attention.py tests/gpu/test_qwen3_5_cuda.py tests/gpu/test_cuda_matches_cpu.py
+    gpu_tests fused "${TEST_TIMEOUT:-100}" tests/backend_cuda/test_fused_decode_attention.py \
+      tests/backend_cuda/test_skinny_gemm.py tests/backend_cuda/test_attention.py tests/gpu/test_qwen3_5_cuda.py \
+      tests/gpu/test_cuda_matches_cpu.py
     roofline roofline_qwen3-4b_fused qwen3-4b 1,2,4
-    roofline roofline_qwen3-4b_unfused qwen3-4b 1,2,4 INFER_CUDA_FUSED_DECODE_ATTENTION=0
+    roofline roofline_qwen3-4b_unfused qwen3-4b 1,2,4 INFER_CUDA_FUSED_DECODE_ATTENTION=0 INFER_CUDA_GATED_GEMM=0
+    roofline roofline_qwen3-4b_attention_only qwen3-4b 1 INFER_CUDA_GATED_GEMM=0
     roofline roofline_qwen3.5-4b_fused qwen3.5-4b 1
-    roofline roofline_qwen3.5-4b_unfused qwen3.5-4b 1 INFER_CUDA_FUSED_DECODE_ATTENTION=0
+    roofline roofline_qwen3.5-4b_unfused qwen3.5-4b 1 INFER_CUDA_FUSED_DECODE_ATTENTION=0 INFER_CUDA_GATED_GEMM=0
     ENGINES=${ENGINES:-"bf16:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
     ;;
 esac

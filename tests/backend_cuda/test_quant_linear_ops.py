@@ -46,6 +46,7 @@ def test_quantized_layers_match_the_cpu_reference(quant: dict, tmp_path: Path, d
         xs = x.to(device if name == "cuda" else "cpu")
         qkv, stream = layer.input_norm.project(xs, xs * 0.5, layer.mixer.qkv_proj)
         down = layer.mlp.down(gate_up.to(xs.device))
-        outputs[name] = (qkv.cpu(), stream.cpu(), down.cpu(), layer.mixer.o_proj(xs).cpu())
+        act, _ = layer.post_attention_norm.project_silu_mul(xs, xs * 0.25, layer.mlp.gate_up_proj)
+        outputs[name] = (qkv.cpu(), stream.cpu(), down.cpu(), layer.mixer.o_proj(xs).cpu(), act.cpu())
     for got, expected in zip(outputs["cuda"], outputs["cpu"]):
         torch.testing.assert_close(got, expected, atol=2e-4, rtol=2e-4)

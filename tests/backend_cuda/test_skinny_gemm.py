@@ -196,6 +196,21 @@ def test_skinny_linear_qwen3_shapes_on_gpu(m):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("m", [1, 2, 4, 8])
+def test_skinny_linear_silu_mul_gate_up_shapes_on_gpu(m):
+    """The gated epilogue with each model's tuned gate / up config (Qwen3-4B, Qwen3.5-4B) against the plain GEMM
+    then `silu_and_mul`."""
+    for n, k in ((19456, 2560), (18432, 2560)):
+        x = _rand((m, k), torch.bfloat16, "cuda", m)
+        w = _rand((n, k), torch.bfloat16, "cuda", n) * 0.05
+        config = S.choose_config("linear", m, n, k, torch.device("cuda")) or S.heuristic_config(m, n, k)
+        y = S.skinny_linear_silu_mul(x, w, config=config)
+        expected = ref_silu_and_mul(S.skinny_linear(x, w, config=config))
+        torch.testing.assert_close(y, expected, atol=0, rtol=0)
+
+
+@gpu
+@needs_cuda
 def test_cuda_math_ops_routes_decode_rows_to_the_skinny_gemm():
     """Up to 8 bf16 rows go through the skinny kernel (or cuBLAS where the tuned table says so), more rows
     through cuBLAS; every path gives F.linear's answer."""
@@ -262,3 +277,28 @@ def test_adapter_switches_are_not_taken_for_config_fields(monkeypatch):
     monkeypatch.setenv(SKINNY_GEMM_ENV, "0")
     monkeypatch.setenv(PDL_ENV, "0")
     assert load_config(None).backend  # loads: the switches are not taken for (unknown) config fields
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_dense_linear_ops_apply_the_silu_in_the_gate_up_epilogue(gated, device, monkeypatch):
+    """`LinearOps.add_rms_norm_linear_silu_mul` on dense bf16 decode rows: the norm kernel, then the gated skinny GEMM
+    (with `INFER_CUDA_GATED_GEMM=0` the plain GEMM and the SiLU-and-mul kernel), equal to the unfused reference."""
+    from infer_backend_cuda.linear_ops import CudaLinears
+    from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
+    from infer_core.quant import DENSE
+
+    monkeypatch.setattr(S, "GATED", gated)
+    launches = []
+    real = S.skinny_linear_silu_mul
+    monkeypatch.setattr(S, "skinny_linear_silu_mul", lambda *a, **kw: launches.append(1) or real(*a, **kw))
+    math = CudaMathOps()
+    ops = CudaLinears(math, TritonFusedOps(math)).bind(DENSE)
+    x, residual = (_rand((2, 64), torch.bfloat16, device, s) for s in (50, 51))
+    norm_w = _rand((64,), torch.bfloat16, device, 52)
+    w = _rand((48, 64), torch.bfloat16, device, 53) * 0.3
+    act, h = ops.add_rms_norm_linear_silu_mul(x, residual, norm_w, 1e-6, (w,), None)
+    normed, stream = ref_add_rms_norm(x, residual, norm_w, 1e-6)
+    ref = ref_silu_and_mul(_reference(normed, w).to(torch.bfloat16)).float()
+    torch.testing.assert_close(h.float(), stream.float(), **tol(torch.bfloat16))  # the interpreter truncates
+    torch.testing.assert_close(act.float(), ref, **_fused_tol(torch.bfloat16, ref))
+    assert len(launches) == (1 if gated else 0)

@@ -13,7 +13,9 @@ from typing import Sequence
 import torch
 
 from infer_backend_cuda.kernels import awq_gemm, fp8_gemm
+from infer_backend_cuda.kernels import skinny_gemm as skinny
 from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
+from infer_core.ports.fused_ops import unfused_add_rms_norm_linear
 from infer_core.ports.linear_ops import LinearOps, UnfusedLinearOps
 from infer_core.quant import QuantMethod, QuantScheme
 
@@ -37,6 +39,21 @@ class DenseLinearOps:
 
     def silu_mul_linear(self, gate_up: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
         return self._fused.silu_mul_linear(gate_up, weight[0], bias)
+
+    def add_rms_norm_linear_silu_mul(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+        weight: Operands, bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The norm kernel, then at decode sizes the skinny gate / up GEMM with SiLU-and-mul in its epilogue, with the
+        plain GEMM's config at this shape (`INFER_CUDA_GATED_GEMM=0`: the GEMM, then the SiLU-and-mul kernel)."""
+        return unfused_add_rms_norm_linear(self._fused, self._gated_linear, x, residual, norm_weight, eps, weight[0],
+                                           bias)
+
+    def _gated_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        config = self._math.skinny_config("linear", x, weight) if skinny.GATED else None
+        if config is not None:
+            return skinny.skinny_linear_silu_mul(x, weight, bias, config=config)
+        return self._fused.silu_and_mul(self._math.linear(x, weight, bias))
 
 
 class _QuantizedLinearOps(UnfusedLinearOps):

@@ -16,6 +16,7 @@ heuristic otherwise.
 from __future__ import annotations
 
 import json
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import NamedTuple
@@ -27,6 +28,10 @@ import triton.language as tl
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 
 MAX_M = 8
+# INFER_CUDA_GATED_GEMM=0: a gated MLP's gate / up GEMM without the SiLU-and-mul epilogue (that kernel after it; A/B
+# runs). Read once at import, like the other INFER_CUDA_ switches.
+GATED_ENV = "INFER_CUDA_GATED_GEMM"
+GATED = os.environ.get(GATED_ENV, "1").strip() != "0"
 _TABLE = Path(__file__).resolve().parent.parent / "configs" / "skinny_gemm.json"
 
 

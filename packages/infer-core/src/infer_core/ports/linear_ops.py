@@ -33,6 +33,15 @@ class LinearOps(Protocol):
         """`FusedOps.silu_mul_linear` with this scheme's GEMM."""
         ...
 
+    def add_rms_norm_linear_silu_mul(
+        self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Sequence[Tensor],
+        bias: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        """`(silu_and_mul(out), h)` for `(out, h) = add_rms_norm_linear(...)` of a `[gate | up]` weight: a gated MLP's
+        norm, gate / up GEMM and activation as one op, so that an adapter can apply the activation in the GEMM's
+        epilogue (decode sizes) instead of a launch of its own."""
+        ...
+
 
 class LinearOpsFactory(Protocol):
     def bind(self, scheme: QuantScheme) -> LinearOps:
@@ -59,3 +68,10 @@ class UnfusedLinearOps:
 
     def silu_mul_linear(self, gate_up: Tensor, weight: Sequence[Tensor], bias: Tensor | None) -> Tensor:
         return unfused_silu_mul_linear(self._fused, self.linear, gate_up, weight, bias)
+
+    def add_rms_norm_linear_silu_mul(
+        self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Sequence[Tensor],
+        bias: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        out, h = self.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+        return self._fused.silu_and_mul(out), h

@@ -2,7 +2,8 @@
 MLP. The mixer (full attention, or a Gated DeltaNet) is an attribute (`components/mixer.py`).
 
 The residual stream is carried separately so that every residual addition fuses into the next norm, and each
-norm is one op with the projection after it (`FusedOps.add_rms_norm_linear`), as is SiLU with the down GEMM."""
+norm is one op with the projection after it (`FusedOps.add_rms_norm_linear`); the MLP's norm also takes the
+SiLU-and-mul after its gate / up GEMM (`LinearOps.add_rms_norm_linear_silu_mul`, an epilogue at decode sizes)."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ class DecoderLayer:
         `residual` is None at the first layer, where the embedding is the residual stream."""
         projected, residual = self.input_norm.project(hidden, residual, self.mixer.in_proj)
         hidden = self.mixer.mix(projected, batch, cache, states)
-        gate_up, residual = self.post_attention_norm.project(hidden, residual, self.mlp.gate_up_proj)
-        return self.mlp.down(gate_up), residual
+        act, residual = self.post_attention_norm.project_silu_mul(hidden, residual, self.mlp.gate_up_proj)
+        return self.mlp.down_proj(act), residual
 
     def weight_slots(self) -> WeightSlots:
         """HF names relative to `model.layers.N.`."""

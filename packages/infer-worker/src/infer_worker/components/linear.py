@@ -64,6 +64,14 @@ class Linear:
         out, h = self._ops.add_rms_norm_linear(x, residual, norm_weight, eps, self.params.operands, self._gemm_bias)
         return self._finish(out), h
 
+    def add_rms_norm_linear_silu_mul(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a `[gate | up]` weight: `(silu(gate) * up, h)` of `add_rms_norm_linear`, fused where the backend can."""
+        act, h = self._ops.add_rms_norm_linear_silu_mul(x, residual, norm_weight, eps, self.params.operands,
+                                                        self._gemm_bias)
+        return self._finish(act), h
+
     def silu_mul_linear(self, gate_up: torch.Tensor) -> torch.Tensor:
         """`self(silu(gate) * up)`, fused where the backend can."""
         return self._finish(self._ops.silu_mul_linear(gate_up, self.params.operands, self._gemm_bias))

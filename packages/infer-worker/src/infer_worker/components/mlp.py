@@ -1,4 +1,5 @@
-"""Gated MLP: one GEMM for gate and up, then SiLU(gate) * up fused with the down projection."""
+"""Gated MLP: one GEMM for gate and up, SiLU(gate) * up, the down projection. In a decoder layer the activation rides
+with the norm and the gate / up GEMM (`RMSNorm.project_silu_mul`); `down` takes it with the down GEMM instead."""
 
 from __future__ import annotations
 

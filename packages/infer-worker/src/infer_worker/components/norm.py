@@ -33,5 +33,11 @@ class RMSNorm:
         """`residual = x + residual` (`x` when None); returns `(linear(norm(residual)), residual)`, fused."""
         return linear.add_rms_norm_linear(x, residual, self.weight, self.eps)
 
+    def project_silu_mul(
+        self, x: torch.Tensor, residual: torch.Tensor | None, gate_up: Linear
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `project` into a `[gate | up]` linear; returns `(silu(gate) * up, residual)`, fused."""
+        return gate_up.add_rms_norm_linear_silu_mul(x, residual, self.weight, self.eps)
+
     def weight_slots(self) -> WeightSlots:
         return {"weight": WeightSlot(self.weight, WeightInit.ONES, self.offset)}
