@@ -47,7 +47,7 @@ case ${CALL:-1} in
       tests/backend_cuda/test_skinny_gemm.py tests/backend_cuda/test_attention.py tests/gpu/test_qwen3_5_cuda.py \
       tests/gpu/test_cuda_matches_cpu.py
     roofline roofline_qwen3-4b_fused qwen3-4b 1,2,4
-    roofline roofline_qwen3-4b_unfused qwen3-4b 1,2,4 INFER_CUDA_FUSED_DECODE_ATTENTION=0 INFER_CUDA_GATED_GEMM=0
+    roofline roofline_qwen3-4b_unfused qwen3-4b 1 INFER_CUDA_FUSED_DECODE_ATTENTION=0 INFER_CUDA_GATED_GEMM=0
     roofline roofline_qwen3-4b_attention_only qwen3-4b 1 INFER_CUDA_GATED_GEMM=0
     roofline roofline_qwen3.5-4b_fused qwen3.5-4b 1
     roofline roofline_qwen3.5-4b_unfused qwen3.5-4b 1 INFER_CUDA_FUSED_DECODE_ATTENTION=0 INFER_CUDA_GATED_GEMM=0
