@@ -124,7 +124,7 @@ class TritonFusedOps:
         """A decode batch in one launch (`kernels/attention_decode.py`: the q/k norm, RoPE and store in the split
         pass, the split merge by its last program); a mixed one, or with the fusion off
         (`INFER_CUDA_FUSED_DECODE_ATTENTION=0`), the two ops."""
-        if batch.is_decode and attention_decode.FUSED:
+        if batch.is_decode and attention_decode.FUSED_ROPE:
             rope = attention_decode.DecodeRope(
                 k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, batch.slot_mapping
             )

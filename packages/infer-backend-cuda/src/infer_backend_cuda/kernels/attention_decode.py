@@ -19,16 +19,18 @@ at once (the prefill kernel, told `skip_single_token`, computes those rows). The
 sequence, so a skipped sequence's slots are neither written nor read. Which sequences run is read on the
 device: a captured mixed graph serves any mix of prefill chunks and one-token rows.
 
-Two fusions, each saving a launch a layer in the decode step (`DecodeRope`, `merge`; both on by default,
-`INFER_CUDA_FUSED_DECODE_ATTENTION=0` turns them off for A/B runs):
+Two fusions, each saving a launch a layer in the decode step (`DecodeRope`, `merge_in_kernel`; both on by default,
+`INFER_CUDA_FUSED_DECODE_ATTENTION` = 0 / rope / merge chooses for A/B runs):
 - The q/k norm, RoPE and KV store before the attention (`qk_norm_rope.py`'s work) run in pass 1: every program
   norms and rotates its group's q rows from the raw projection (a few KB from L2), and the program whose split
   holds the new token's position norms, rotates and stores that token's k and v, then synchronises its threads
   (stores before a CTA barrier are visible to the CTA's later loads) before its key loop reads them back; no
   other program reads that position.
-- The split merge runs in pass 1 too: each program stores its partial, counts its arrival on a per-(sequence,
-  KV head) counter (the split-K fix-up's counters and memory order, `split_k._fixup`), and the last one merges
-  the splits of its group's heads, reading the partials from L2, and resets the counter.
+- The split merge runs in pass 1 too: only the splits that hold keys take part (the first `cdiv(L_b, chunk)`, the
+  others return at once); when that is one split it writes the output itself; else each stores its partial and
+  counts its arrival on a per-(sequence, KV head) counter (the split-K fix-up's counters and memory order,
+  `split_k._fixup`), and the last one merges its group's heads (all partials loaded as one tile before any store)
+  and resets the counter.
 """
 
 from __future__ import annotations
@@ -55,10 +57,13 @@ MAX_SPLITS = 32
 # own, so a mixed step, whose batch sizes are not those of the captured decode graphs and may run eagerly,
 # meets no compile in the middle of serving (with the reduce pass's SPLITS_PAD fixed in ragged mode).
 SPLIT_ARGS = ("num_splits", "ml_s0", "ml_s1")  # the LSE workspace's strides are multiples of it
-# INFER_CUDA_FUSED_DECODE_ATTENTION=0: the q/k norm + RoPE + store and the split merge as launches of their own (A/B
-# runs). Read once at import, like the other INFER_CUDA_ switches.
+# INFER_CUDA_FUSED_DECODE_ATTENTION: which of the two fusions run (A/B runs): 1 both, 0 neither (the q/k norm +
+# RoPE + store and the split merge as launches of their own), "merge" or "rope" one. Read once at import, like the
+# other INFER_CUDA_ switches.
 FUSED_ENV = "INFER_CUDA_FUSED_DECODE_ATTENTION"
-FUSED = os.environ.get(FUSED_ENV, "1").strip() != "0"
+_FUSED = os.environ.get(FUSED_ENV, "1").strip().lower()
+FUSED_ROPE = _FUSED in ("1", "rope")
+FUSED_MERGE = _FUSED in ("1", "merge")
 
 
 class DecodeRope(NamedTuple):
@@ -154,29 +159,31 @@ def _rope_and_store_token(q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, 
 
 
 @triton.jit
-def _merge_head(mid_o_ptr, mid_lse_ptr, o_ptr, b, h, row, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1, num_splits,
-                HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr, CACHE: tl.constexpr):
-    """Query head h of sequence b: the LSE-weighted merge of its splits' partials, written to its output row (zeros
-    when every split was empty). CACHE: the loads' cache modifier (".cg" when other SMs wrote the partials)."""
+def _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, heads, h_mask, row, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
+                 num_splits, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+                 CACHE: tl.constexpr):
+    """Query heads `heads` (`[G]`, `h_mask` valid) of sequence b: the LSE-weighted merge of their first `num_splits`
+    splits' partials, written to the output row (zeros when every split was empty). All loads are issued before any
+    store, as one `[G, splits, D]` tile. CACHE: the loads' cache modifier (".cg" when other SMs wrote them)."""
     offs_s = tl.arange(0, SPLITS_PAD)
-    s_mask = offs_s < num_splits
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    lse = tl.load(mid_lse_ptr + b * ml_s0 + h * ml_s1 + offs_s, mask=s_mask, other=float("-inf"),
-                  cache_modifier=CACHE)
-    m = tl.max(lse, axis=0)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp(lse - m_safe)
-    w = tl.where(s_mask, w, 0.0)
+    hs_mask = h_mask[:, None] & (offs_s < num_splits)[None, :]
+    lse = tl.load(mid_lse_ptr + b * ml_s0 + heads[:, None] * ml_s1 + offs_s[None, :], mask=hs_mask,
+                  other=float("-inf"), cache_modifier=CACHE)
     parts = tl.load(
-        mid_o_ptr + b * mo_s0 + h * mo_s1 + offs_s[:, None] * mo_s2 + offs_d[None, :],
-        mask=s_mask[:, None] & d_mask[None, :],
+        mid_o_ptr + b * mo_s0 + (heads[:, None] * mo_s1 + offs_s[None, :] * mo_s2)[:, :, None] + offs_d[None, None, :],
+        mask=hs_mask[:, :, None] & d_mask[None, None, :],
         other=0.0,
         cache_modifier=CACHE,
     )
-    total = tl.sum(w, axis=0)
-    out = tl.sum(parts * w[:, None], axis=0) / tl.where(total == 0.0, 1.0, total)
-    tl.store(o_ptr + row * o_s0 + h * o_s1 + offs_d, out.to(o_ptr.dtype.element_ty), mask=d_mask)
+    m = tl.max(lse, axis=1)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.where(hs_mask, tl.exp(lse - m_safe[:, None]), 0.0)
+    total = tl.sum(w, axis=1)
+    out = tl.sum(parts * w[:, :, None], axis=1) / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=h_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit(do_not_specialize=SPLIT_ARGS)
@@ -188,7 +195,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr, RAGGED: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, HALF: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
-    MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+    MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """With DIRECT (one split) the normalised output goes to the query row of `o_ptr` in its dtype and no partial
     is stored; else the partial and its LSE go to the workspace, which with MERGE the last program of the
@@ -213,6 +220,16 @@ def _decode_split_kernel(
     heads = (kvh * GROUP + offs_h).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
+    used = num_splits
+    if MERGE:  # only the splits that hold keys take part: the first `used`; a padding row's first one writes zeros
+        used = tl.cdiv(ctx, tl.maximum(chunk, 1))
+        if ctx == 0:
+            if sp == 0:
+                tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :],
+                         tl.zeros([BLOCK_H, BLOCK_D], o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
+            return
+        if sp >= used:
+            return
     if ROPE:
         owner = (ctx > 0) & (sp == (ctx - 1) // tl.maximum(chunk, 1))  # the split that holds the new token
         q = _rope_and_store_token(
@@ -267,29 +284,23 @@ def _decode_split_kernel(
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    if DIRECT:
-        tl.store(
-            o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :],
-            out.to(o_ptr.dtype.element_ty),
-            mask=h_mask[:, None] & d_mask[None, :],
-        )
+    out_mask = h_mask[:, None] & d_mask[None, :]
+    if DIRECT or used == 1:  # one split (with MERGE: the only one holding keys) writes the output itself
+        tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+                 mask=out_mask)
     else:
         lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
-        tl.store(
-            mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + sp * mo_s2 + offs_d[None, :],
-            out,
-            mask=h_mask[:, None] & d_mask[None, :],
-        )
+        tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + sp * mo_s2 + offs_d[None, :], out, mask=out_mask)
         tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + sp, lse, mask=h_mask)
         if MERGE:  # the split-K fix-up's arrival pattern (`split_k._fixup` says why this order is safe)
             tile = b * tl.num_programs(1) + kvh
             tl.debug_barrier()
             arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits - 1:
+            if arrived == used - 1:
                 tl.debug_barrier()
-                for i in tl.static_range(GROUP):
-                    _merge_head(mid_o_ptr, mid_lse_ptr, o_ptr, b, (kvh * GROUP + i).to(tl.int64), row, mo_s0, mo_s1,
-                                mo_s2, ml_s0, ml_s1, o_s0, o_s1, num_splits, HEAD_DIM, SPLITS_PAD, BLOCK_D, ".cg")
+                group = tl.arange(0, GROUP_PAD)  # the group's heads only: not the 16-row tile of the dots
+                _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, kvh * GROUP + group.to(tl.int64), group < GROUP, row,
+                             mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1, used, HEAD_DIM, SPLITS_PAD, BLOCK_D, ".cg")
                 tl.store(counter_ptr + tile, 0)
 
 
@@ -321,8 +332,9 @@ def _decode_reduce_kernel(
     row = _query_row(qsl_ptr, b, RAGGED)
     if row < 0:
         return
-    _merge_head(mid_o_ptr, mid_lse_ptr, o_ptr, b, h, row, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1, num_splits,
-                HEAD_DIM, SPLITS_PAD, BLOCK_D, "")
+    one = tl.arange(0, 2) < 1  # the head as a 2-row tile (row 1 masked off)
+    _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, h + tl.arange(0, 2), one, row, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1,
+                 o_s0, o_s1, num_splits, HEAD_DIM, SPLITS_PAD, BLOCK_D, "")
 
 
 @functools.lru_cache(maxsize=8)
@@ -354,7 +366,7 @@ def _merge_counters(device: torch.device, n_seq: int, num_kv_heads: int) -> torc
     """The arrival counters for an in-kernel merge (the split-K fix-up's, shared: launches on the one stream never
     overlap), or None: the reduce kernel merges (fused attention or the fix-up off, too many tiles, or none
     allocated and under capture, where zeroing a new buffer would not run until a replay)."""
-    if not FUSED or n_seq * num_kv_heads > split_k.COUNTERS:
+    if not FUSED_MERGE or n_seq * num_kv_heads > split_k.COUNTERS:
         return None
     counters = split_k.counters(device)
     if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
@@ -474,6 +486,7 @@ def paged_attention_decode(
         HAS_K_NORM=r is not None and r.k_norm_weight is not None,
         MERGE=counters is not None,
         SPLITS_PAD=splits_pad,
+        GROUP_PAD=max(2, next_pow2(group)),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
