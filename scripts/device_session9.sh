@@ -53,7 +53,7 @@ case ${CALL:-1} in
     roofline roofline_qwen3.5-4b_unfused qwen3.5-4b 1 INFER_CUDA_FUSED_DECODE_ATTENTION=0 INFER_CUDA_GATED_GEMM=0
     ENGINES=${ENGINES:-"bf16:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
     ;;
-  3)  # after the second call: each fusion on its own (A/B at batch 1), then Qwen3.5
+  3)  # after the second call: each fusion on its own (A/B at batch 1), then Qwen3.5, then (EXTRA=1) CALL=1
     gpu_tests fused_3 "${TEST_TIMEOUT:-60}" tests/backend_cuda/test_fused_decode_attention.py
     for variant in 0 merge rope 1; do
       roofline "roofline_qwen3-4b_attn_$variant" qwen3-4b 1 INFER_CUDA_FUSED_DECODE_ATTENTION=$variant \
@@ -61,6 +61,9 @@ case ${CALL:-1} in
     done
     roofline roofline_qwen3-4b_gated qwen3-4b 1
     roofline roofline_qwen3.5-4b_attn_1 qwen3.5-4b 1 INFER_CUDA_GATED_GEMM=0
+    roofline roofline_qwen3.5-4b_attn_0 qwen3.5-4b 1 INFER_CUDA_GATED_GEMM=0 INFER_CUDA_FUSED_DECODE_ATTENTION=0
+    [ "${EXTRA:-1}" = 1 ] || { pack; exit 0; }
+    CALL=1 OUT=$OUT COMMIT=$COMMIT bash "$0"
     ;;
 esac
 pack
