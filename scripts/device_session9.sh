@@ -3,6 +3,8 @@
 #   CALL=1: what the eighth session left unmeasured: the AWQ replay at 1-8 rows with the final decode forms, AWQ chat
 #           at qps 1 / 8 / 32 with them; FP8 chat at qps 32 and its GEMMs at 16-96 rows; the prefill attention's tile
 #           configs at 8k chunks.
+#   CALL=3: each attention fusion alone and the gated GEMM (batch-1 A/B), Qwen3.5, then CALL=1 (EXTRA=1).
+#   CALL=4: BF16 chat at qps 1 / 8 / 32 with the final defaults; the AWQ tiled kernel's configs at 4 and 8 rows.
 #   CALL=2: the fused decode attention and the gated gate / up GEMM (GPU tests, then the batch-1 replays of Qwen3-4B
 #           and Qwen3.5-4B with them and without, INFER_CUDA_FUSED_DECODE_ATTENTION=0 INFER_CUDA_GATED_GEMM=0), BF16
 #           chat at qps 1.
@@ -64,6 +66,14 @@ case ${CALL:-1} in
     roofline roofline_qwen3.5-4b_attn_0 qwen3.5-4b 1 INFER_CUDA_GATED_GEMM=0 INFER_CUDA_FUSED_DECODE_ATTENTION=0
     [ "${EXTRA:-1}" = 1 ] || { pack; exit 0; }
     CALL=1 OUT=$OUT COMMIT=$COMMIT bash "$0"
+    ;;
+  4)  # the served figures with the final defaults; the AWQ tiled kernel's configs at 4 and 8 rows
+    ENGINES=${ENGINES:-"bf16:chat=1,8,32 qwen35:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
+      bash scripts/device_engines.sh
+    pack
+    timeout "${QGEMM_TIMEOUT:-90}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-90} - 10 )) \
+      --formats awq --ms 4,8 --json "$LOGS/qgemm_awq_4_8.json" > "$LOGS/qgemm_awq_4_8.log" 2>&1
+    echo "qgemm awq 4,8 rc=$?"; tail -10 "$LOGS/qgemm_awq_4_8.log"; pack
     ;;
 esac
 pack

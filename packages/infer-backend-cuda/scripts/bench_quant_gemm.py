@@ -54,6 +54,10 @@ def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
     tiled_splits = min(split_k.num_splits(k // 64, -(-n // 128)), max(1, k // (64 * m)))
     tiled = [A.AwqConfig(16, bn, 64, w, 3, s) for bn, w in ((128, 4), (256, 4), (128, 8), (256, 8))
              for s in (tiled_splits, max(1, tiled_splits // 2))]
+    if m > A.GEMV_MAX_M:  # decode rows in the tiled kernel: narrower tiles, whole-group K steps, more K ranges
+        tiled = [A.AwqConfig(16, bn, bk, w, 3, s) for bn, bk, w in ((64, 64, 4), (64, 128, 4), (128, 128, 4),
+                                                                     (64, 64, 2), (128, 64, 2), (64, 128, 2))
+                 for s in (d.k_splits, 2 * d.k_splits)] + tiled
     if m == 1:  # the tiled kernel at one row: ~25 us a GEMM on the H200 (docs/benchmarks.md), not worth the budget
         tiled = []
     first, second = (gemv, tiled) if m <= A.GEMV_MAX_M else (tiled, gemv)
