@@ -67,7 +67,11 @@ case ${CALL:-1} in
     [ "${EXTRA:-1}" = 1 ] || { pack; exit 0; }
     CALL=1 OUT=$OUT COMMIT=$COMMIT bash "$0"
     ;;
-  4)  # the served figures with the final defaults; the AWQ tiled kernel's configs at 4 and 8 rows
+  4)  # the gated GEMM with its pairs adjacent (A/B at batch 1); the served figures with the final defaults; the AWQ
+      # tiled kernel's configs at 4 and 8 rows
+    gpu_tests gated "${TEST_TIMEOUT:-40}" tests/backend_cuda/test_skinny_gemm.py -k "silu_mul or epilogue"
+    roofline roofline_qwen3-4b_plain qwen3-4b 1
+    roofline roofline_qwen3-4b_gated_pairs qwen3-4b 1 INFER_CUDA_GATED_GEMM=1
     ENGINES=${ENGINES:-"bf16:chat=1,8,32 qwen35:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
       bash scripts/device_engines.sh
     pack

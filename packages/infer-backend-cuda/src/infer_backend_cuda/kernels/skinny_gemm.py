@@ -80,18 +80,18 @@ def _skinny_gemm_kernel(
     USE_PDL: tl.constexpr,
 ):
     """With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
-    a program streams the rows of its `BLOCK_N / 2` output columns from both halves and applies the SiLU-and-mul
-    in its epilogue (`_gated_epilogue`)."""
+    a program streams the gate and the up row of each of its `BLOCK_N / 2` output columns and applies the
+    SiLU-and-mul in its epilogue (`_gated_epilogue`)."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
         if not PREFETCH:
             tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
-    if GATED:  # rows j of the gate half, then the same rows of the up half
+    if GATED:  # gate row c, then up row c, for each output column c (pairs adjacent: the epilogue splits them)
         HALF_N: tl.constexpr = BLOCK_N // 2
         j = tl.arange(0, BLOCK_N)
-        col = pid * HALF_N + j % HALF_N
-        rn = tl.where(j < HALF_N, col, N // 2 + col)
+        col = pid * HALF_N + j // 2
+        rn = tl.where(j % 2 == 0, col, N // 2 + col)
         n_mask = col < N // 2
     else:
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -168,12 +168,13 @@ def _skinny_gemm_kernel(
 
 @triton.jit
 def _gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, half_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """`y [BLOCK_M, BLOCK_N]` = (gate columns | up columns) of output columns `pid * BLOCK_N / 2 + j`: stores
+    """`y [BLOCK_M, BLOCK_N]` = (gate, up) column pairs of output columns `pid * BLOCK_N / 2 + j`: stores
     `silu(gate) * up`, each GEMM output first rounded to the output dtype and the product rounded again, as the
-    unfused GEMM and `silu_and_mul` round."""
+    unfused GEMM and `silu_and_mul` round. (The pairs are adjacent so that the split needs no permute, which
+    could change the layout the main loop's tiles are given.)"""
     HALF_N: tl.constexpr = BLOCK_N // 2
     dt = out_ptr.dtype.element_ty
-    gate, up = tl.split(tl.permute(tl.reshape(y, [BLOCK_M, 2, HALF_N]), [0, 2, 1]))
+    gate, up = tl.split(tl.reshape(y, [BLOCK_M, HALF_N, 2]))
     gate = gate.to(dt).to(tl.float32)
     up = up.to(dt).to(tl.float32)
     act = gate / (1.0 + tl.exp(-gate)) * up
