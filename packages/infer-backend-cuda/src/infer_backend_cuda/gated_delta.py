@@ -103,23 +103,15 @@ class CudaGatedDeltaOps:
             heads = (layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim)
             return gdn_decode(qkv, z, b, a, heads, layer.conv_weight, layer.a_log, layer.dt_bias, layer.norm_weight,
                               layer.norm_eps, conv_states, recurrent_states, batch.cu_seqlens, batch.slot_ids)
-        if batch.is_decode:
-            return self._decode_mix(qkv, z, b, a, layer, conv_states, recurrent_states, batch)
-        return unfused_gated_delta_mix(self, qkv, z, b, a, layer, conv_states, recurrent_states, batch)
+        rule = self._decode_rule if batch.is_decode else None
+        return unfused_gated_delta_mix(self, qkv, z, b, a, layer, conv_states, recurrent_states, batch, rule)
 
-    def _decode_mix(
-        self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer: GdnLayer,
-        conv_states: torch.Tensor, recurrent_states: torch.Tensor, batch: StateBatch,
+    @staticmethod
+    def _decode_rule(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor, layer: GdnLayer,
+        recurrent_states: torch.Tensor, batch: StateBatch,
     ) -> torch.Tensor:
-        """`unfused_gated_delta_mix` at one token a sequence, the gates kernel folded into the recurrence (the
-        same values bit for bit): three launches a layer instead of four."""
-        rows = qkv.shape[0]
-        hk, dk, hv, dv = layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim
-        mixed = self.causal_conv1d(qkv, layer.conv_weight, conv_states, batch)
-        q, k, v = mixed.split((hk * dk, hk * dk, hv * dv), dim=-1)
-        out = gdn_recurrent(q.reshape(rows, hk, dk), k.reshape(rows, hk, dk), v.reshape(rows, hv, dv), a, b,
-                            recurrent_states, batch.cu_seqlens, batch.slot_ids,
-                            gates=(layer.a_log.contiguous(), layer.dt_bias.contiguous()))
-        heads = rows * hv
-        out = gated_rms_norm(out.reshape(heads, dv), z.reshape(heads, dv), layer.norm_weight, layer.norm_eps)
-        return out.reshape(rows, hv * dv)
+        """The decode step's gates and delta rule in one launch: the gates computed inside the recurrence (the same
+        values bit for bit), three launches a layer instead of four."""
+        return gdn_recurrent(q, k, v, a, b, recurrent_states, batch.cu_seqlens, batch.slot_ids,
+                             gates=(layer.a_log.contiguous(), layer.dt_bias.contiguous()))

@@ -16,7 +16,7 @@ single ops, the definition every adapter's result equals.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 from infer_core.ports.tensor import Tensor
 
@@ -108,20 +108,34 @@ class GatedDeltaOps(Protocol):
         ...
 
 
-def unfused_gated_delta_mix(
-    ops: GatedDeltaOps, qkv: Tensor, z: Tensor, b: Tensor, a: Tensor, layer: GdnLayer, conv_states: Tensor,
+# The delta rule from the raw gate inputs: `(q, k, v, a, b, layer, recurrent_states, batch) -> out`.
+GatedRule = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, "GdnLayer", Tensor, "StateBatch"], Tensor]
+
+
+def gates_then_rule(
+    ops: GatedDeltaOps, q: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor, layer: GdnLayer,
     recurrent_states: Tensor, batch: StateBatch,
 ) -> Tensor:
-    """`gated_delta_mix` as the chain of the port's four single ops."""
+    """The rule from raw `a` / `b` as the port's two single ops: the gates, then the delta rule."""
+    decay, beta = ops.gdn_gates(a, b, layer.a_log, layer.dt_bias)
+    return ops.gated_delta_rule(q, k, v, decay, beta, recurrent_states, batch)
+
+
+def unfused_gated_delta_mix(
+    ops: GatedDeltaOps, qkv: Tensor, z: Tensor, b: Tensor, a: Tensor, layer: GdnLayer, conv_states: Tensor,
+    recurrent_states: Tensor, batch: StateBatch, rule: GatedRule | None = None,
+) -> Tensor:
+    """`gated_delta_mix` as the chain of the port's four single ops; `rule` may stand for the middle two (an
+    adapter's kernel that computes the gates inside the recurrence)."""
     num_tokens = qkv.shape[0]
     hk, dk, hv, dv = layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim
     mixed = ops.causal_conv1d(qkv, layer.conv_weight, conv_states, batch)
     q, k, v = mixed.split((hk * dk, hk * dk, hv * dv), dim=-1)
-    decay, beta = ops.gdn_gates(a, b, layer.a_log, layer.dt_bias)
-    out = ops.gated_delta_rule(
-        q.reshape(num_tokens, hk, dk), k.reshape(num_tokens, hk, dk), v.reshape(num_tokens, hv, dv), decay, beta,
-        recurrent_states, batch,
-    )
+    q, k, v = q.reshape(num_tokens, hk, dk), k.reshape(num_tokens, hk, dk), v.reshape(num_tokens, hv, dv)
+    if rule is None:
+        out = gates_then_rule(ops, q, k, v, a, b, layer, recurrent_states, batch)
+    else:
+        out = rule(q, k, v, a, b, layer, recurrent_states, batch)
     heads = num_tokens * hv
     out = ops.gated_rms_norm(out.reshape(heads, dv), z.reshape(heads, dv), layer.norm_weight, layer.norm_eps)
     return out.reshape(num_tokens, hv * dv)
