@@ -159,3 +159,19 @@ def test_port_op_equals_the_cpu_reference(qk_norm, device):
     torch.testing.assert_close(got.cpu(), expected, **tol(torch.float32))
     torch.testing.assert_close(pb.k_cache.cpu().nan_to_num(7.0), cpu_caches[0].nan_to_num(7.0), **tol(torch.float32))
     assert torch.equal(pb.v_cache.cpu().nan_to_num(7.0), cpu_caches[1].nan_to_num(7.0))
+
+
+def test_fused_takes_per_token_rotary_rows(device):
+    """Multimodal RoPE hands the step its own rotary rows (`AttentionBatch.rope_cos_sin`): positions `0..B-1` into a
+    `[B, R]` table. The fused launch rotates by those rows exactly as the store kernel does."""
+    pb, q, rope, _ = _inputs(SMALL[4], torch.float32, device, seed=5)
+    rows = rope.cos_sin_cache[torch.tensor([70, 3], device=device)]  # any rows, not the tokens' positions
+    rope = rope._replace(positions=torch.arange(2, device=device), cos_sin_cache=rows)
+    k_ref, v_ref = pb.k_cache.clone(), pb.v_cache.clone()
+    rq, _ = K.qk_norm_rope_store(q, rope.k, rope.v, rope.positions, rows, rope.q_norm_weight, rope.k_norm_weight,
+                                 EPS, k_ref, v_ref, rope.slot_mapping)
+    unfused = K.paged_attention_decode(rq, k_ref, v_ref, pb.seq_lens, pb.block_tables, 0.125, num_splits=5)
+    fused = K.paged_attention_decode(q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, 0.125, num_splits=5,
+                                     rope=rope)
+    torch.testing.assert_close(fused, unfused, **tol(torch.float32))
+    torch.testing.assert_close(pb.k_cache.nan_to_num(7.0), k_ref.nan_to_num(7.0), **tol(torch.float32))
