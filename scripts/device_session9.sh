@@ -75,6 +75,7 @@ case ${CALL:-1} in
     ENGINES=${ENGINES:-"bf16:chat=1,8,32 qwen35:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
       bash scripts/device_engines.sh
     pack
+    [ "${EXTRA:-1}" = 1 ] || { pack; exit 0; }
     timeout "${QGEMM_TIMEOUT:-90}" python3 "$SCRIPTS/bench_quant_gemm.py" --budget-s $(( ${QGEMM_TIMEOUT:-90} - 10 )) \
       --formats awq --ms 4,8 --json "$LOGS/qgemm_awq_4_8.json" > "$LOGS/qgemm_awq_4_8.log" 2>&1
     echo "qgemm awq 4,8 rc=$?"; tail -10 "$LOGS/qgemm_awq_4_8.log"; pack
