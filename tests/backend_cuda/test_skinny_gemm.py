@@ -282,8 +282,7 @@ def test_adapter_switches_are_not_taken_for_config_fields(monkeypatch):
 @pytest.mark.parametrize("gated", [True, False])
 def test_dense_linear_ops_apply_the_silu_in_the_gate_up_epilogue(gated, device, monkeypatch):
     """`LinearOps.add_rms_norm_linear_silu_mul` on dense bf16 decode rows: the norm kernel, then the gated skinny GEMM
-    with `INFER_CUDA_GATED_GEMM=1` (by default the plain GEMM and the SiLU-and-mul kernel), equal to the unfused
-    reference."""
+    (with `INFER_CUDA_GATED_GEMM=0` the plain GEMM and the SiLU-and-mul kernel), equal to the unfused reference."""
     from infer_backend_cuda.linear_ops import CudaLinears
     from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
     from infer_core.quant import DENSE

@@ -45,8 +45,7 @@ class DenseLinearOps:
         weight: Operands, bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The norm kernel, then at decode sizes the skinny gate / up GEMM with SiLU-and-mul in its epilogue, with the
-        plain GEMM's config at this shape, with `INFER_CUDA_GATED_GEMM=1` (by default the GEMM, then the SiLU-and-mul
-        kernel: measured faster)."""
+        plain GEMM's config at this shape (`INFER_CUDA_GATED_GEMM=0`: the GEMM, then the SiLU-and-mul kernel)."""
         return unfused_add_rms_norm_linear(self._fused, self._gated_linear, x, residual, norm_weight, eps, weight[0],
                                            bias)
 

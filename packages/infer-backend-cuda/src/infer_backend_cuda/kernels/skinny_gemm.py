@@ -28,11 +28,11 @@ import triton.language as tl
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 
 MAX_M = 8
-# INFER_CUDA_GATED_GEMM=1: a gated MLP's gate / up GEMM applies the SiLU-and-mul in its epilogue (decode sizes, dense
-# weights) instead of the kernel after it. Off by default: measured slower on the H200 (Qwen3-4B batch-1 replay 2.768
-# against 2.668 ms, docs/benchmarks.md, ninth session). Read once at import, like the other INFER_CUDA_ switches.
+# INFER_CUDA_GATED_GEMM=0: a gated MLP's gate / up GEMM without the SiLU-and-mul epilogue (that kernel after it; A/B
+# runs). On the H200 the epilogue with its gate / up rows paired adjacently gains 0.02-0.08 ms a decode step at 1-8
+# rows (docs/benchmarks.md, ninth session). Read once at import, like the other INFER_CUDA_ switches.
 GATED_ENV = "INFER_CUDA_GATED_GEMM"
-GATED = os.environ.get(GATED_ENV, "0").strip() == "1"
+GATED = os.environ.get(GATED_ENV, "1").strip() != "0"
 _TABLE = Path(__file__).resolve().parent.parent / "configs" / "skinny_gemm.json"
 
 
