@@ -128,14 +128,14 @@ def _norm_rope_rows(src_ptr, row_stride, n_rows, w_ptr, cs_row_ptr, eps, HEAD_DI
 
 @triton.jit
 def _rope_and_store_token(q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
-                          b, row, kvh, owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2,
+                          row, kvh, owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2,
                           vc_s0, vc_s1, vc_s2, block_size, eps, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                           HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
                           HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr):
-    """Pass 1's share of `qk_norm_rope_store` for sequence b's token (query row `row`) and KV head `kvh`: returns the
-    group's normed, rotated q rows (in q's dtype, as that kernel stores them); the `owner` program also stores the
-    token's rotated k and its v at `slot_mapping[b]` and every program then waits at a CTA barrier, after which
-    the owner's key loop sees the stored rows."""
+    """Pass 1's share of `qk_norm_rope_store` for the token of query row `row` and KV head `kvh`: returns the group's
+    normed, rotated q rows (in q's dtype, as that kernel stores them); the `owner` program also stores the token's
+    rotated k and its v at `slot_mapping[row]` and every program then waits at a CTA barrier, after which the
+    owner's key loop sees the stored rows."""
     cs_row = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
     q_rows = q_ptr + row * q_s0 + (kvh * GROUP).to(tl.int64) * q_s1
     q = _norm_rope_rows(q_rows, q_s1, GROUP, qw_ptr, cs_row, eps, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM)
@@ -233,7 +233,7 @@ def _decode_split_kernel(
     if ROPE:
         owner = (ctx > 0) & (sp == (ctx - 1) // tl.maximum(chunk, 1))  # the split that holds the new token
         q = _rope_and_store_token(
-            q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, b, row, kvh,
+            q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, row, kvh,
             owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2,
             block_size, eps, GROUP, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM, HAS_K_NORM,
         )
