@@ -71,9 +71,9 @@ case ${CALL:-1} in
     roofline roofline_qwen3.5-4b_committed qwen3.5-4b 1
     ENGINES=${ENGINES:-"bf16:chat=1 awq:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
       bash scripts/device_engines.sh
-    tune qwen3.5-4b linear,add_rms_norm_linear,silu_mul_linear "${TUNE_TIMEOUT:-100}"
+    tune qwen3.5-4b linear,add_rms_norm_linear "${TUNE_TIMEOUT:-100}"
     roofline roofline_qwen3.5-4b_prefetch qwen3.5-4b 1
-    tune qwen3-4b add_rms_norm_linear,silu_mul_linear "${TUNE_FUSED_TIMEOUT:-60}"
+    tune qwen3-4b add_rms_norm_linear "${TUNE_FUSED_TIMEOUT:-60}"
     roofline roofline_qwen3-4b_prefetch_fused qwen3-4b 1
     ;;
   3)

@@ -14,7 +14,7 @@ fi
 TABLE=$(python3 -c "from infer_backend_cuda.kernels import skinny_gemm as S; print(S._TABLE)")
 mkdir -p "$(dirname "$TABLE")"
 timeout "${TUNE_TIMEOUT:-260}" python3 packages/infer-backend-cuda/scripts/bench_skinny_gemm.py \
-  --model "${TUNE_MODEL:-qwen3-4b}" --ops "${TUNE_OPS:-linear,add_rms_norm_linear,silu_mul_linear}" --ms "${TUNE_MS:-1,2,4,8}" --budget-s "${TUNE_BUDGET:-200}" --table "$TABLE" --json "$OUT/skinny_gemm_sweep.json" > "$OUT/skinny_tune.log" 2>&1
+  --model "${TUNE_MODEL:-qwen3-4b}" --ops "${TUNE_OPS:-linear,add_rms_norm_linear}" --ms "${TUNE_MS:-1,2,4,8}" --budget-s "${TUNE_BUDGET:-200}" --table "$TABLE" --json "$OUT/skinny_gemm_sweep.json" > "$OUT/skinny_tune.log" 2>&1
 echo "tune rc=$?"; tail -22 "$OUT/skinny_tune.log"; cp "$TABLE" "$OUT/skinny_gemm.json"
 for skinny in ${SKINNY_AB:-0 1}; do
   INFER_CUDA_SKINNY_GEMM=$skinny timeout 150 python3 bench/decode_roofline.py --model-dir "bench/models/${TUNE_MODEL:-qwen3-4b}" \

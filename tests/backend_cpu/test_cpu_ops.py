@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from infer_backend_cpu import CpuBackend
 from infer_core.dtypes import DType
 from infer_core.ports import AttentionBatch, LlmBackend
+from infer_core.quant import DENSE
 
 BACKEND = CpuBackend(device="cpu")
 OPS = BACKEND.ops
@@ -107,9 +108,11 @@ def test_norm_and_activation_fused_with_the_next_projection() -> None:
     y0, stream0 = OPS.fused.add_rms_norm_linear(x, None, norm_w, 1e-5, w, None)
     assert stream0 is x
     torch.testing.assert_close(y0, _reference_rms_norm(x, norm_w, 1e-5) @ w.T)
-    gate_up, w_down = _randn(5, 2 * 24, seed=14), _randn(48, 24, seed=15)
-    torch.testing.assert_close(OPS.fused.silu_mul_linear(gate_up, w_down, None),
-                               (F.silu(gate_up[:, :24]) * gate_up[:, 24:]) @ w_down.T)
+    w_gate_up = _randn(2 * 24, 48, seed=15)
+    act, stream = OPS.linears.bind(DENSE).add_rms_norm_linear_silu_mul(x, residual, norm_w, 1e-5, (w_gate_up,), None)
+    gate_up = _reference_rms_norm(x + residual, norm_w, 1e-5) @ w_gate_up.T
+    torch.testing.assert_close(stream, x + residual)
+    torch.testing.assert_close(act, F.silu(gate_up[:, :24]) * gate_up[:, 24:])
 
 
 # ---------------------------------------------------------------- qk-norm + rope + store

@@ -88,19 +88,6 @@ def test_skinny_add_rms_norm_linear_refuses_an_aliased_residual_out(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 2, 5])
-@pytest.mark.parametrize("use_dot", [False, True])
-def test_skinny_silu_mul_linear_matches_unfused(m, dtype, use_dot, device):
-    k, n = 200, 37
-    gate_up = _rand((m, 2 * k), dtype, device, 30 + m) * 2
-    w = _rand((n, k), dtype, device, 31)
-    out = poison(torch.empty((m, n), dtype=dtype, device=device))
-    y = S.skinny_silu_mul_linear(gate_up, w, out=out, config=S.SkinnyConfig(16 if use_dot else 2, 128, 4, 2, use_dot))
-    ref = _reference(ref_silu_and_mul(gate_up), w)
-    torch.testing.assert_close(y.float(), ref, **_fused_tol(dtype, ref))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize(
     "config", [CONFIGS[0], CONFIGS[3], CONFIGS[6], None], ids=["cores", "dot", "dot-prefetch", "default"]
@@ -148,7 +135,7 @@ def test_skinny_linear_rejects_bad_shapes(device):
 def test_untuned_shapes_above_two_rows_stay_on_cublas():
     cpu = torch.device("cpu")
     assert S.choose_config("linear", 1, 24, 40, cpu) == S.heuristic_config(1, 24, 40)
-    assert S.choose_config("silu_mul_linear", 2, 24, 40, cpu) is not None
+    assert S.choose_config("add_rms_norm_linear", 2, 24, 40, cpu) is not None
     assert S.choose_config("linear", 3, 24, 40, cpu) is None
     with pytest.raises(ValueError, match="unknown"):
         S.choose_config("matmul", 1, 24, 40, cpu)
@@ -235,11 +222,14 @@ def test_cuda_math_ops_routes_decode_rows_to_the_skinny_gemm():
 @needs_cuda
 @pytest.mark.parametrize("m", [1, 2, 8, 64])
 def test_fused_port_ops_on_gpu_match_the_unfused_ops(m):
-    """TritonFusedOps.add_rms_norm_linear / silu_mul_linear at Qwen3-4B shapes: skinny at decode sizes,
-    norm kernel + GEMM above, both equal to the unfused composition."""
+    """TritonFusedOps.add_rms_norm_linear and the dense LinearOps.add_rms_norm_linear_silu_mul at Qwen3-4B shapes:
+    skinny at decode sizes, norm kernel + GEMM above, both equal to the unfused composition."""
+    from infer_backend_cuda.linear_ops import CudaLinears
     from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
+    from infer_core.quant import DENSE
 
-    ops = TritonFusedOps(CudaMathOps())
+    math = CudaMathOps()
+    ops = TritonFusedOps(math)
     h, inter = 2560, 9728
     x = _rand((m, h), torch.bfloat16, "cuda", 1)
     r = _rand((m, h), torch.bfloat16, "cuda", 2)
@@ -252,10 +242,10 @@ def test_fused_port_ops_on_gpu_match_the_unfused_ops(m):
     y0, stream0 = ops.add_rms_norm_linear(x, None, nw, 1e-6, w_qkv, None)
     assert stream0 is x
     torch.testing.assert_close(y0.float(), _reference(ref_rms_norm(x, nw, 1e-6), w_qkv), atol=5e-2, rtol=3e-2)
-    gate_up = _rand((m, 2 * inter), torch.bfloat16, "cuda", 5)
-    w_down = _rand((h, inter), torch.bfloat16, "cuda", 6) * 0.02
-    torch.testing.assert_close(ops.silu_mul_linear(gate_up, w_down, None).float(),
-                               _reference(ref_silu_and_mul(gate_up), w_down), atol=5e-2, rtol=3e-2)
+    w_gate_up = _rand((2 * inter, h), torch.bfloat16, "cuda", 6) * 0.02
+    act, _ = CudaLinears(math, ops).bind(DENSE).add_rms_norm_linear_silu_mul(x, r, nw, 1e-6, (w_gate_up,), None)
+    ref = ref_silu_and_mul(_reference(normed, w_gate_up).to(torch.bfloat16)).float()
+    torch.testing.assert_close(act.float(), ref, atol=5e-2, rtol=3e-2)
 
 
 def test_programmatic_dependent_launch_only_on_a_hopper_gpu():

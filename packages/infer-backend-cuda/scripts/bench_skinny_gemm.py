@@ -1,8 +1,9 @@
 """Tune and time the skinny GEMMs against their cuBLAS paths at decode row counts, BF16, at one model's shapes
 (`--model`: Qwen3-4B by default, or Qwen3.5-4B, whose hybrid layers add the GDN input projection).
 
-Ops: `linear` against `F.linear`; `add_rms_norm_linear` (qkv, gate_up) and `silu_mul_linear` (down) against
-the unfused path the adapter would otherwise take (the elementwise Triton kernel, then `CudaMathOps.linear`).
+Ops: `linear` against `F.linear`; `add_rms_norm_linear` (qkv, gate_up) against the unfused path the adapter would
+otherwise take (the norm kernel, then `CudaMathOps.linear`). The gate / up GEMM's SiLU-and-mul epilogue takes the
+`linear` configs.
 
 Run on the GPU machine:  PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \
     python3 packages/infer-backend-cuda/scripts/bench_skinny_gemm.py --table configs.json --json out.json
@@ -41,8 +42,7 @@ NORMED = ("in_proj", "qkv", "gate_up")  # the linears after a residual add + RMS
 
 def op_shapes(shapes: dict[str, tuple[int, int]]) -> dict[str, tuple[str, ...]]:
     """Which shapes each op serves in a decode layer."""
-    return {"linear": tuple(shapes), "add_rms_norm_linear": tuple(s for s in NORMED if s in shapes),
-            "silu_mul_linear": ("down",)}
+    return {"linear": tuple(shapes), "add_rms_norm_linear": tuple(s for s in NORMED if s in shapes)}
 BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
 
 
@@ -78,8 +78,7 @@ class Case:
         self.ws = [torch.randn((n, k), device=dev, dtype=bf) * 0.02 for _ in range(copies)]
         self.op = op
         self.out = torch.empty((m, n), device=dev, dtype=bf)
-        width = 2 * k if op == "silu_mul_linear" else k
-        self.x = torch.randn((m, width), device=dev, dtype=bf)
+        self.x = torch.randn((m, k), device=dev, dtype=bf)
         self.r = torch.randn((m, k), device=dev, dtype=bf)
         self.r_out = torch.empty_like(self.r)
         self.nw = torch.randn((k,), device=dev, dtype=bf) * 0.1 + 1
@@ -89,23 +88,19 @@ class Case:
         if self.op == "add_rms_norm_linear":
             return S.skinny_add_rms_norm_linear(self.x, self.r, self.nw, 1e-6, self.ws[i], out=self.out,
                                                 residual_out=self.r_out, config=cfg)[0]
-        if self.op == "silu_mul_linear":
-            return S.skinny_silu_mul_linear(self.x, self.ws[i], out=self.out, config=cfg)
         return S.skinny_linear(self.x, self.ws[i], out=self.out, config=cfg)
 
     def baseline(self, i: int) -> torch.Tensor:
         if self.op == "add_rms_norm_linear":
             normed, _ = K.add_rms_norm(self.x, self.r, self.nw, 1e-6)
             return self.math.linear(normed, self.ws[i])
-        if self.op == "silu_mul_linear":
-            return self.math.linear(K.silu_and_mul(self.x), self.ws[i])
         return torch.matmul(self.x, self.ws[i].T, out=self.out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="qwen3-4b")
-    ap.add_argument("--ops", default="linear,add_rms_norm_linear,silu_mul_linear")
+    ap.add_argument("--ops", default="linear,add_rms_norm_linear")
     ap.add_argument("--ms", default="1,2,4,8")
     ap.add_argument("--shapes", default="", help="a subset of each op's shapes (default: all of the model's)")
     ap.add_argument("--budget-s", type=float, default=240.0)

@@ -12,7 +12,6 @@ from infer_core.ports.fused_ops import (
     AttentionBatch,
     unfused_add_rms_norm_linear,
     unfused_qk_norm_rope_attention,
-    unfused_silu_mul_linear,
 )
 
 
@@ -99,9 +98,6 @@ class CpuFusedOps:
         bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return unfused_add_rms_norm_linear(self, F.linear, x, residual, norm_weight, eps, weight, bias)
-
-    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return unfused_silu_mul_linear(self, F.linear, gate_up, weight, bias)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)

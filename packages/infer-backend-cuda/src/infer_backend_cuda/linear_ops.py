@@ -1,9 +1,9 @@
 """The CUDA adapter's `LinearOps` per weight scheme, bound once per scheme when the model is built.
 
-Dense weights keep the existing paths (cuBLAS, the skinny Triton GEMM and its fused norm / SiLU prologues). AWQ
-and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after the unfused norm or
-SiLU kernel. Every path allocates its outputs with `torch.empty` only, which a CUDA-graph capture serves from the
-graph's pool, and never synchronises with the host.
+Dense weights take cuBLAS or the skinny Triton GEMM (with its fused norm prologue, and the gate / up GEMM's
+SiLU-and-mul epilogue). AWQ and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after
+the unfused norm kernel, and the SiLU-and-mul kernel after the gate / up GEMM. Every path allocates its outputs with
+`torch.empty` only, which a CUDA-graph capture serves from the graph's pool, and never synchronises with the host.
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ class DenseLinearOps:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._fused.add_rms_norm_linear(x, residual, norm_weight, eps, weight[0], bias)
 
-    def silu_mul_linear(self, gate_up: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
-        return self._fused.silu_mul_linear(gate_up, weight[0], bias)
-
     def add_rms_norm_linear_silu_mul(
         self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
         weight: Operands, bias: torch.Tensor | None,
@@ -57,7 +54,7 @@ class DenseLinearOps:
 
 
 class _QuantizedLinearOps(UnfusedLinearOps):
-    """A quantized scheme's GEMM with the norm and SiLU kernels before it, unfused."""
+    """A quantized scheme's GEMM with the norm kernel before it and the SiLU-and-mul kernel after it, unfused."""
 
     def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError

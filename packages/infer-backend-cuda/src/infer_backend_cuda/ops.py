@@ -12,7 +12,6 @@ from infer_core.ports.fused_ops import (
     AttentionBatch,
     unfused_add_rms_norm_linear,
     unfused_qk_norm_rope_attention,
-    unfused_silu_mul_linear,
 )
 
 
@@ -48,8 +47,8 @@ class CudaMathOps:
 
 class TritonFusedOps:
     """The `FusedOps` port on Triton kernels (see `kernels/`). Inputs are never modified; each op returns
-    fresh tensors (the KV store writes only the caches). The norm+GEMM and SiLU+GEMM ops run as one skinny
-    kernel at decode sizes and as the fused elementwise kernel + `math.linear` otherwise."""
+    fresh tensors (the KV store writes only the caches). The norm+GEMM op runs as one skinny kernel at decode
+    sizes where the tuned table says so, else as the norm kernel + `math.linear`."""
 
     def __init__(self, math: CudaMathOps) -> None:
         self._math = math
@@ -81,12 +80,6 @@ class TritonFusedOps:
         if config is not None and (residual is None or residual.stride(-1) == 1):
             return skinny.skinny_add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, config=config)
         return unfused_add_rms_norm_linear(self, self._math.linear, x, residual, norm_weight, eps, weight, bias)
-
-    def silu_mul_linear(self, gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        config = self._math.skinny_config("silu_mul_linear", gate_up, weight)
-        if config is not None:
-            return skinny.skinny_silu_mul_linear(gate_up, weight, bias, config=config)
-        return unfused_silu_mul_linear(self, self._math.linear, gate_up, weight, bias)
 
     def qk_norm_rope_store(
         self,

@@ -6,8 +6,9 @@ shapes at M = 1 (docs/kernels.md). Each program here takes `BLOCK_N` whole weigh
 chunks, with no split-K (deterministic, one launch). Two tile forms: fp32 products kept in registers with one
 reduction at the end (best at one row: many programs of 2-4 rows keep every SM streaming to the end of the
 grid), or the transposed product `W·Xᵀ` on the tensor cores with the rows padded to 16 (as cheap at 8 rows as
-at one). Variants fuse the residual add + RMSNorm, or SiLU-and-mul, into the prologue; an option prefetches each
-weight tile one iteration ahead, the first one before waiting on the producer kernel (under PDL).
+at one). A variant fuses the residual add + RMSNorm into the prologue, another a gated MLP's SiLU-and-mul into the
+epilogue (`skinny_linear_silu_mul`); an option prefetches each weight tile one iteration ahead, the first one before
+waiting on the producer kernel (under PDL).
 
 Launch configurations are chosen per (op, M bucket, N, K) from a table measured on the GPU
 (`configs/skinny_gemm.json`, written by `packages/infer-backend-cuda/scripts/bench_skinny_gemm.py`), with a shape
@@ -45,7 +46,7 @@ class SkinnyConfig(NamedTuple):
     prefetch: bool = False  # load each weight tile one iteration ahead, the first before waiting for the producer
 
 
-PLAIN, ADD_RMS_NORM, SILU_MUL = 0, 1, 2  # the kernel's prologue: what it makes of its input rows
+PLAIN, ADD_RMS_NORM = 0, 1  # the kernel's prologue: what it makes of its input rows
 
 
 @triton.jit
@@ -137,10 +138,6 @@ def _skinny_gemm_kernel(
             a = x.to(tl.float32)
             sum_sq += tl.sum(a * a, axis=1)
             a = a * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
-        elif PROLOGUE == 2:  # SiLU(gate) * up, rounded to the activation dtype as the unfused kernel writes it
-            g = x.to(tl.float32)
-            u = tl.load(x_ptr + rm[:, None] * x_stride + K + kk[None, :], mask=xm, other=0.0).to(tl.float32)
-            a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
         else:
             a = x.to(tl.float32)
         if USE_DOT:  # out^T tile [BLOCK_N, BLOCK_M] on the tensor cores: N fills the MMA's M side
@@ -193,7 +190,7 @@ def block_m(m: int, use_dot: bool) -> int:
     return max(16, next_pow2(m)) if use_dot else next_pow2(m)
 
 
-OPS = {"linear": PLAIN, "add_rms_norm_linear": ADD_RMS_NORM, "silu_mul_linear": SILU_MUL}
+OPS = {"linear": PLAIN, "add_rms_norm_linear": ADD_RMS_NORM}
 
 
 @lru_cache(maxsize=None)
@@ -356,16 +353,3 @@ def skinny_add_rms_norm_linear(
             raise ValueError("residual_out must not alias residual or x")
     y = _launch(ADD_RMS_NORM, x, weight, bias, out, config, x.shape[-1], residual, norm_weight, residual_out, eps)
     return y, (residual_out if residual is not None else x)
-
-
-def skinny_silu_mul_linear(
-    gate_up: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    config: SkinnyConfig | None = None,
-) -> torch.Tensor:
-    """`linear(silu(gate) * up)` for `gate_up = [gate | up]` `[M, 2K]` -> `[M, N]`."""
-    if gate_up.shape[-1] % 2:
-        raise ValueError(f"gate_up's last dimension must be even, got {gate_up.shape[-1]}")
-    return _launch(SILU_MUL, gate_up, weight, bias, out, config, gate_up.shape[-1] // 2)

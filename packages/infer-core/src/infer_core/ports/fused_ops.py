@@ -55,10 +55,6 @@ class FusedOps(Protocol):
         prologue where that pays (decode-size batches); the result equals the unfused ops up to rounding."""
         ...
 
-    def silu_mul_linear(self, gate_up: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        """`linear(silu_and_mul(gate_up))`: the MLP's down projection, fusable like `add_rms_norm_linear`."""
-        ...
-
     def qk_norm_rope_store(
         self,
         q: Tensor,
@@ -155,10 +151,3 @@ def unfused_qk_norm_rope_attention(
         q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch.slot_mapping
     )
     return fused.paged_attention(q, k_cache, v_cache, batch, scale)
-
-
-def unfused_silu_mul_linear(
-    fused: FusedOps, linear: Linear, gate_up: Tensor, weight: Tensor, bias: Tensor | None
-) -> Tensor:
-    """`FusedOps.silu_mul_linear` as the separate ops it stands for."""
-    return linear(fused.silu_and_mul(gate_up), weight, bias)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-from infer_core.ports.fused_ops import FusedOps, unfused_add_rms_norm_linear, unfused_silu_mul_linear
+from infer_core.ports.fused_ops import FusedOps, unfused_add_rms_norm_linear
 from infer_core.ports.tensor import Tensor
 from infer_core.quant import QuantScheme
 
@@ -27,10 +27,6 @@ class LinearOps(Protocol):
         bias: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         """`FusedOps.add_rms_norm_linear` with this scheme's GEMM."""
-        ...
-
-    def silu_mul_linear(self, gate_up: Tensor, weight: Sequence[Tensor], bias: Tensor | None) -> Tensor:
-        """`FusedOps.silu_mul_linear` with this scheme's GEMM."""
         ...
 
     def add_rms_norm_linear_silu_mul(
@@ -50,7 +46,7 @@ class LinearOpsFactory(Protocol):
 
 
 class UnfusedLinearOps:
-    """A scheme's `LinearOps` whose norm+GEMM and SiLU+GEMM are the separate ops around its `linear`: what an
+    """A scheme's `LinearOps` whose norm + GEMM (+ SiLU-and-mul) are the separate ops around its `linear`: what an
     adapter binds for a layout it has no fused kernel for."""
 
     def __init__(self, fused: FusedOps, scheme: QuantScheme) -> None:
@@ -65,9 +61,6 @@ class UnfusedLinearOps:
         bias: Tensor | None,
     ) -> tuple[Tensor, Tensor]:
         return unfused_add_rms_norm_linear(self._fused, self.linear, x, residual, norm_weight, eps, weight, bias)
-
-    def silu_mul_linear(self, gate_up: Tensor, weight: Sequence[Tensor], bias: Tensor | None) -> Tensor:
-        return unfused_silu_mul_linear(self._fused, self.linear, gate_up, weight, bias)
 
     def add_rms_norm_linear_silu_mul(
         self, x: Tensor, residual: Tensor | None, norm_weight: Tensor, eps: float, weight: Sequence[Tensor],

@@ -72,10 +72,6 @@ class Linear:
                                                         self._gemm_bias)
         return self._finish(act), h
 
-    def silu_mul_linear(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """`self(silu(gate) * up)`, fused where the backend can."""
-        return self._finish(self._ops.silu_mul_linear(gate_up, self.params.operands, self._gemm_bias))
-
     def _finish(self, out: torch.Tensor) -> torch.Tensor:
         if self.parallel is Parallel.ROW:
             out = self._collective.all_reduce(out)

@@ -1,5 +1,5 @@
-"""Gated MLP: one GEMM for gate and up, SiLU(gate) * up, the down projection. In a decoder layer the activation rides
-with the norm and the gate / up GEMM (`RMSNorm.project_silu_mul`); `down` takes it with the down GEMM instead."""
+"""Gated MLP: one GEMM for gate and up, SiLU(gate) * up, the down projection. The decoder layer runs the norm, the
+gate / up GEMM and the activation as one op (`RMSNorm.project_silu_mul`), then `down_proj`."""
 
 from __future__ import annotations
 
@@ -26,13 +26,6 @@ class GatedMlp:
             ops, intermediate_size, hidden_size, bias, dtype, device, quant.scheme("down_proj"),
             quant.name("down_proj"), Parallel.ROW,
         )
-
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down(self.gate_up_proj(hidden))
-
-    def down(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLP after its gate/up GEMM (which the decoder layer fuses with the norm before it)."""
-        return self.down_proj.silu_mul_linear(gate_up)
 
     def weight_slots(self) -> WeightSlots:
         return {**self.gate_up_proj.weight_slots(), **prefixed("down_proj.", self.down_proj.weight_slots())}
