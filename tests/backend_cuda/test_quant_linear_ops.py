@@ -39,13 +39,13 @@ def test_quantized_layers_match_the_cpu_reference(quant: dict, tmp_path: Path, d
         model.load_weights(iter_safetensors(tmp_path))
         models[name] = model
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
-    act = torch.randn(5, 96, generator=torch.Generator().manual_seed(1))  # the down projection's input
+    down_in = torch.randn(5, 96, generator=torch.Generator().manual_seed(1))
     outputs = {}
     for name in ("cpu", "cuda"):
         layer = models[name].layers[0]
         xs = x.to(device if name == "cuda" else "cpu")
         qkv, stream = layer.input_norm.project(xs, xs * 0.5, layer.mixer.qkv_proj)
-        down = layer.mlp.down_proj(act.to(xs.device))
+        down = layer.mlp.down_proj(down_in.to(xs.device))
         act, _ = layer.post_attention_norm.project_silu_mul(xs, xs * 0.25, layer.mlp.gate_up_proj)
         outputs[name] = (qkv.cpu(), stream.cpu(), down.cpu(), layer.mixer.o_proj(xs).cpu(), act.cpu())
     for got, expected in zip(outputs["cuda"], outputs["cpu"]):
