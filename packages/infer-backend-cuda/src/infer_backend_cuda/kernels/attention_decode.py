@@ -364,14 +364,8 @@ def _decode_config(head_dim: int) -> tuple[int, int, int]:
 
 def _merge_counters(device: torch.device, n_seq: int, num_kv_heads: int) -> torch.Tensor | None:
     """The arrival counters for an in-kernel merge (the split-K fix-up's, shared: launches on the one stream never
-    overlap), or None: the reduce kernel merges (fused attention or the fix-up off, too many tiles, or none
-    allocated and under capture, where zeroing a new buffer would not run until a replay)."""
-    if not FUSED_MERGE or n_seq * num_kv_heads > split_k.COUNTERS:
-        return None
-    counters = split_k.counters(device)
-    if counters is None and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        counters = split_k.allocate_counters(device)
-    return counters
+    overlap), or None: the reduce kernel merges (the merge fusion off, or `split_k.counters_for`'s reasons)."""
+    return split_k.counters_for(n_seq * num_kv_heads, device) if FUSED_MERGE else None
 
 
 def _check_rope(rope: DecodeRope, q: torch.Tensor, num_kv_heads: int) -> int:

@@ -167,6 +167,18 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def counters_for(tiles: int, device: torch.device) -> torch.Tensor | None:
+    """The arrival counters for a launch of `tiles` last-arriver tiles (this module's fix-up, or another kernel's
+    merge of the same pattern), or None: the fix-up is off, the launch has more tiles than counters, or none exist
+    and the stream is capturing (the zeroing of a new buffer would not run until a replay)."""
+    if not FIXUP or tiles > COUNTERS:
+        return None
+    cnt = counters(device)
+    if cnt is None and not _capturing(device):
+        cnt = allocate_counters(device)
+    return cnt
+
+
 class Partials(NamedTuple):
     """Where a launch's programs write: `workspace` (`[splits, M, N]` fp32, or the output itself when K is not
     split) and `counters` (the arrival counters when the last program of a tile sums, else None)."""
@@ -195,12 +207,7 @@ def partials(splits: int, m: int, n: int, out: torch.Tensor, tiles: int) -> Part
     them first); else a workspace that `finish` reduces."""
     if splits == 1:
         return Partials(1, out, None)
-    cnt = None
-    if FIXUP and tiles <= COUNTERS:
-        cnt = counters(out.device)
-        if cnt is None and not _capturing(out.device):
-            cnt = allocate_counters(out.device)
-    return Partials(splits, workspace(splits, m, n, out.device), cnt)
+    return Partials(splits, workspace(splits, m, n, out.device), counters_for(tiles, out.device))
 
 
 def finish(p: Partials, bias: torch.Tensor | None, out: torch.Tensor) -> None:
