@@ -27,7 +27,8 @@ LENGTHS = [3, 4, 5, 16, 17, 18, 23, 24, 25, 62, 63]
 def cluster(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Iterator[ServedCluster]:
     c = ServedCluster(tmp_path_factory.mktemp("longctx"), model=str(tiny_model_dir), model_name=MODEL,
                       block_size=BLOCK_SIZE, num_blocks=256, max_model_len=MAX_MODEL_LEN,
-                      chunked_prefill_size=CHUNK, max_batch_tokens=BATCH_TOKENS, request_timeout_secs=120.0)
+                      chunked_prefill_size=CHUNK, max_batch_tokens=BATCH_TOKENS, request_timeout_secs=120.0,
+                      idle_prefill_uses_step_budget=False)  # the chunk boundaries, alone too
     c.start(timeout=300)
     yield c
     c.stop()

@@ -35,7 +35,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir: Path) -
     # chunks of 16 prompt tokens and 8 KV blocks of 16 a sequence at most: prompts span several prefill chunks
     cluster = ServedCluster(tmp_path_factory.mktemp("qwen3_5-cluster"), model=str(model_dir), model_name=MODEL,
                             block_size=16, chunked_prefill_size=16, max_batch_tokens=32, max_batch_seqs=4,
-                            max_model_len=128, enable_prefix_caching=True)
+                            max_model_len=128, enable_prefix_caching=True, idle_prefill_uses_step_budget=False)
     cluster.start()
     try:
         yield cluster, hf

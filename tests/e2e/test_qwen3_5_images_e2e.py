@@ -40,7 +40,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServedClu
     # chunks of 16 prompt tokens: the image prompts span several prefill chunks
     cluster = ServedCluster(tmp_path_factory.mktemp("qwen3_5-vl-cluster"), model=str(model_dir), model_name=MODEL,
                             block_size=16, chunked_prefill_size=16, max_batch_tokens=32, max_batch_seqs=4,
-                            max_model_len=128)
+                            max_model_len=128, idle_prefill_uses_step_budget=False)
     cluster.start()
     try:
         yield cluster, hf, model_dir

@@ -112,8 +112,9 @@ CLUSTERS: dict[str, dict[str, object]] = {
     "ref": dict(enable_prefix_caching=False, block_size=16),
     "chunk": dict(enable_prefix_caching=False, block_size=16, chunked_prefill_size=CHUNK,
                   max_batch_tokens=STEP_TOKENS),
+    # `chunk` lets a lone prompt take the whole step budget (the default); `both` keeps its chunks of 8 alone too
     "both": dict(enable_prefix_caching=True, block_size=BOTH_BLOCK_SIZE, chunked_prefill_size=CHUNK,
-                 max_batch_tokens=STEP_TOKENS),
+                 max_batch_tokens=STEP_TOKENS, idle_prefill_uses_step_budget=False),
     # worker_timeout_secs: the refusal test stops this worker (SIGSTOP) for a moment; it must not be taken for lost
     "tight": dict(enable_prefix_caching=True, block_size=TIGHT_BLOCK_SIZE, num_blocks=TIGHT_BLOCKS,
                   worker_timeout_secs=60.0),
@@ -255,13 +256,15 @@ def test_outputs_identical_with_prefix_caching_and_chunked_prefill(
     steps = delta(after, before, "rustinfer_scheduler_steps_total")
     assert steps * STEP_TOKENS >= computed, (steps, computed)
 
-    # Alone, a fresh 50-token prompt is prefilled in ceil(50 / 8) = 7 chunks (the last samples the first token),
-    # then decodes one token a step.
+    # Alone, a fresh 50-token prompt is prefilled in ceil(50 / 8) = 7 chunks on `both`, in ceil(50 / 24) = 3 on
+    # `chunk`, where with nothing decoding a chunk takes the whole step budget (the last samples the first
+    # token), then decodes one token a step.
     lone = _ids(random.Random(name), 50)
     out = tokens_of(complete(cluster, lone, 5), 5)
     assert out == tokens_of(complete(clusters["ref"], lone, 5), 5)
     after_lone = settled(cluster, after)
-    assert delta(after_lone, after, "rustinfer_scheduler_steps_total") == 7 + 4
+    prefill_steps = -(-50 // (CHUNK if name == "both" else STEP_TOKENS))
+    assert delta(after_lone, after, "rustinfer_scheduler_steps_total") == prefill_steps + 4
     assert delta(after_lone, after, "rustinfer_prefix_cache_hits_tokens_total") == 0
 
 

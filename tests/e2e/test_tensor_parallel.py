@@ -56,7 +56,8 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory, embedded_model_dir: Pat
 
 def _cluster(workdir: Path, model_dir: Path, tp: int, **fields: Any) -> ServedCluster:
     return ServedCluster(workdir, model=str(model_dir), model_name=MODEL, tensor_parallel_size=tp, num_blocks=256,
-                         block_size=4, max_model_len=512, chunked_prefill_size=16, max_batch_tokens=48, **fields)
+                         block_size=4, max_model_len=512, chunked_prefill_size=16, max_batch_tokens=48,
+                         idle_prefill_uses_step_budget=False, **fields)
 
 
 @pytest.fixture(scope="module")

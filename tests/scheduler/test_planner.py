@@ -55,6 +55,29 @@ def test_prefill_cap_while_decoding_spreads_a_long_prompt_and_lifts_when_nothing
     assert [n.num_tokens for n in alone.plan_step().new_seqs] == [33]
 
 
+def test_a_lone_prompt_takes_the_whole_step_budget_only_while_nothing_decodes():
+    """With `idle_prefill_uses_step_budget`, a 40-token prompt alone is prefilled in chunks of the step budget (33,
+    not the chunk size 8); a second prompt arriving while the first decodes gets chunks of 8 again, and so does a
+    part-way prefill once a decode runs beside it. Without the option chunks stay at 8 throughout (the two prompts
+    prefill side by side, nothing decoding, until the first one's fifth chunk)."""
+    def chunks_of(idle: bool) -> list[list[int]]:
+        e = make_engine(num_blocks=256, max_batch_tokens=33, chunked_prefill_size=8,
+                        idle_prefill_uses_step_budget=idle)
+        w = SimWorker(256, 4)
+        e.submit(make_submit(list(range(100, 140)), max_tokens=20, rid="first"))
+        out = []
+        for i in range(7):
+            if i == 2:  # the first prompt's last chunk is done: it decodes from now on
+                e.submit(make_submit(list(range(200, 230)), max_tokens=2, rid="second"))
+            plan = e.plan_step()
+            out.append(sorted([c.num_tokens for c in plan.continuing] + [n.num_tokens for n in plan.new_seqs]))
+            e.apply_result(w.step(plan))
+        return out
+
+    assert chunks_of(True) == [[33], [7], [1, 8], [1, 8], [1, 8], [1, 6], [1, 1]]
+    assert chunks_of(False) == [[8], [8], [8, 8], [8, 8], [8, 8], [1, 6], [1, 1]]
+
+
 def test_sequence_cap():
     e = make_engine(max_batch_seqs=2)
     for _ in range(4):

@@ -46,15 +46,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         num_blocks=st.integers(4, 24), block_size=st.sampled_from([1, 2, 4]), max_batch_tokens=st.integers(1, 32),
         max_batch_seqs=st.integers(1, 8), chunk=st.integers(1, 16), prefix_caching=st.booleans(),
         seed=st.integers(0, 2**16), overlap=st.booleans(), prefill_cap=st.integers(0, 6),
-        state_slots=st.sampled_from([0, 0, 1, 2, 3]), grammar_steps=st.integers(0, 6),
+        state_slots=st.sampled_from([0, 0, 1, 2, 3]), grammar_steps=st.integers(0, 6), idle_chunks=st.booleans(),
     )
     def setup(self, num_blocks, block_size, max_batch_tokens, max_batch_seqs, chunk, prefix_caching, seed,
-              overlap, prefill_cap, state_slots, grammar_steps):
+              overlap, prefill_cap, state_slots, grammar_steps, idle_chunks):
         self.engine = Engine(num_blocks=num_blocks, block_size=block_size, max_model_len=48,
                              max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
                              chunked_prefill_size=chunk, enable_prefix_caching=prefix_caching,
                              prefill_tokens_while_decoding=prefill_cap, max_inflight_steps=2 if overlap else 1,
-                             num_state_slots=state_slots)
+                             num_state_slots=state_slots, idle_prefill_uses_step_budget=idle_chunks)
         self.worker = SimWorker(num_blocks, block_size, vocab_size=8, rng=random.Random(seed),
                                 num_state_slots=state_slots, grammar_steps=grammar_steps)
         self.held: deque = deque()  # results the worker computed that the engine has not seen yet
@@ -192,11 +192,11 @@ def _serve(subs, arrivals, grammar_steps: int = 0, **kw) -> tuple[dict[str, list
                             st.integers(1, 10), st.integers(0, 6), st.booleans()), min_size=1, max_size=10),
     block_size=st.sampled_from([1, 2, 4]), spare=st.integers(0, 6), chunk=st.integers(1, 8),
     max_batch_tokens=st.integers(2, 24), prefix_caching=st.booleans(), overlap=st.booleans(),
-    state_slots=st.sampled_from([0, 0, 1, 2, 3]), grammar_steps=st.integers(0, 4),
+    state_slots=st.sampled_from([0, 0, 1, 2, 3]), grammar_steps=st.integers(0, 4), idle_chunks=st.booleans(),
 )
 def test_outputs_do_not_depend_on_caching_chunking_preemption_or_overlap(reqs, block_size, spare, chunk,
                                                                          max_batch_tokens, prefix_caching, overlap,
-                                                                         state_slots, grammar_steps):
+                                                                         state_slots, grammar_steps, idle_chunks):
     """(state_slots: a hybrid model's, few enough that they, not the blocks, often bound the running set; some
     requests carry a grammar, held until the worker reports it compiled, `grammar_steps` after admission)"""
     shared = [5, 6, 7, 4, 5, 6, 7, 4, 6, 6, 5, 5]
@@ -208,6 +208,7 @@ def test_outputs_do_not_depend_on_caching_chunking_preemption_or_overlap(reqs, b
     ref, _ = _serve(subs, arrivals, num_blocks=512, block_size=block_size, enable_prefix_caching=False)
     got, e = _serve(subs, arrivals, num_blocks=need + spare, block_size=block_size, chunked_prefill_size=chunk,
                     max_batch_tokens=max_batch_tokens, enable_prefix_caching=prefix_caching,
-                    max_inflight_steps=2 if overlap else 1, num_state_slots=state_slots, grammar_steps=grammar_steps)
+                    max_inflight_steps=2 if overlap else 1, num_state_slots=state_slots, grammar_steps=grammar_steps,
+                    idle_prefill_uses_step_budget=idle_chunks)
     assert got == ref
     assert all(len(ref[s.request_id]) == s.max_tokens for s in subs)

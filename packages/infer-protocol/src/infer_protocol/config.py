@@ -101,6 +101,10 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     prefill_tokens_while_decoding: Annotated[int, Meta(
         description="while any request decodes, a step carries at most this many prompt tokens (bounds the "
                     "inter-token latency a long prompt adds); 0 = no cap beyond max_batch_tokens")] = 0
+    idle_prefill_uses_step_budget: Annotated[bool, Meta(
+        description="while no request decodes, one request's prefill chunk may take the whole step budget "
+                    "(max_batch_tokens) instead of chunked_prefill_size: a lone long prompt prefills in fewer, "
+                    "larger steps (vLLM's behaviour); false = chunks of chunked_prefill_size always")] = True
     enable_prefix_caching: Annotated[bool, Meta(
         description="RadixTree prefix cache: reuse the KV of shared, page-aligned prompt prefixes")] = True
     enable_overlap: Annotated[bool, Meta(

@@ -81,6 +81,7 @@ class Engine:
         max_batch_seqs: int = 256,
         chunked_prefill_size: int = 2048,
         prefill_tokens_while_decoding: int = 0,
+        idle_prefill_uses_step_budget: bool = False,
         enable_prefix_caching: bool = True,
         vocab_size: int = 0,
         max_inflight_steps: int = 1,
@@ -100,7 +101,7 @@ class Engine:
             enable_prefix_caching = False
         self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching, num_state_slots)
         self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size,
-                                 prefill_tokens_while_decoding)
+                                 prefill_tokens_while_decoding, idle_prefill_uses_step_budget)
         self.counters = Counters()
         self.planner = Planner(self.policy, self.kv, self.counters)
         self.waiting: deque[Request] = deque()
@@ -122,6 +123,7 @@ class Engine:
                    max_batch_tokens=config.max_batch_tokens, max_batch_seqs=config.max_batch_seqs,
                    chunked_prefill_size=config.chunked_prefill_size,
                    prefill_tokens_while_decoding=config.prefill_tokens_while_decoding,
+                   idle_prefill_uses_step_budget=config.idle_prefill_uses_step_budget,
                    enable_prefix_caching=config.enable_prefix_caching,
                    vocab_size=ready.model.vocab_size, max_inflight_steps=2 if config.enable_overlap else 1,
                    num_state_slots=ready.num_state_slots)

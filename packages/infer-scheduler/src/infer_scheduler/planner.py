@@ -56,13 +56,17 @@ class Planner:
     def schedule(self, step: int, running: list[Request], waiting: deque[Request]) -> Schedule:
         out = Schedule(step)
         prefills: list[Request] = []
+        num_running = len(running)
         after_decodes = self._decodes(step, running, waiting, out, self.policy.max_batch_tokens, prefills)
         prefill_budget = self.policy.prefill_budget(len(out.decoding), after_decodes)
-        budget = self._prefills(step, prefills, running, waiting, out, prefill_budget)
+        # "decodes" counts a request in its decode phase that sits this step out (its token in flight): a long
+        # chunk would stretch its next inter-token gap all the same
+        chunk_cap = self.policy.chunk_cap(anything_decodes=len(prefills) < num_running)
+        budget = self._prefills(step, prefills, running, waiting, out, prefill_budget, chunk_cap)
         # After a preemption the blocks are too short to admit anyone (vLLM does the same) — unless the step is
         # empty (a lone request preempted itself): then it is re-admitted at once, from its cached pages.
         if not out.preempted or not out.continuing:
-            budget = self._admit(step, running, waiting, out, budget)
+            budget = self._admit(step, running, waiting, out, budget, chunk_cap)
         out.num_tokens = self.policy.max_batch_tokens - after_decodes + prefill_budget - budget
         return out
 
@@ -109,14 +113,14 @@ class Planner:
         return budget
 
     def _prefills(self, step: int, prefills: list[Request], running: list[Request], waiting: deque[Request],
-                  out: Schedule, budget: int) -> int:
+                  out: Schedule, budget: int, chunk_cap: int) -> int:
         kv, bs = self.kv, self.kv.block_size
         for req in prefills:
             if budget <= 0:
                 break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            n = self.policy.chunk(req, budget)
+            n = self.policy.chunk(req, budget, chunk_cap)
             nc = req.num_computed
             if req.awaits_grammar:
                 n = min(n, req.num_computable)  # (>= 1: a part-way prefill has two tokens left at least)
@@ -166,7 +170,8 @@ class Planner:
 
     # ------------------------------------------------------------------ admission
 
-    def _admit(self, step: int, running: list[Request], waiting: deque[Request], out: Schedule, budget: int) -> int:
+    def _admit(self, step: int, running: list[Request], waiting: deque[Request], out: Schedule, budget: int,
+               chunk_cap: int) -> int:
         kv, bs = self.kv, self.kv.block_size
         max_running = self.policy.max_running
         while waiting and budget > 0 and len(running) < max_running:
@@ -175,7 +180,7 @@ class Planner:
                 break  # preempted while a step in flight samples its token: re-admit it once the token is known
             num_cached = 0 if req.prompt_lps is not None else kv.match(req)  # prompt logprobs: compute it all
             # (a request awaiting its grammar leaves its last token: it still computes one, kv.match saw to that)
-            n = min(len(req.token_ids) - num_cached - req.awaits_grammar, self.policy.chunk_size, budget)
+            n = min(len(req.token_ids) - num_cached - req.awaits_grammar, chunk_cap, budget)
             need = -(-(num_cached + n) // bs) - len(req.block_ids)
             if need > kv.num_available or not kv.take_slot(req):
                 kv.release(req, keep_in_cache=False)

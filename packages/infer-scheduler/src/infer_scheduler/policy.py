@@ -8,7 +8,8 @@ Admission is head-of-line: if the head of the queue does not fit, nobody behind 
 The running set is capped at min(max_batch_seqs, max_batch_tokens), so every running decode fits in every
 step: decodes are never starved, whatever the prompts waiting behind them. While anything decodes, a step's
 prompt tokens are capped too (`prefill_tokens_while_decoding`), which bounds how much one step, and so each
-running stream's inter-token latency, grows when a long prompt arrives.
+running stream's inter-token latency, grows when a long prompt arrives. While nothing decodes, one request's
+chunk may take the whole step budget (`idle_prefill_uses_step_budget`): no stream waits on that step.
 
 Preemption victim (by recompute): the most recently admitted running request that has not been scheduled yet
 in this step (LIFO, as vLLM). Decodes are scheduled first, so part-way prefills (the cheapest work to redo)
@@ -24,10 +25,14 @@ from infer_scheduler.request import Request, RequestStatus
 
 class FcfsPolicy:
     def __init__(self, max_batch_tokens: int, max_batch_seqs: int, chunked_prefill_size: int,
-                 prefill_tokens_while_decoding: int = 0) -> None:
+                 prefill_tokens_while_decoding: int = 0, idle_prefill_uses_step_budget: bool = False) -> None:
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_seqs = max_batch_seqs
         self.chunk_size = chunked_prefill_size
+        # With nothing decoding no stream waits on the step, so a chunk only costs its own prompt's TTFT: the
+        # fewer, larger steps of a lone long prompt save each step's fixed cost (a 16k prompt: 2 steps, not 8).
+        self.idle_chunk_size = max(max_batch_tokens, chunked_prefill_size) if idle_prefill_uses_step_budget \
+            else chunked_prefill_size
         self.max_running = min(max_batch_seqs, max_batch_tokens)
         self.prefill_tokens_while_decoding = prefill_tokens_while_decoding
 
@@ -39,11 +44,16 @@ class FcfsPolicy:
         cap = self.prefill_tokens_while_decoding
         return min(budget_left, cap) if num_decodes and cap > 0 else budget_left
 
-    def chunk(self, req: Request, token_budget: int) -> int:
-        """Tokens this request computes now: what it has left, capped by the chunk size and the step budget."""
+    def chunk_cap(self, anything_decodes: bool) -> int:
+        """One request's prompt tokens a step may carry: `chunked_prefill_size`, or with nothing decoding (and
+        `idle_prefill_uses_step_budget`) the whole step budget."""
+        return self.chunk_size if anything_decodes else self.idle_chunk_size
+
+    def chunk(self, req: Request, token_budget: int, cap: int) -> int:
+        """Tokens this request computes now: what it has left, capped by `cap` (`chunk_cap`) and the budget."""
         n = len(req.token_ids) - req.num_computed
-        if n > self.chunk_size:
-            n = self.chunk_size
+        if n > cap:
+            n = cap
         return n if n <= token_budget else token_budget
 
     def pick_victim(self, running: list[Request], step: int, requester: Request) -> Request:
