@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The tenth session's device calls, each part bounded, the logs packed into $OUT/s10.tar.gz after every part.
+#   CALL=1: the skinny GEMM at 2 and 4 rows tuned with the prefetch form (Qwen3-4B and Qwen3.5-4B shapes, into the
+#           installed table), then the decode replay at 1 / 2 / 4 rows with the tuned table and with the committed
+#           one (the in-model A/B decides what is committed).
+#   CALL=2: one 16k-token prompt alone with idle_prefill_uses_step_budget on and off; BF16 chat at qps 1 / 8 / 32.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session10.sh
+set -u
+OUT=${OUT:-/tmp/out}; LOGS=$OUT/s10; mkdir -p "$LOGS"
+export PYTHONUNBUFFERED=1
+COMMIT=${COMMIT:-unknown}
+SCRIPTS=packages/infer-backend-cuda/scripts
+echo "commit $COMMIT on $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$LOGS/commit.txt"
+pack() { tar -czf "$OUT/s10.tar.gz" -C "$OUT" s10 $( [ -d "$OUT/engines" ] && echo engines ); }
+
+roofline() {  # roofline TAG MODEL BATCHES [extra env assignments...]
+  local tag=$1 model=$2 batches=$3; shift 3
+  env "$@" timeout "${ROOFLINE_TIMEOUT:-80}" python3 bench/decode_roofline.py --model-dir "bench/models/$model" \
+    --batches "$batches" --eager-batches "" --steps 20 --profile --profile-steps 3 --out "$LOGS/$tag.json" \
+    > "$LOGS/$tag.log" 2>&1
+  echo "$tag rc=$?"; grep -A8 "^batch *floor" "$LOGS/$tag.log" | tail -8; pack
+}
+
+tune() {  # tune MODEL MS SECONDS: the prefetch candidates into the installed table
+  timeout $(( $3 + 30 )) python3 "$SCRIPTS/bench_skinny_gemm.py" --model "$1" --prefetch --ops linear --ms "$2" \
+    --budget-s "$3" --table "$TABLE" --json "$LOGS/tune_$1.json" > "$LOGS/tune_$1.log" 2>&1
+  echo "tune $1 rc=$?"; grep -A14 "^ *op  *m" "$LOGS/tune_$1.log" | tail -14; pack
+}
+
+case ${CALL:-1} in
+  1)
+    TABLE=$(python3 -c "from infer_backend_cuda.kernels import skinny_gemm as S; print(S._TABLE)")
+    cp "$TABLE" "$LOGS/skinny_gemm_committed.json"
+    tune qwen3-4b 2,4 "${TUNE_S:-90}"
+    tune qwen3.5-4b 2,4 "${TUNE_S:-90}"
+    cp "$TABLE" "$LOGS/skinny_gemm_tuned.json"
+    roofline roofline_qwen3-4b_tuned qwen3-4b 1,2,4
+    roofline roofline_qwen3.5-4b_tuned qwen3.5-4b 1,2,4
+    cp "$LOGS/skinny_gemm_committed.json" "$TABLE"
+    roofline roofline_qwen3-4b_committed qwen3-4b 1,2,4
+    roofline roofline_qwen3.5-4b_committed qwen3.5-4b 1,2,4
+    ;;
+  2)
+    ENGINES=${ENGINES:-"bf16:16k+chat=1,8,32 bf16@IDLE_PREFILL_USES_STEP_BUDGET=false:16k"} DURATION=${DURATION:-15} \
+      OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
+    ;;
+esac
+pack
