@@ -2,7 +2,8 @@
 # The tenth session's device calls, each part bounded, the logs packed into $OUT/s10.tar.gz after every part.
 #   CALL=1: the skinny GEMM at 2 and 4 rows tuned with the prefetch form (Qwen3-4B and Qwen3.5-4B shapes, into the
 #           installed table), then the decode replay at 1 / 2 / 4 rows with the tuned table and with the committed
-#           one (the in-model A/B decides what is committed).
+#           one (the in-model A/B decides what is committed); with EXTRA=1 (default) the decode attention's split
+#           waves at batch 64 / 128 and a PDL-off profile at batch 1 / 64.
 #   CALL=2: one 16k-token prompt alone with idle_prefill_uses_step_budget on and off; BF16 chat at qps 1 / 8 / 32.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session10.sh
 set -u
@@ -16,7 +17,7 @@ pack() { tar -czf "$OUT/s10.tar.gz" -C "$OUT" s10 $( [ -d "$OUT/engines" ] && ec
 roofline() {  # roofline TAG MODEL BATCHES [extra env assignments...]
   local tag=$1 model=$2 batches=$3; shift 3
   env "$@" timeout "${ROOFLINE_TIMEOUT:-80}" python3 bench/decode_roofline.py --model-dir "bench/models/$model" \
-    --batches "$batches" --eager-batches "" --steps 20 --profile --profile-steps 3 --out "$LOGS/$tag.json" \
+    --batches "$batches" --eager-batches "" --steps 20 --profile --profile-steps 3 --out "$LOGS/$tag.json" ${ROOFLINE_ARGS:-} \
     > "$LOGS/$tag.log" 2>&1
   echo "$tag rc=$?"; grep -A8 "^batch *floor" "$LOGS/$tag.log" | tail -8; pack
 }
@@ -39,6 +40,13 @@ case ${CALL:-1} in
     cp "$LOGS/skinny_gemm_committed.json" "$TABLE"
     roofline roofline_qwen3-4b_committed qwen3-4b 1,2,4
     roofline roofline_qwen3.5-4b_committed qwen3.5-4b 1,2,4
+    [ "${EXTRA:-1}" = 1 ] || { pack; exit 0; }
+    # the decode attention at served batch sizes: the split count's waves, and a PDL-off profile (true kernel times)
+    for waves in 2 4 8; do
+      ROOFLINE_ARGS="--context 384" roofline "roofline_qwen3-4b_b64_waves$waves" qwen3-4b 64,128 \
+        INFER_CUDA_DECODE_SPLIT_WAVES=$waves
+    done
+    ROOFLINE_ARGS="--context 384" roofline roofline_qwen3-4b_b1_64_nopdl qwen3-4b 1,64 INFER_CUDA_PDL=0
     ;;
   2)
     ENGINES=${ENGINES:-"bf16:16k+chat=1,8,32 bf16@IDLE_PREFILL_USES_STEP_BUDGET=false:16k"} DURATION=${DURATION:-15} \

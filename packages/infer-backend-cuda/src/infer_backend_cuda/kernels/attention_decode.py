@@ -64,6 +64,10 @@ FUSED_ENV = "INFER_CUDA_FUSED_DECODE_ATTENTION"
 _FUSED = os.environ.get(FUSED_ENV, "1").strip().lower()
 FUSED_ROPE = _FUSED in ("1", "rope")
 FUSED_MERGE = _FUSED in ("1", "merge")
+# INFER_CUDA_DECODE_SPLIT_WAVES: how many waves of (sequence, KV head, split) programs over the SMs the split count
+# aims at (`choose_num_splits`; A/B runs at large batches, where one split per sequence is a long serial walk).
+SPLIT_WAVES_ENV = "INFER_CUDA_DECODE_SPLIT_WAVES"
+SPLIT_WAVES = max(1, int(os.environ.get(SPLIT_WAVES_ENV, "2")))
 
 
 class DecodeRope(NamedTuple):
@@ -343,14 +347,14 @@ def _num_sms(device_index: int) -> int:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device) -> int:
-    """Enough (batch x kv-head x split) programs for ~2 waves over the SMs, at most MAX_SPLITS.
+    """Enough (batch x kv-head x split) programs for ~SPLIT_WAVES (2) waves over the SMs, at most MAX_SPLITS.
 
     Depends only on shapes that are fixed for a captured graph, never on context lengths."""
     if device.type != "cuda":
         return 4
     sms = _num_sms(device.index if device.index is not None else torch.cuda.current_device())
     work = max(1, batch * num_kv_heads)
-    return max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, work)))
+    return max(1, min(MAX_SPLITS, triton.cdiv(SPLIT_WAVES * sms, work)))
 
 
 def _decode_config(head_dim: int) -> tuple[int, int, int]:
