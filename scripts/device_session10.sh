@@ -4,7 +4,8 @@
 #           installed table), then the decode replay at 1 / 2 / 4 rows with the tuned table and with the committed
 #           one (the in-model A/B decides what is committed); with EXTRA=1 (default) the decode attention's split
 #           waves at batch 64 / 128 and a PDL-off profile at batch 1 / 64.
-#   CALL=2: one 16k-token prompt alone with idle_prefill_uses_step_budget on and off; BF16 chat at qps 1 / 8 / 32.
+#   CALL=2: one 16k-token prompt alone with idle_prefill_uses_step_budget on and off; BF16 chat at qps 1 / 8 / 32;
+#           Qwen3.5-4B's 16k prompt and chat at qps 1 / 8 / 32 with the final defaults.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session10.sh
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/s10; mkdir -p "$LOGS"
@@ -49,7 +50,8 @@ case ${CALL:-1} in
     ROOFLINE_ARGS="--context 384" roofline roofline_qwen3-4b_b1_64_nopdl qwen3-4b 1,64 INFER_CUDA_PDL=0
     ;;
   2)
-    ENGINES=${ENGINES:-"bf16:16k+chat=1,8,32 bf16@IDLE_PREFILL_USES_STEP_BUDGET=false:16k"} DURATION=${DURATION:-15} \
+    ENGINES=${ENGINES:-"bf16:16k+chat=1,8,32 bf16@IDLE_PREFILL_USES_STEP_BUDGET=false:16k qwen35:16k+chat=1,8,32"} \
+      DURATION=${DURATION:-15} \
       OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
     ;;
 esac
