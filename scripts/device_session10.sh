@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tenth session's device calls, each part bounded, the logs packed into $OUT/s10.tar.gz after every part.
-#   CALL=1: the L2 weight prefetch (GPU test, batch-1 / 2 / 4 replays on and off); the skinny GEMM at 2 and 4 rows
+#   CALL=1 (ran at 517a87c, whose L2 weight prefetch measured slower and was removed): the L2 weight prefetch (GPU
+#           test, batch-1 / 2 / 4 replays on and off); the skinny GEMM at 2 and 4 rows
 #           tuned with the prefetch form (Qwen3-4B and Qwen3.5-4B shapes, into the installed table), then the decode
 #           replay at 1 / 2 / 4 rows with the tuned table (against the committed one's above: the in-model A/B
 #           decides what is committed); with EXTRA=1 (default) the decode attention's split waves at batch 64 / 128

@@ -248,39 +248,6 @@ def test_fused_port_ops_on_gpu_match_the_unfused_ops(m):
     torch.testing.assert_close(act.float(), ref, atol=5e-2, rtol=3e-2)
 
 
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("m", [1, 2, 8])
-def test_l2_weight_prefetch_is_taken_and_changes_no_bit(m, monkeypatch):
-    """The skinny GEMMs (plain and gated, with the tuned configs, a partial last row block) give the same bits with
-    the weight slices prefetched into L2 as without: it is a hint, nothing is read from it."""
-    from infer_backend_cuda.kernels import l2_prefetch
-
-    for n, k in ((6144, 2560), (2560, 9728), (18432, 2560), (1000, 2560)):
-        x = _rand((m, k), torch.bfloat16, "cuda", m)
-        w = _rand((n, k), torch.bfloat16, "cuda", n) * 0.05
-        config = S.choose_config("linear", m, n, k, torch.device("cuda")) or S.heuristic_config(m, n, k)
-        results = {}
-        for on in (True, False):
-            monkeypatch.setattr(l2_prefetch, "_WANTED", on)
-            assert l2_prefetch.wanted(w) is on
-            results[on] = (S.skinny_linear(x, w, config=config), S.skinny_linear_silu_mul(x, w, config=config))
-        for a, b in zip(results[True], results[False]):
-            torch.testing.assert_close(a, b, atol=0, rtol=0)
-
-
-def test_l2_weight_prefetch_only_where_the_bulk_copy_can_address_the_rows():
-    from infer_backend_cuda.kernels import l2_prefetch
-
-    assert not l2_prefetch.wanted(torch.empty((8, 64), dtype=torch.bfloat16))  # not on a GPU (nor interpreted)
-    if torch.cuda.is_available() and not l2_prefetch.interpreting() and l2_prefetch._WANTED:
-        w = torch.empty((8, 72), dtype=torch.bfloat16, device="cuda")
-        hopper = torch.cuda.get_device_capability(0)[0] >= 9
-        assert l2_prefetch.wanted(w[:, :64]) is hopper  # rows of 128 bytes, 144 apart: aligned
-        assert not l2_prefetch.wanted(w[:, :60])  # 120-byte rows
-        assert not l2_prefetch.wanted(w[:, 4:68])  # 128-byte rows starting 8 bytes in
-
-
 def test_programmatic_dependent_launch_only_on_a_hopper_gpu():
     from infer_backend_cuda.kernels._common import pdl_launch
 

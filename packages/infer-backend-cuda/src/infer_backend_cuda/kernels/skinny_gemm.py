@@ -8,8 +8,7 @@ reduction at the end (best at one row: many programs of 2-4 rows keep every SM s
 grid), or the transposed product `W·Xᵀ` on the tensor cores with the rows padded to 16 (as cheap at 8 rows as
 at one). A variant fuses the residual add + RMSNorm into the prologue, another a gated MLP's SiLU-and-mul into the
 epilogue (`skinny_linear_silu_mul`); an option prefetches each weight tile one iteration ahead, the first one before
-waiting on the producer kernel (under PDL), and under PDL each program first asks L2 for its whole weight slice
-(`l2_prefetch.py`), so that the GEMM's stream starts while the kernel before it runs.
+waiting on the producer kernel (under PDL).
 
 Launch configurations are chosen per (op, M bucket, N, K) from a table measured on the GPU
 (`configs/skinny_gemm.json`, written by `packages/infer-backend-cuda/scripts/bench_skinny_gemm.py`), with a shape
@@ -27,9 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels import l2_prefetch
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
-from infer_backend_cuda.kernels.l2_prefetch import prefetch_l2
 
 MAX_M = 8
 # INFER_CUDA_GATED_GEMM=0: a gated MLP's gate / up GEMM without the SiLU-and-mul epilogue (that kernel after it; A/B
@@ -81,25 +78,16 @@ def _skinny_gemm_kernel(
     DOT_F32: tl.constexpr,
     PREFETCH: tl.constexpr,
     GATED: tl.constexpr,
-    L2_PREFETCH: tl.constexpr,
-    W_BYTES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
     a program streams the gate and the up row of each of its `BLOCK_N / 2` output columns and applies the
     SiLU-and-mul in its epilogue (`_gated_epilogue`)."""
-    pid = tl.program_id(0)
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
-        if L2_PREFETCH:  # this program's weight rows into L2 while the producer still runs (`l2_prefetch.py`)
-            if GATED:
-                _prefetch_rows(w_ptr, w_stride, pid * (BLOCK_N // 2), BLOCK_N // 2, N // 2, K, W_BYTES)
-                _prefetch_rows(w_ptr + (N // 2) * w_stride, w_stride, pid * (BLOCK_N // 2), BLOCK_N // 2, N // 2, K,
-                               W_BYTES)
-            else:
-                _prefetch_rows(w_ptr, w_stride, pid * BLOCK_N, BLOCK_N, N, K, W_BYTES)
         if not PREFETCH:
             tl.extra.cuda.gdc_wait()
+    pid = tl.program_id(0)
     if GATED:  # gate row c, then up row c, for each output column c (pairs adjacent: the epilogue splits them)
         HALF_N: tl.constexpr = BLOCK_N // 2
         j = tl.arange(0, BLOCK_N)
@@ -173,14 +161,6 @@ def _skinny_gemm_kernel(
     else:
         out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
-
-
-@triton.jit
-def _prefetch_rows(w_ptr, w_stride, first, count: tl.constexpr, n_rows, K, W_BYTES: tl.constexpr):
-    """Rows `[first, first + count)` of `w_ptr`'s `n_rows` (rows `w_stride` elements apart, `K` long) into L2."""
-    rows = tl.minimum(count, n_rows - first)
-    if rows > 0:
-        prefetch_l2(w_ptr + first.to(tl.int64) * w_stride, (((rows - 1) * w_stride + K) * W_BYTES).to(tl.int32))
 
 
 @triton.jit
@@ -316,8 +296,6 @@ def _launch(
         DOT_F32=dot_in_fp32(x.dtype),
         PREFETCH=cfg.prefetch,
         GATED=gated,
-        L2_PREFETCH=l2_prefetch.wanted(weight),
-        W_BYTES=weight.element_size(),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch(x.device),
