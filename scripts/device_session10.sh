@@ -8,8 +8,6 @@
 #           and a PDL-off profile at batch 1 / 64.
 #   CALL=2: one 16k-token prompt alone with idle_prefill_uses_step_budget on and off; BF16 chat at qps 1 / 8 / 32;
 #           Qwen3.5-4B's 16k prompt and chat at qps 1 / 8 / 32 with the final defaults.
-#   CALL=3: the fused decode attention's early key tile (GPU tests, batch 1-8 A/B on both models), pass 1's launch
-#           config at batch 64 / 128, BF16 chat at qps 1 / 32.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session10.sh
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/s10; mkdir -p "$LOGS"
@@ -62,19 +60,6 @@ case ${CALL:-1} in
         INFER_CUDA_DECODE_SPLIT_WAVES=$waves
     done
     ROOFLINE_ARGS="--context 384" roofline roofline_qwen3-4b_b1_64_nopdl qwen3-4b 1,64 INFER_CUDA_PDL=0
-    ;;
-  3)  # the fused decode attention's early key tile: GPU tests, the batch-1..8 A/B (both models), pass 1's launch
-      # config at served batch sizes, BF16 chat at qps 1 / 32 with the defaults
-    gpu_tests early "${TEST_TIMEOUT:-80}" tests/backend_cuda/test_fused_decode_attention.py tests/gpu/test_cuda_matches_cpu.py
-    for e in 1 0; do
-      roofline "roofline_qwen3-4b_early$e" qwen3-4b 1,2,4,8 INFER_CUDA_DECODE_EARLY_KV=$e
-      roofline "roofline_qwen3.5-4b_early$e" qwen3.5-4b 1 INFER_CUDA_DECODE_EARLY_KV=$e
-    done
-    for cfg in 64,4,3 32,4,3 64,8,2; do
-      ROOFLINE_ARGS="--context 384" roofline "roofline_qwen3-4b_b64_cfg${cfg//,/_}" qwen3-4b 64,128 \
-        INFER_CUDA_DECODE_ATTENTION_CONFIG=$cfg
-    done
-    ENGINES=${ENGINES:-"bf16:chat=1,32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
     ;;
   2)
     ENGINES=${ENGINES:-"bf16:16k+chat=1,8,32 bf16@IDLE_PREFILL_USES_STEP_BUDGET=false:16k qwen35:16k+chat=1,8,32"} \

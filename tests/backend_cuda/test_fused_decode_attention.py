@@ -118,23 +118,6 @@ def test_fused_decode_attention_large(case, dtype, device):
     _check(case, dtype, device)
 
 
-@pytest.mark.parametrize("case", [SMALL[0], SMALL[1], SMALL[4]])
-def test_the_early_key_tile_changes_no_value(case, device, monkeypatch):
-    """The first key tile read before the new token is stored (its row patched from the owner's registers: in the
-    first tile of its split, in a later one, a one-token context, a padding row) gives the bits of reading every
-    tile after the store, and stores the same cache rows."""
-    results = []
-    for early in (True, False):
-        monkeypatch.setattr(A, "EARLY_KV", early)
-        pb, q, rope, splits = _inputs(case, torch.float32, device)
-        out = K.paged_attention_decode(q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, 0.3,
-                                       num_splits=splits, rope=rope)
-        assert not torch.isnan(out).any()
-        results.append((out, pb.k_cache.nan_to_num(7.0), pb.v_cache.nan_to_num(7.0)))
-    for early, late in zip(*results):
-        assert torch.equal(early, late)
-
-
 def test_the_merge_in_kernel_equals_the_reduce_pass(device):
     """The last program's merge and the reduce kernel sum the same partials in the same order."""
     pb = make_paged_batch([1] * 4, [1, 90, 33, 0], 8, 2, 32, 8, torch.float32, device, seed=9)

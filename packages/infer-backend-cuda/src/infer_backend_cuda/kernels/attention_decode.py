@@ -26,12 +26,6 @@ Two fusions, each saving a launch a layer in the decode step (`DecodeRope`, `mer
   holds the new token's position norms, rotates and stores that token's k and v, then synchronises its threads
   (stores before a CTA barrier are visible to the CTA's later loads) before its key loop reads them back; no
   other program reads that position.
-- With the fusion above, a program reads the step's inputs (lengths, block table row, position, slot) and its first
-  key / value tile before it waits for the kernel that produces q / k / v (under programmatic dependent launch, while
-  that GEMM still runs): none of them is written by a kernel of the step, but for the new token's row, which the
-  owner stores here after the wait and patches into that tile from its registers. At decode contexts up to
-  `num_splits * BLOCK_N` tokens that tile is a split's whole share, so the keys' round trips leave the step's
-  critical path (`INFER_CUDA_DECODE_EARLY_KV=0` turns it off).
 - The split merge runs in pass 1 too: only the splits that hold keys take part (the first `cdiv(L_b, chunk)`, the
   others return at once); when that is one split it writes the output itself; else each stores its partial and
   counts its arrival on a per-(sequence, KV head) counter (the split-K fix-up's counters and memory order,
@@ -74,14 +68,6 @@ FUSED_MERGE = _FUSED in ("1", "merge")
 # aims at (`choose_num_splits`; A/B runs at large batches, where one split per sequence is a long serial walk).
 SPLIT_WAVES_ENV = "INFER_CUDA_DECODE_SPLIT_WAVES"
 SPLIT_WAVES = max(1, int(os.environ.get(SPLIT_WAVES_ENV, "2")))
-# INFER_CUDA_DECODE_EARLY_KV=0: the fused pass 1 reads its first key tile after waiting for q / k / v's producer
-# like everything else (A/B runs; module docstring).
-EARLY_KV_ENV = "INFER_CUDA_DECODE_EARLY_KV"
-EARLY_KV = os.environ.get(EARLY_KV_ENV, "1").strip() != "0"
-# INFER_CUDA_DECODE_ATTENTION_CONFIG="BLOCK_N,num_warps,num_stages": pass 1's launch config for every head size
-# instead of `_decode_config`'s (A/B runs).
-CONFIG_ENV = "INFER_CUDA_DECODE_ATTENTION_CONFIG"
-_CONFIG = tuple(int(v) for v in os.environ.get(CONFIG_ENV, "").split(",") if v.strip())
 
 
 class DecodeRope(NamedTuple):
@@ -145,75 +131,35 @@ def _norm_rope_rows(src_ptr, row_stride, n_rows, w_ptr, cs_row_ptr, eps, HEAD_DI
 
 
 @triton.jit
-def _rope_and_store_token(q_ptr, k_ptr, v_ptr, cs_row, slot, k_cache_ptr, v_cache_ptr, qw_ptr, kw_ptr, row, kvh,
-                          owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2,
-                          block_size, eps, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                          BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, HAS_Q_NORM: tl.constexpr,
-                          HAS_K_NORM: tl.constexpr):
-    """Pass 1's share of `qk_norm_rope_store` for the token of query row `row` and KV head `kvh`, rotated by the
-    `cs_row` row of the cos / sin table: returns the group's normed, rotated q rows (in q's dtype, as that kernel
-    stores them) and the token's k and v rows as the cache holds them (`[BLOCK_D]`; zeros unless stored). The
-    `owner` program stores them at `slot` (when >= 0) and every program then waits at a CTA barrier, after which
-    the owner's key loop sees the stored rows."""
+def _rope_and_store_token(q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
+                          row, kvh, owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2,
+                          vc_s0, vc_s1, vc_s2, block_size, eps, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+                          HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr):
+    """Pass 1's share of `qk_norm_rope_store` for the token of query row `row` and KV head `kvh`: returns the group's
+    normed, rotated q rows (in q's dtype, as that kernel stores them); the `owner` program also stores the token's
+    rotated k and its v at `slot_mapping[row]` and every program then waits at a CTA barrier, after which the
+    owner's key loop sees the stored rows."""
+    cs_row = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
     q_rows = q_ptr + row * q_s0 + (kvh * GROUP).to(tl.int64) * q_s1
     q = _norm_rope_rows(q_rows, q_s1, GROUP, qw_ptr, cs_row, eps, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM)
-    k_row = tl.zeros([BLOCK_D], k_cache_ptr.dtype.element_ty)
-    v_row = tl.zeros([BLOCK_D], v_cache_ptr.dtype.element_ty)
     if owner:
+        slot = tl.load(slot_ptr + row).to(tl.int64)
         if slot >= 0:
             # the token's one head row as a 2-row tile (row 1 masked off): a 1-row tile is avoided, as elsewhere
             rows = tl.arange(0, 2)
             cols = (rows * 0)[:, None] + tl.arange(0, BLOCK_D)[None, :]
             d_mask = (rows < 1)[:, None] & (cols < HEAD_DIM)
             k = _norm_rope_rows(k_ptr + row * k_s0 + kvh * k_s1, k_s1, 1, kw_ptr, cs_row, eps, HEAD_DIM, HALF, 2,
-                                BLOCK_D, HAS_K_NORM).to(k_cache_ptr.dtype.element_ty)
+                                BLOCK_D, HAS_K_NORM)
             blk, off = slot // block_size, slot % block_size
             kc = k_cache_ptr + blk * kc_s0 + off * kc_s1 + kvh * kc_s2
-            tl.store(kc + cols, k, mask=d_mask)
-            v = tl.load(v_ptr + row * v_s0 + kvh * v_s1 + cols, mask=d_mask, other=0.0).to(v_cache_ptr.dtype.element_ty)
+            tl.store(kc + cols, k.to(k_cache_ptr.dtype.element_ty), mask=d_mask)
+            v = tl.load(v_ptr + row * v_s0 + kvh * v_s1 + cols, mask=d_mask, other=0.0)
             vc = v_cache_ptr + blk * vc_s0 + off * vc_s1 + kvh * vc_s2
-            tl.store(vc + cols, v, mask=d_mask)
-            k_row = tl.sum(tl.where(d_mask, k, 0.0), axis=0).to(k_cache_ptr.dtype.element_ty)
-            v_row = tl.sum(tl.where(d_mask, v, 0.0), axis=0).to(v_cache_ptr.dtype.element_ty)
+            tl.store(vc + cols, v.to(v_cache_ptr.dtype.element_ty), mask=d_mask)
     tl.debug_barrier()
-    return q.to(q_ptr.dtype.element_ty), k_row, v_row
-
-
-@triton.jit
-def _kv_tile(k_cache_ptr, v_cache_ptr, bt_row, n0, end, kvh64, offs_d, d_mask, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1,
-             vc_s2, block_size, BLOCK_N: tl.constexpr):
-    """Keys and values `[BLOCK_N, BLOCK_D]` of positions `[n0, n0 + BLOCK_N)` (masked from `end` on) through the
-    block table row, with their positions and mask."""
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    n_mask = offs_n < end
-    page = tl.load(bt_row + offs_n // block_size, mask=n_mask, other=0).to(tl.int64)
-    in_page = (offs_n % block_size).to(tl.int64)
-    mask = n_mask[:, None] & d_mask[None, :]
-    k = tl.load(k_cache_ptr + (page * kc_s0 + in_page * kc_s1 + kvh64 * kc_s2)[:, None] + offs_d[None, :], mask=mask,
-                other=0.0)
-    v = tl.load(v_cache_ptr + (page * vc_s0 + in_page * vc_s1 + kvh64 * vc_s2)[:, None] + offs_d[None, :], mask=mask,
-                other=0.0)
-    return k, v, offs_n, n_mask
-
-
-@triton.jit
-def _attend(q, k, v, n_mask, m_i, l_i, acc, scale, DOT_F32: tl.constexpr):
-    """One key tile of the online softmax: returns the updated running max, sum and output `[BLOCK_H, BLOCK_D]`."""
-    if DOT_F32:
-        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k.to(q.dtype)))
-    s = tl.where(n_mask[None, :], s * scale, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.exp(s - m_safe[:, None])
-    alpha = tl.exp(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    if DOT_F32:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-    return m_new, l_i, acc * alpha[:, None] + pv
+    return q.to(q_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -253,19 +199,15 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr, RAGGED: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, HALF: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
-    MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, EARLY_KV: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """With DIRECT (one split) the normalised output goes to the query row of `o_ptr` in its dtype and no partial
     is stored; else the partial and its LSE go to the workspace, which with MERGE the last program of the
     (sequence, KV head) merges into `o_ptr` (else the reduce kernel does). With ROPE q is the raw projection's
-    and this program also does `qk_norm_rope_store`'s work for its token (`_rope_and_store_token`). With EARLY_KV
-    (ROPE, a decode batch) the step's inputs and the first key tile are read before waiting for q / k / v's
-    producer (module docstring)."""
+    and this program also does `qk_norm_rope_store`'s work for its token (`_rope_and_store_token`)."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
-        if not EARLY_KV:
-            tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -287,29 +229,17 @@ def _decode_split_kernel(
         used = tl.cdiv(ctx, tl.maximum(chunk, 1))
         if ctx == 0:
             if sp == 0:
-                if EARLY_KV and USE_PDL:
-                    tl.extra.cuda.gdc_wait()  # no store before the kernel before this one has ended
                 tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :],
                          tl.zeros([BLOCK_H, BLOCK_D], o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
             return
         if sp >= used:
             return
-    bt_row = bt_ptr + b * bt_s0
-    kvh64 = kvh.to(tl.int64)
     if ROPE:
         owner = (ctx > 0) & (sp == (ctx - 1) // tl.maximum(chunk, 1))  # the split that holds the new token
-        cs_row = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
-        slot = tl.load(slot_ptr + row, mask=owner, other=-1).to(tl.int64)
-    if EARLY_KV:  # the first key tile is of earlier steps but for the new token's row (patched below)
-        k0, v0, offs_n0, n_mask0 = _kv_tile(k_cache_ptr, v_cache_ptr, bt_row, start, end, kvh64, offs_d, d_mask, kc_s0,
-                                            kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, block_size, BLOCK_N)
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
-    if ROPE:
-        q, k_new, v_new = _rope_and_store_token(
-            q_ptr, k_ptr, v_ptr, cs_row, slot, k_cache_ptr, v_cache_ptr, qw_ptr, kw_ptr, row, kvh, owner, q_s0, q_s1,
-            k_s0, k_s1, v_s0, v_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, block_size, eps, GROUP, HEAD_DIM, HALF,
-            BLOCK_H, BLOCK_D, HAS_Q_NORM, HAS_K_NORM,
+        q = _rope_and_store_token(
+            q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, row, kvh,
+            owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2,
+            block_size, eps, GROUP, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM, HAS_K_NORM,
         )
     else:
         q = tl.load(
@@ -322,18 +252,39 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    first = start
-    if EARLY_KV:
-        # the tile was read before the owner stored the new token: that row is the owner's own k / v
-        new_row = ((offs_n0 == ctx - 1) & (slot >= 0))[:, None]
-        k0 = tl.where(new_row, k_new[None, :], k0)
-        v0 = tl.where(new_row, v_new[None, :], v0)
-        m_i, l_i, acc = _attend(q, k0, v0, n_mask0, m_i, l_i, acc, scale, DOT_F32)
-        first = start + BLOCK_N
-    for n0 in range(first, end, BLOCK_N):
-        k, v, _, n_mask = _kv_tile(k_cache_ptr, v_cache_ptr, bt_row, n0, end, kvh64, offs_d, d_mask, kc_s0, kc_s1,
-                                   kc_s2, vc_s0, vc_s1, vc_s2, block_size, BLOCK_N)
-        m_i, l_i, acc = _attend(q, k, v, n_mask, m_i, l_i, acc, scale, DOT_F32)
+    bt_row = bt_ptr + b * bt_s0
+    kvh64 = kvh.to(tl.int64)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        page = tl.load(bt_row + offs_n // block_size, mask=n_mask, other=0).to(tl.int64)
+        in_page = (offs_n % block_size).to(tl.int64)
+        k = tl.load(
+            k_cache_ptr + (page * kc_s0 + in_page * kc_s1 + kvh64 * kc_s2)[:, None] + offs_d[None, :],
+            mask=n_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if DOT_F32:
+            s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k.to(q.dtype)))
+        s = tl.where(n_mask[None, :], s * scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(
+            v_cache_ptr + (page * vc_s0 + in_page * vc_s1 + kvh64 * vc_s2)[:, None] + offs_d[None, :],
+            mask=n_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        if DOT_F32:
+            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -410,8 +361,6 @@ def _decode_config(head_dim: int) -> tuple[int, int, int]:
     """(BLOCK_N, num_warps, num_stages)."""
     if interpreting():
         return 16, 4, 1
-    if len(_CONFIG) == 3:
-        return _CONFIG  # type: ignore[return-value]
     if head_dim <= 128:
         return 64, 4, 2
     return 32, 4, 2
@@ -536,7 +485,6 @@ def paged_attention_decode(
         MERGE=counters is not None,
         SPLITS_PAD=splits_pad,
         GROUP_PAD=max(2, next_pow2(group)),
-        EARLY_KV=EARLY_KV and r is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
