@@ -47,10 +47,10 @@ class DenseLinearOps:
                                            bias)
 
     def _gated_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        config = self._math.skinny_config("linear", x, weight) if skinny.GATED else None
-        if config is not None:
+        config = self._math.skinny_config("linear", x, weight)
+        if config is not None and skinny.GATED:
             return skinny.skinny_linear_silu_mul(x, weight, bias, config=config)
-        return self._fused.silu_and_mul(self._math.linear(x, weight, bias))
+        return self._fused.silu_and_mul(self._math.linear_with(config, x, weight, bias))
 
 
 class _QuantizedLinearOps(UnfusedLinearOps):

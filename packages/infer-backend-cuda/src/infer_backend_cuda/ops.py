@@ -33,7 +33,12 @@ class CudaMathOps:
         return skinny.choose_config(op, x.shape[0], weight.shape[0], weight.shape[1], x.device)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        config = self.skinny_config("linear", x, weight)
+        return self.linear_with(self.skinny_config("linear", x, weight), x, weight, bias)
+
+    @staticmethod
+    def linear_with(config: skinny.SkinnyConfig | None, x: torch.Tensor, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+        """`linear` with the skinny config already chosen (`skinny_config`; None: cuBLAS)."""
         if config is not None:
             return skinny.skinny_linear(x, weight, bias, config=config)
         return F.linear(x, weight, bias)
