@@ -8,7 +8,10 @@ result records the prompt tokens the server reported in `usage`. `--image-fracti
 (`--image-side` pixels square, a JPEG data URL, one of a few distinct ones) before the question of that fraction of
 the requests, for a vision model; their TTFT is also reported apart (`ttft_image_ms`).
 `--image-ttft N` replaces the sweep by N requests one at a time, each one distinct image and a short question
-(after a warm-up): the image request's TTFT with nothing else running, as a median.
+(after a warm-up): the image request's TTFT with nothing else running, as a median. `--prompt-ttft N` likewise
+sends N distinct prompts of `--prompt-tokens` (default 16,384) random token ids through /v1/completions: a lone
+long prompt's TTFT without tokenizer time (the 16k-token probe; `bench/long_prompts.py` serves prompts of several
+lengths beside a decode stream).
 
 Metrics use vLLM's definitions: TTFT = time to the first content chunk; ITL = gaps between successive content
 chunks; TPOT = (E2E - TTFT) / (output tokens - 1); E2E = request latency. Reported as mean/p50/p90/p99 with
@@ -132,16 +135,21 @@ IGNORE_EOS = {"ignore_eos": True}  # the default extra body fields (`--no-ignore
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str, messages: list[dict[str, Any]],
-                      max_tokens: int, extra: dict[str, object] | None = None) -> RequestRecord:
+                      max_tokens: int, extra: dict[str, object] | None = None,
+                      prompt_ids: list[int] | None = None) -> RequestRecord:
+    """One streamed chat completion of `messages`; with `prompt_ids`, a completion of those token ids instead
+    (/v1/completions: no chat template, no tokenizer time)."""
     body = {
-        "model": model, "messages": messages, "max_tokens": max_tokens,
+        "model": model, "max_tokens": max_tokens,
         "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-    } | (IGNORE_EOS if extra is None else extra)
+    } | ({"messages": messages} if prompt_ids is None else {"prompt": prompt_ids}) | (
+        IGNORE_EOS if extra is None else extra)
+    endpoint = "chat/completions" if prompt_ids is None else "completions"
     start = time.perf_counter()
     last = start
     rec = RequestRecord(ok=False, image=any(isinstance(m["content"], list) for m in messages))
     try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
+        async with client.stream("POST", f"{url}/v1/{endpoint}", json=body) as resp:
             if resp.status_code != 200:
                 rec.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return rec
@@ -157,10 +165,10 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, messages:
                     rec.error = str(chunk["error"])
                     return rec
                 choice = chunk["choices"][0] if chunk.get("choices") else {}
-                delta = choice.get("delta", {})
+                content = choice.get("delta", {}).get("content") or choice.get("text")  # chat / completion chunk
                 rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
-                if delta.get("content"):
-                    rec.text += delta["content"]
+                if content:
+                    rec.text += content
                     now = time.perf_counter()
                     if rec.ttft == 0.0:
                         rec.ttft = now - start
@@ -290,6 +298,25 @@ async def image_ttft(url: str, model: str, side: int, repeats: int, max_tokens: 
             "warmup_ttft_ms": round(records[0].ttft * 1e3, 2)}
 
 
+async def prompt_ttft(url: str, model: str, tokens: int, repeats: int, max_tokens: int, vocab: int,
+                      seed: int) -> dict[str, object]:
+    """`repeats` prompts of `tokens` random token ids, one after another with nothing else running (each distinct: a
+    repeat would hit the prefix cache), after one short warm-up request: the TTFT of a lone long prompt (issue 14's
+    16k-token probe) without tokenizer time."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(vocab) for _ in range(n)] for n in (16, *([tokens] * repeats))]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as client:
+        records = [await one_request(client, url, model, [], max_tokens, prompt_ids=p) for p in prompts]
+    failed = [r.error for r in records if not r.ok]
+    if failed:
+        raise SystemExit(f"prompt TTFT: {len(failed)} requests failed: {failed[:3]}")
+    measured = records[1:]
+    return {"prompt_ttft_tokens": tokens, "repeats": repeats, "prompt_tokens": measured[0].prompt_tokens,
+            "ttft_ms": [round(r.ttft * 1e3, 2) for r in measured],
+            "ttft_ms_median": round(statistics.median(r.ttft for r in measured) * 1e3, 2),
+            "warmup_ttft_ms": round(records[0].ttft * 1e3, 2)}
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -334,12 +361,19 @@ def main() -> None:
     ap.add_argument("--image-ttft", type=int, default=0, metavar="N",
                     help="instead of the sweep: the TTFT of one --image-side image plus a short question, N requests "
                     "one at a time after a warm-up (median)")
+    ap.add_argument("--prompt-ttft", type=int, default=0, metavar="N",
+                    help="instead of the sweep: the TTFT of one prompt of --prompt-tokens (default 16,384) random token "
+                    "ids through /v1/completions, N requests one at a time after a warm-up (median)")
+    ap.add_argument("--vocab", type=int, default=30000, help="--prompt-ttft draws its token ids below this")
     ap.add_argument("--warmup", type=int, default=8, metavar="N",
                     help="N concurrent short requests before the first level, reported apart (as vLLM's bench sends a "
                     "test request first): the first requests after start-up pay one-time costs (0: none)")
     args = ap.parse_args()
-    if args.image_ttft:
-        result = asyncio.run(image_ttft(args.url, args.model, args.image_side, args.image_ttft, args.max_tokens))
+    if args.image_ttft or args.prompt_ttft:
+        result = asyncio.run(
+            image_ttft(args.url, args.model, args.image_side, args.image_ttft, args.max_tokens) if args.image_ttft
+            else prompt_ttft(args.url, args.model, args.prompt_tokens or 16384, args.prompt_ttft, args.max_tokens,
+                             args.vocab, args.seed))
         print(json.dumps(result), flush=True)
         args.out.write_text(json.dumps({"label": args.label, "commit": args.commit or commit(), "model": args.model}
                                        | result, indent=2))

@@ -191,3 +191,37 @@ def test_image_ttft_sends_one_distinct_image_at_a_time(tmp_path: Path, monkeypat
     result = json.loads(out.read_text())
     assert result["image"] == "64x64" and result["repeats"] == 3 and result["prompt_tokens"] == 9
     assert len(result["ttft_ms"]) == 3 and result["ttft_ms_median"] == sorted(result["ttft_ms"])[1] > 0
+
+
+def fake_completion_stream(request: httpx.Request) -> httpx.Response:
+    """A streamed /v1/completions answer of OUTPUT_TOKENS text chunks, the usage chunk (the prompt's length), [DONE]."""
+    prompt = json.loads(request.content)["prompt"]
+    events = [sse({"choices": [{"index": 0, "text": f"w{i} "}]}) for i in range(OUTPUT_TOKENS)]
+    events.append(sse({"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": OUTPUT_TOKENS}}))
+    events.append(sse("[DONE]"))
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content="".join(events).encode())
+
+
+def test_prompt_ttft_sends_distinct_token_id_prompts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--prompt-ttft N`: a short warm-up, then N completions of `--prompt-tokens` token ids (never the same twice: a
+    repeat would hit the prefix cache); the result holds each TTFT and their median."""
+    requests: list[httpx.Request] = []
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return fake_completion_stream(request)
+
+    monkeypatch.setattr(httpx, "AsyncClient",
+                        functools.partial(httpx.AsyncClient, transport=httpx.MockTransport(recording)))
+    out = tmp_path / "ttft.json"
+    monkeypatch.setattr(sys, "argv", ["serve_sweep.py", "--model", "fake", "--prompt-ttft", "3", "--prompt-tokens",
+                                      "500", "--vocab", "1000", "--max-tokens", "4", "--out", str(out)])
+    serve_sweep.main()
+    assert [r.url.path for r in requests] == ["/v1/completions"] * 4
+    prompts = [json.loads(r.content)["prompt"] for r in requests]
+    assert [len(p) for p in prompts] == [16, 500, 500, 500]
+    assert len({tuple(p) for p in prompts}) == 4 and all(0 <= t < 1000 for p in prompts for t in p)
+    assert all(json.loads(r.content)["stream"] for r in requests)
+    result = json.loads(out.read_text())
+    assert result["prompt_ttft_tokens"] == 500 and result["repeats"] == 3 and result["prompt_tokens"] == 500
+    assert len(result["ttft_ms"]) == 3 and result["ttft_ms_median"] == sorted(result["ttft_ms"])[1] > 0
