@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from infer_protocol.config import ENV_PREFIX, Config, ConfigError, dump_config
+from infer_protocol.config import ENV_PREFIX, Config, ConfigError, dump_config, ipc_listener
 from infer_protocol.config_cli import add_config_arguments, load_config_from_args
 from infer_worker.infrastructure.model_source import ModelSourceError, resolve_model_source
 
@@ -225,6 +225,14 @@ def _supervise(cluster: Cluster, stopping: list[int]) -> int:
 
 
 def serve(config: Config) -> int:
+    sched = config.ipc_path("sched")
+    if ipc_listener(sched):
+        # Its scheduler would refuse to start, but by then this cluster's worker would have joined the running one
+        # (and leaving, taken it down as a lost worker): refuse before anything starts.
+        path = sched.removeprefix("ipc://")
+        print(f"rustinfer: error: another cluster is serving cluster_id {config.cluster_id!r} ({path}); stop it or "
+              "start this one with a different --cluster-id", file=sys.stderr)
+        return 1
     cluster = Cluster(config)
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):

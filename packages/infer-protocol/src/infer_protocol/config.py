@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import tempfile
 import tomllib
 from pathlib import Path
@@ -167,6 +168,24 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         """The ZMQ IPC address of one channel (`sched`, `plan`, `result`), unique per cluster_id."""
         base = Path(self.ipc_dir or tempfile.gettempdir())
         return f"ipc://{base / f'rustinfer-{self.cluster_id}-{channel}.ipc'}"
+
+
+def ipc_listener(address: str) -> bool:
+    """Whether a process listens on a ZMQ `ipc://` address: its socket file exists and takes a connection (a file
+    that takes none is a dead process's leftover). Another cluster's scheduler on the same `cluster_id` shows here."""
+    if not address.startswith("ipc://"):
+        return False
+    path = address[len("ipc://"):]
+    if not os.path.exists(path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _positive(name: str, value: float) -> None:

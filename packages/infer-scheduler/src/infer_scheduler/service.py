@@ -24,7 +24,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import socket
 import time
 from collections import defaultdict, deque
 
@@ -33,7 +32,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from infer_protocol import codec
-from infer_protocol.config import Config
+from infer_protocol.config import Config, ipc_listener
 from infer_protocol.messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -92,19 +91,10 @@ def _unlink_ipc(address: str) -> None:
 def _claim_ipc(address: str, cluster_id: str) -> None:
     """Remove a stale socket file left by a dead scheduler — but refuse to take over a live one: binding over it
     would silently steal another cluster's workers and servers (a second launcher on the same cluster_id)."""
-    if not address.startswith("ipc://"):
+    if not ipc_listener(address):
+        _unlink_ipc(address)  # nobody listens: a leftover, or nothing at all
         return
     path = address[len("ipc://"):]
-    if not os.path.exists(path):
-        return
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError:
-        _unlink_ipc(address)  # nobody listens: a leftover
-        return
-    finally:
-        probe.close()
     raise RuntimeError(f"another scheduler is serving cluster_id {cluster_id!r} at {path}; stop it or set a "
                        "different cluster_id")
 
