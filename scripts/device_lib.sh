@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sourced by the device sweep scripts (needs LOGS, URL, DURATION, COMMIT set): start and stop engines, run sweeps.
+# Sourced by the device sweep scripts (needs LOGS, URL, DURATION, COMMIT set): start and stop engines, run sweeps;
+# the decode replays and GPU tests of the session scripts (they also need a `pack` function).
 
 model_dir() {  # a checkpoint folder: the carried dummy's tokenizer with the named shape's config.json
   local dir=/tmp/models/$1; mkdir -p "$dir"; cp .bench-models/qwen3-4b-dummy/* "$dir/"; chmod u+w "$dir"/*
@@ -30,4 +31,18 @@ ttft_16k() {  # ttft_16k LABEL: one 16k-token prompt alone, median of 5
   timeout 120 python3 bench/long_prompts.py --url $URL --model qwen3-4b --lengths 16384 --repeats 5 --no-background \
     --max-tokens 4 --out "$LOGS/ttft_16k_$1.json" > "$LOGS/ttft_16k_$1.log" 2>&1
   echo "16k $1 rc=$?"; tail -4 "$LOGS/ttft_16k_$1.log"
+}
+
+roofline() {  # roofline TAG MODEL BATCHES [extra env assignments...]; ROOFLINE_ARGS: more decode_roofline.py flags
+  local tag=$1 model=$2 batches=$3; shift 3
+  env "$@" timeout "${ROOFLINE_TIMEOUT:-80}" python3 bench/decode_roofline.py --model-dir "bench/models/$model" \
+    --batches "$batches" --eager-batches "" --steps 20 --profile --profile-steps 3 --out "$LOGS/$tag.json" \
+    ${ROOFLINE_ARGS:-} > "$LOGS/$tag.log" 2>&1
+  echo "$tag rc=$?"; grep -A8 "^batch *floor" "$LOGS/$tag.log" | tail -8; pack
+}
+
+gpu_tests() {  # gpu_tests TAG SECONDS FILES... [-k EXPR]
+  local tag=$1 secs=$2; shift 2
+  timeout -s INT "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" > "$LOGS/pytest_$tag.log" 2>&1
+  echo "pytest $tag rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_$tag.log" | tail -8; pack
 }

@@ -17,19 +17,7 @@ SCRIPTS=packages/infer-backend-cuda/scripts
 echo "commit $COMMIT on $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$LOGS/commit.txt"
 pack() { tar -czf "$OUT/s9.tar.gz" -C "$OUT" s9 $( [ -d "$OUT/engines" ] && echo engines ); }
 
-roofline() {  # roofline TAG MODEL BATCHES [extra env assignments...]
-  local tag=$1 model=$2 batches=$3; shift 3
-  env "$@" timeout "${ROOFLINE_TIMEOUT:-80}" python3 bench/decode_roofline.py --model-dir "bench/models/$model" \
-    --batches "$batches" --eager-batches "" --steps 20 --profile --profile-steps 3 --out "$LOGS/$tag.json" \
-    > "$LOGS/$tag.log" 2>&1
-  echo "$tag rc=$?"; grep -A8 "^batch *floor" "$LOGS/$tag.log" | tail -8; pack
-}
-
-gpu_tests() {  # gpu_tests TAG SECONDS FILES... [-k EXPR]
-  local tag=$1 secs=$2; shift 2
-  timeout -s INT "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" > "$LOGS/pytest_$tag.log" 2>&1
-  echo "pytest $tag rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_$tag.log" | tail -8; pack
-}
+source "$(dirname "$0")/device_lib.sh"  # roofline, gpu_tests
 
 case ${CALL:-1} in
   1)
