@@ -109,14 +109,15 @@ def test_awq_gemv_rows_groups_and_split_k(m, splits, group, device):
         torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales, bias), **tol(torch.float32))
 
 
-@pytest.mark.parametrize("m", [1, 4])
-def test_awq_gemv_bf16_multiplies_the_exact_dequantized_weights(m, device):
-    """bf16 activations: the reference rounds each dequantized weight to bf16 (2^-9 relative), the GEMV does not.
-    A bf16 output matches the reference within the bf16 tolerance; an fp32 output (no final rounding) is the
-    exact fp32 product of x and the dequantized weights, which the rounded reference is not."""
+@pytest.mark.parametrize("m,cfg", [(1, A.AwqConfig(1, 32, 16, 2, 1, 2)), (4, A.AwqConfig(4, 32, 16, 2, 1, 2)),
+                                   (4, A.AwqConfig(16, 32, 16, 4, 1, 3)), (19, A.AwqConfig(32, 16, 32, 4, 1, 2))])
+def test_awq_decode_kernels_multiply_the_exact_dequantized_weights(m, cfg, device):
+    """bf16 activations: the reference rounds each dequantized weight to bf16 (2^-9 relative); the GEMV and the
+    decode tiles (SCALE_AFTER: the integers q - z, then the scales) do not. A bf16 output matches the reference
+    within the bf16 tolerance; an fp32 output (no final rounding) is the exact fp32 product of x and the
+    dequantized weights, which the rounded reference is not."""
     qweight, qzeros, scales = _awq(72, 256, 64, device, seed=3)
     x = _x(m, 256, torch.bfloat16, device)
-    cfg = A.AwqConfig(A.next_pow2(m), 32, 16, 2, 1, 2)
     y = A.awq_linear(x, qweight, qzeros, scales, config=cfg).float().cpu()
     ref = _awq_reference(x, qweight, qzeros, scales)
     torch.testing.assert_close(y, ref, **tol(torch.bfloat16))
@@ -124,6 +125,18 @@ def test_awq_gemv_bf16_multiplies_the_exact_dequantized_weights(m, device):
     exact = x.cpu().float() @ awq_dequantize(qweight.cpu(), qzeros.cpu(), scales.cpu()).float()
     torch.testing.assert_close(wide, exact, **tol(torch.float32))
     assert (ref - exact).abs().max() > 10 * (wide - exact).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_awq_prefill_tiles_match_the_reference(dtype, device):
+    """Row tiles past SCALE_AFTER_MAX_M scale the weight before the product (rounded to x's dtype, as the
+    reference's dequantized GEMM does); 40 rows leave a partial 64-row tile, K = 256 four groups of 64."""
+    qweight, qzeros, scales = _awq(72, 256, 64, device, seed=3)
+    x = _x(40, 256, dtype, device)
+    cfg = A.AwqConfig(64, 32, 16, 4, 1, 2)
+    assert cfg.block_m > A.SCALE_AFTER_MAX_M
+    y = A.awq_linear(x, qweight, qzeros, scales, out=torch.empty((40, 72), device=device), config=cfg).cpu()
+    torch.testing.assert_close(y, _awq_reference(x, qweight, qzeros, scales), **tol(dtype))
 
 
 def test_awq_decode_configs_pick_the_gemv_and_fill_the_gpu():

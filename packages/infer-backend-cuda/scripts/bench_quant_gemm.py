@@ -54,10 +54,13 @@ def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
     tiled_splits = min(split_k.num_splits(k // 64, -(-n // 128)), max(1, k // (64 * m)))
     tiled = [A.AwqConfig(16, bn, 64, w, 3, s) for bn, w in ((128, 4), (256, 4), (128, 8), (256, 8))
              for s in (tiled_splits, max(1, tiled_splits // 2))]
-    if m > A.GEMV_MAX_M:  # decode rows in the tiled kernel: narrower tiles, whole-group K steps, more K ranges
-        tiled = [A.AwqConfig(16, bn, bk, w, 3, s) for bn, bk, w in ((64, 64, 4), (64, 128, 4), (128, 128, 4),
-                                                                     (64, 64, 2), (128, 64, 2), (64, 128, 2))
-                 for s in (d.k_splits, 2 * d.k_splits)] + tiled
+    if m > 1:  # decode rows in the tiled kernel: whole 128-byte word rows (256 columns), whole-group K steps
+        # (both ~6.5 SASS instructions a weight against 8.6 at 128 x 64: sass_census.py), narrower tiles, more K ranges
+        splits = d.k_splits if d.block_m > A.SKINNY_MAX_M else tiled_splits
+        tiled = [A.AwqConfig(16, bn, bk, w, st, s) for bn, bk, w, st in (
+            (256, 64, 4, 3), (128, 128, 4, 3), (256, 128, 8, 3), (256, 64, 8, 3), (128, 64, 4, 2), (256, 64, 4, 2),
+            (64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 2, 3), (128, 64, 2, 3))
+                 for s in (splits, 2 * splits, max(1, splits // 2))] + tiled
     if m == 1:  # the tiled kernel at one row: ~25 us a GEMM on the H200 (docs/benchmarks.md), not worth the budget
         tiled = []
     first, second = (gemv, tiled) if m <= A.GEMV_MAX_M else (tiled, gemv)

@@ -67,8 +67,8 @@ def loop_census(kernel) -> tuple[str, int, collections.Counter]:  # noqa: ANN001
 
 _AWQ_TYPES = dict(zip(
     ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "ws_ptr", "counter_ptr", "M", "N", "K", "x_stride",
-     "qw_stride", "qz_stride", "s_stride", "out_stride", "split_stride"],
-    ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*bf16", "*fp32", "*i32"] + ["i32"] * 9))
+     "qw_stride", "qz_stride", "s_stride", "out_stride", "split_stride", "magic"],
+    ["*bf16", "*i32", "*i32", "*fp16", "*fp16", "*bf16", "*fp32", "*i32"] + ["i32"] * 10))
 _AWQ_GEMV_TYPES = dict(zip(
     ["x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "ws_ptr", "counter_ptr", "M", "N", "x_stride",
      "qw_stride", "qz_stride", "s_stride", "out_stride", "split_stride", "groups", "groups_per_split", "magic"],
@@ -93,12 +93,13 @@ def cases():
     """(label, kernel, weight elements per program-step, threads) for the decode configs worth comparing."""
     for bn in (256, 512):  # one row: the longest loop is one group (its K steps unrolled)
         ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, FIXUP=_FIXUP, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=8,
-                  UNROLL=16, USE_PDL=False)
+                  UNROLL=16, ROW_PROGRAMS=False, USE_PDL=False)
         kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, 4, 1, _AWQ_DIVISIBLE)
         yield f"awq gemv 1x{bn}x8 w4", kernel, bn * 128, 4
-    for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (32, 128, 64, 4, 3)):
+    for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (16, 256, 64, 4, 3), (16, 128, 128, 4, 3),
+                                      (32, 128, 64, 4, 3), (64, 128, 64, 4, 3)):
         ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, FIXUP=_FIXUP, DOT_F32=False,
-                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=False)
+                  SCALE_AFTER=bm <= A.SCALE_AFTER_MAX_M, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=False)
         kernel = compile_sm90(A._awq_kernel, _AWQ_TYPES, ce, warps, stages, _AWQ_DIVISIBLE[:-1])
         yield f"awq {bm}x{bn}x{bk} w{warps}", kernel, bn * bk, warps
     for bm, bn, warps, stages, fuse in ((1, 64, 4, 2, True), (16, 64, 4, 3, False)):

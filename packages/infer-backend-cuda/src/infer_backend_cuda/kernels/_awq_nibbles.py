@@ -6,6 +6,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# The bits of 2^23 (`_field`). Kernels take it as a run-time argument: as a literal, ptxas keeps it as the LOP3's
+# immediate and re-materializes the nibble masks before every LOP3 (sm_90 SASS, `scripts/sass_census.py`).
+MAGIC = 0x4B000000
+
 
 @triton.jit
 def _field(words, i: tl.constexpr, magic):
@@ -22,7 +26,7 @@ def _field(words, i: tl.constexpr, magic):
 
 
 @triton.jit
-def unpack(words, BLOCK_N: tl.constexpr, magic=0x4B000000):
+def unpack(words, BLOCK_N: tl.constexpr, magic):
     """int32 words `[R, BLOCK_N / 8]` -> fp32 `[R, BLOCK_N]` of `_field`s in column order. Column `c` of a word is
     nibble `4 (c % 2) + c // 2`; joined as a tree (each join adds a minor dimension, held in registers) the eight
     fields of a word land in one thread's registers in column order, so that the reshape and the loads and

@@ -24,10 +24,13 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import awq_gemv, split_k
-from infer_backend_cuda.kernels._awq_nibbles import column_block, unpack
+from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, unpack
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 
 SKINNY_MAX_M = 8
+# Row tiles up to this take SCALE_AFTER (`_awq_kernel`): the step's product scaled once, BLOCK_M / BLOCK_K FMAs a
+# weight (1/4 at 16 x 64), against the FMUL a weight it saves; prefill tiles of 64-128 rows keep the scaled weight.
+SCALE_AFTER_MAX_M = 32
 
 
 class AwqConfig(NamedTuple):
@@ -47,9 +50,9 @@ class AwqConfig(NamedTuple):
 @triton.jit
 def _awq_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, counter_ptr,
-    M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride,
+    M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, magic,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, K_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
-    DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    DOT_F32: tl.constexpr, SCALE_AFTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (m, n, s) covers rows `m * BLOCK_M`, columns `n * BLOCK_N` and K `[s * K_SPLIT, (s + 1) * K_SPLIT)`;
@@ -57,7 +60,13 @@ def _awq_kernel(
     with FIXUP the last program of tile (m, n) sums into `out_ptr`.
 
     Each K step loads the packed words `[BLOCK_K, BLOCK_N / 8]` once (contiguous rows) and unpacks them in
-    registers (`_awq_nibbles.unpack`)."""
+    registers (`_awq_nibbles.unpack`; `magic` at run time, as in the GEMV, or ptxas re-materializes the nibble
+    masks before every LOP3: sm_90 SASS 10.0 against ~7 instructions a weight at 16 x 128 x 64).
+
+    SCALE_AFTER (decode tiles: few rows, so a product row costs less than a weight row) multiplies the exact
+    integers `q - z` (one FFMA a weight from the unpacked field, exact in any activation dtype: |q - z| <= 15)
+    and scales the step's `[BLOCK_M, BLOCK_N]` product by the group's scales afterwards, instead of an FADD and
+    an FMUL a weight: the GEMV's numerics (the exact dequantized weight), not the reference's rounding of it."""
     if USE_PDL:  # programmatic dependent launch: start early, read x only after its producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -85,14 +94,24 @@ def _awq_kernel(
                              eviction_policy="evict_first")
         g = k0 // GROUP
         zeros = tl.load(qz_ptr + g * qz_stride + rw, mask=w_mask, other=0)
-        s = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0).to(tl.float32) * unscale
-        # ((q - z) 16^e) (s 16^-e) = (q - z) s, exact in fp32 (a 5-bit integer times an fp16 scale; the powers of
-        # two only move exponents), then rounded to x's dtype as the reference's dequantized GEMM does.
-        w = ((unpack(words, BLOCK_N) - unpack(zeros[None, :], BLOCK_N)) * s[None, :]).to(x.dtype)
-        if DOT_F32:
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        s = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0).to(tl.float32)
+        if SCALE_AFTER:
+            # (2^23 + q 16^e) 16^-e - (2^23 16^-e + z) = q - z, exact (powers of two only move exponents).
+            zu = unpack(zeros[None, :], BLOCK_N, magic) * unscale[None, :]
+            w = (unpack(words, BLOCK_N, magic) * unscale[None, :] - zu).to(x.dtype)
         else:
-            acc += tl.dot(x, w)
+            # ((q - z) 16^e) (s 16^-e) = (q - z) s, exact in fp32 (a 5-bit integer times an fp16 scale; the powers
+            # of two only move exponents), then rounded to x's dtype as the reference's dequantized GEMM does.
+            w = ((unpack(words, BLOCK_N, magic) - unpack(zeros[None, :], BLOCK_N, magic))
+                 * (s * unscale)[None, :]).to(x.dtype)
+        if DOT_F32:
+            part = tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+        else:
+            part = tl.dot(x, w)
+        if SCALE_AFTER:
+            acc += part * s[None, :]
+        else:
+            acc += part
     split_k.store_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride,
                        split_stride, pid_k, tl.num_programs(2), pid_m * tl.num_programs(1) + pid_n, PARTIAL,
                        HAS_BIAS, FIXUP)
@@ -115,7 +134,9 @@ def check_group(group: int) -> None:
 # replays, docs/benchmarks.md, eighth session): 2 rows 3.489 ms as row programs against 5.171 in the 2-row GEMV; 4 rows
 # 7.193 in the 4-row GEMV and 5.389 as row programs, while the tiled kernel's padded 16-row tile took 5.217 at 8 rows
 # (its cost does not grow with the rows it holds), so from 3 rows (4 in a decode graph) the tiled kernel.
-GEMV_MAX_M = 2
+# INFER_CUDA_AWQ_GEMV_MAX_M sets it for A/B runs (with INFER_CUDA_AWQ_ROW_PROGRAMS at or below it).
+GEMV_MAX_M_ENV = "INFER_CUDA_AWQ_GEMV_MAX_M"
+GEMV_MAX_M = int(os.environ.get(GEMV_MAX_M_ENV, "2"))
 # Up to this many rows the GEMV takes 128-column blocks on 2 warps (`gemv_config`); INFER_CUDA_AWQ_NARROW_ROWS
 # sets it for A/B runs (read once at import, like the other INFER_CUDA_ switches).
 NARROW_ENV = "INFER_CUDA_AWQ_NARROW_ROWS"
@@ -212,9 +233,9 @@ def awq_linear(
     p = split_k.partials(splits, m, n, out, grid[0] * grid[1])
     _awq_kernel[grid](
         x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n, k,
-        x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n,
+        x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, MAGIC,
         GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=p.partial, FIXUP=p.fixup,
-        DOT_F32=dot_in_fp32(x.dtype), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT_F32=dot_in_fp32(x.dtype), SCALE_AFTER=cfg.block_m <= SCALE_AFTER_MAX_M, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)

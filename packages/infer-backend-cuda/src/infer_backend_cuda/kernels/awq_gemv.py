@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import split_k
-from infer_backend_cuda.kernels._awq_nibbles import column_block, unpack
+from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, unpack
 from infer_backend_cuda.kernels._common import pdl_launch
 
 
@@ -129,7 +129,7 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
     _awq_gemv_kernel[grid](
         x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, groups, per,
-        0x4B000000, GROUP=group, HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup,
+        MAGIC, GROUP=group, HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup,
         BLOCK_M=1 if row_programs else triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
         UNROLL=unroll(1 if row_programs else m, group // block_k), ROW_PROGRAMS=row_programs, num_warps=num_warps,
         num_stages=1, **pdl_launch(x.device),
