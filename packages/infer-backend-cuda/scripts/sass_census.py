@@ -97,7 +97,7 @@ def cases():
         kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, 4, 1, _AWQ_DIVISIBLE)
         yield f"awq gemv 1x{bn}x8 w4", kernel, bn * 128, 4
     for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (16, 256, 64, 4, 3), (16, 128, 128, 4, 3),
-                                      (32, 128, 64, 4, 3), (64, 128, 64, 4, 3)):
+                                      (16, 256, 128, 8, 3), (32, 128, 64, 4, 3), (64, 128, 64, 4, 3)):
         ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, FIXUP=_FIXUP, DOT_F32=False,
                   SCALE_AFTER=bm <= A.SCALE_AFTER_MAX_M, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=False)
         kernel = compile_sm90(A._awq_kernel, _AWQ_TYPES, ce, warps, stages, _AWQ_DIVISIBLE[:-1])
