@@ -2,7 +2,7 @@
 # The eleventh session's device calls, each part bounded, the logs packed into $OUT/s11.tar.gz after every part.
 #   CALL=1: the AWQ kernels' GPU tests; the AWQ GEMMs at 2 / 4 / 8 rows (`bench_quant_gemm.py`: the decode tiles
 #           with the run-time nibble magic and SCALE_AFTER, their candidates against the GEMV); the AWQ decode
-#           replay at 1 / 2 / 4 / 8 rows with the defaults and with two rows in the tiled kernel; BF16 beside it.
+#           replay at 1 / 2 / 4 / 8 rows with the defaults and with two rows in the tiled kernel; BF16 beside it; FP8 at batch 64 / 128 (profile).
 #   CALL=2: chat at qps 1 for AWQ and BF16 (ENGINES overrides), with the defaults the first call chose.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session11.sh
 set -u
@@ -25,6 +25,7 @@ case ${CALL:-1} in
     roofline roofline_awq qwen3-4b-awq 1,2,4,8
     roofline roofline_awq_tiled2 qwen3-4b-awq 2 INFER_CUDA_AWQ_GEMV_MAX_M=1 INFER_CUDA_AWQ_ROW_PROGRAMS=1
     roofline roofline_bf16 qwen3-4b 1,2,4,8
+    ROOFLINE_ARGS="--context 384" roofline roofline_fp8_b64 qwen3-4b-fp8 64,128
     ;;
   2)
     ENGINES=${ENGINES:-"awq:chat=1 bf16:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
