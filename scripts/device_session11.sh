@@ -3,7 +3,8 @@
 #   CALL=1: the AWQ kernels' GPU tests; the AWQ GEMMs at 2 / 4 / 8 rows (`bench_quant_gemm.py`: the decode tiles
 #           with the run-time nibble magic and SCALE_AFTER, their candidates against the GEMV); the AWQ decode
 #           replay at 1 / 2 / 4 / 8 rows with the defaults and with two rows in the tiled kernel; BF16 beside it; FP8 at batch 64 / 128 (profile).
-#   CALL=2: chat at qps 1 for AWQ and BF16 (ENGINES overrides), with the defaults the first call chose.
+#   CALL=2: the AWQ GPU tests at Qwen3-4B shapes with the tuned table; one row tuned (GEMV or decode tile) into the
+#           installed table; the AWQ replay at 1 / 2 / 4 / 8 rows with it; chat at qps 1 for AWQ and BF16.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session11.sh
 set -u
 OUT=${OUT:-/tmp/out}; LOGS=$OUT/s11; mkdir -p "$LOGS"
@@ -28,6 +29,13 @@ case ${CALL:-1} in
     ROOFLINE_ARGS="--context 384" roofline roofline_fp8_b64 qwen3-4b-fp8 64,128
     ;;
   2)
+    gpu_tests awq_shapes "${TEST_TIMEOUT:-60}" tests/backend_cuda/test_quant_gemm.py -k "awq_qwen3_4b or quantized_gemms"
+    # one row: the GEMV against the decode tiles tuned at 2-16 rows, the bests into the installed table
+    TABLE=$(python3 -c "from infer_backend_cuda.kernels import awq_gemm as A; print(A._TABLE)")
+    timeout 120 python3 "$SCRIPTS/bench_quant_gemm.py" --formats awq --ms 1 --budget-s "${TUNE_S:-50}" \
+      --json "$LOGS/quant_awq_m1.json" --table "$TABLE" > "$LOGS/quant_awq_m1.log" 2>&1
+    echo "bench_quant_gemm m1 rc=$?"; tail -5 "$LOGS/quant_awq_m1.log"; cp "$TABLE" "$LOGS/awq_gemm_table.json"; pack
+    roofline roofline_awq_table qwen3-4b-awq 1,2,4,8
     ENGINES=${ENGINES:-"awq:chat=1 bf16:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
       bash scripts/device_engines.sh
     ;;

@@ -4,6 +4,8 @@ Interpreter shapes are tiny; the Qwen3-4B shapes, odd row counts and CUDA-graph 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -142,17 +144,55 @@ def test_awq_prefill_tiles_match_the_reference(dtype, device):
 def test_awq_decode_configs_pick_the_gemv_and_fill_the_gpu():
     """Qwen3-4B at batch 1: o_proj (N = 2560, K = 4096) is 10 GEMV column blocks, so K is cut (whole groups) until
     the launch has hundreds of programs; gate_up (N = 19456) needs little splitting; the workspace stays within
-    half the weight bytes. Two rows run as one-row programs each (the rows of a tile neighbours, words shared
-    through L2); from 3 rows the tensor-core kernel (measured faster at 4 rows)."""
+    half the weight bytes. From 2 rows the decode tiles (whole-group K steps, the integer products; measured faster
+    than the row programs at 2 rows and than the GEMV at 4)."""
     narrow, wide = A.default_config(1, 2560, 4096, 128), A.default_config(1, 19456, 2560, 128)
     assert narrow.block_m <= A.SKINNY_MAX_M and wide.block_m <= A.SKINNY_MAX_M
     assert narrow.k_splits * -(-2560 // narrow.block_n) >= 256 and narrow.k_splits <= 4096 // 128
     assert wide.k_splits < narrow.k_splits
-    two = A.default_config(2, 6144, 2560, 128)
-    assert two.row_programs and two.block_m == 2 and two._replace(block_m=1, row_programs=False) == \
-        A.default_config(1, 6144, 2560, 128)
     assert not A.default_config(1, 6144, 2560, 128).row_programs
-    assert all(A.default_config(m, 6144, 2560, 128).block_m == 16 for m in (3, 4, 5, 8))
+    assert all(A.default_config(m, 6144, 2560, 128).block_m == A.DECODE_TILE_M for m in (2, 3, 4, 5, 8, 16))
+    two = A.default_config(2, 6144, 2560, 128)
+    assert two.block_k == 128 and A.SCALE_AFTER_MAX_M >= two.block_m  # whole-group steps, the integer products
+
+
+def test_awq_tuned_table_serves_its_row_buckets(tmp_path, monkeypatch):
+    """A GPU's table entry of the 16-row bucket serves 2 to 16 rows of its shape and group (not 17, not another
+    shape, group or GPU, not the CPU); one row takes the one-row bucket's entry where there is one; with the GEMV
+    switched on for 2 rows (A/B runs) 2 rows keep it."""
+    tile, one = A.AwqConfig(16, 64, 128, 4, 3, 25), A.AwqConfig(16, 128, 128, 8, 3, 5)
+    table = tmp_path / "awq_gemm.json"
+    table.write_text(json.dumps({"GPU X": [dict(m=16, n=2560, k=4096, group=128, config=list(tile)),
+                                           dict(m=1, n=2560, k=4096, group=128, config=list(one))]}))
+    monkeypatch.setattr(A, "_TABLE", table)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU X")
+    A._tuned_table.cache_clear()
+    try:
+        cuda = torch.device("cuda")
+        assert all(A.choose_config(m, 2560, 4096, 128, cuda) == tile for m in (2, 3, 16))
+        assert A.choose_config(1, 2560, 4096, 128, cuda) == one
+        for args in ((17, 2560, 4096, 128), (4, 2560, 9728, 128), (4, 2560, 4096, 64)):
+            assert A.choose_config(*args, cuda) == A.default_config(*args)
+        assert A.choose_config(4, 2560, 4096, 128, torch.device("cpu")) == A.default_config(4, 2560, 4096, 128)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU Y")
+        assert A.choose_config(4, 2560, 4096, 128, cuda) == A.default_config(4, 2560, 4096, 128)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU X")
+        monkeypatch.setattr(A, "GEMV_MAX_M", 2)
+        assert A.choose_config(2, 2560, 4096, 128, cuda) == A.default_config(2, 2560, 4096, 128)
+        assert A.choose_config(2, 2560, 4096, 128, cuda).block_m <= A.SKINNY_MAX_M
+    finally:
+        A._tuned_table.cache_clear()
+
+
+def test_committed_awq_table_holds_launchable_configs():
+    """Every committed entry fits the kernels' rules for its shape: K steps inside a group, whole packed words,
+    a row tile covering its bucket, at most as many K ranges as steps."""
+    entries = [e for rows in json.loads(A._TABLE.read_text()).values() for e in rows]
+    assert entries
+    for e in entries:
+        cfg = A.AwqConfig(*e["config"])
+        assert e["group"] % cfg.block_k == 0 and cfg.block_n % 8 == 0 and cfg.block_m >= e["m"], e
+        assert 1 <= cfg.k_splits <= e["k"] // cfg.block_k and e["m"] == A.table_rows(e["m"]), e
 
 
 def test_awq_tiled_configs_fill_the_gpu_at_decode_batches():

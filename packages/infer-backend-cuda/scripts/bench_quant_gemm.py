@@ -39,7 +39,7 @@ def _splits(default: int) -> list[int]:
 def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
     """The default first, then alternatives, the likeliest first (a short run times only the head): the GEMV's
     column block, K step and half its splits, and the 16-row tensor-core tile (also 256 columns wide)."""
-    d = A.default_config(m, n, k, GROUP)
+    d = A.choose_config(m, n, k, GROUP, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if m > A.SKINNY_MAX_M:
         grid = [A.AwqConfig(bm, bn, bk, w, 3, s) for bm, bn, bk, w in itertools.product(
             (32, 64), (64, 128), (64, 128), (4, 8)) for s in _splits(d.k_splits)]
@@ -61,8 +61,10 @@ def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
             (256, 64, 4, 3), (128, 128, 4, 3), (256, 128, 8, 3), (256, 64, 8, 3), (128, 64, 4, 2), (256, 64, 4, 2),
             (64, 128, 4, 3), (128, 128, 8, 3), (64, 64, 2, 3), (128, 64, 2, 3))
                  for s in (splits, 2 * splits, max(1, splits // 2))] + tiled
-    if m == 1:  # the tiled kernel at one row: ~25 us a GEMM on the H200 (docs/benchmarks.md), not worth the budget
-        tiled = []
+    if m == 1:  # the decode tiles at one row: those tuned at 2-16 rows first (o_proj's beat the GEMV at 2 rows)
+        tuned = A._tuned_table(torch.cuda.get_device_name()).get((A.DECODE_TILE_M, n, k, GROUP)) \
+            if torch.cuda.is_available() else None
+        tiled = ([tuned] if tuned else []) + tiled[:6]
     first, second = (gemv, tiled) if m <= A.GEMV_MAX_M else (tiled, gemv)
     # The two kernels in turn, so that a short run has timed both.
     grid = [c for pair in itertools.zip_longest(first, second) for c in pair if c is not None]
@@ -182,6 +184,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(DECODE_SHAPES))
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--table", type=Path, help="write the AWQ bests into this table (awq_gemm._TABLE's format)")
     args = ap.parse_args()
     dev = torch.device("cuda")
     t_start = time.perf_counter()
@@ -208,6 +211,22 @@ def main() -> None:
               f"{r['best_us']:>7.2f} {r['cublas_bf16_us']:>7.2f} {r['tried']:>5}  {r['best']}", flush=True)
     if args.json:
         args.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(dev), rows=rows), indent=2))
+    if args.table:
+        write_awq_table(args.table, torch.cuda.get_device_name(dev), rows)
+
+
+def write_awq_table(path: Path, device: str, rows: list[dict]) -> None:
+    """Each AWQ row bucket's best (`awq_gemm.table_rows`; of the bucket's fewest rows timed: what a decode step at
+    low load runs) into the table `awq_gemm.choose_config` reads, replacing this device's entries of those shapes."""
+    table = json.loads(path.read_text()) if path.exists() else {}
+    entries = {(e["m"], e["n"], e["k"], e["group"]): e for e in table.get(device, [])}
+    for r in sorted((r for r in rows if r["fmt"] == "awq" and r["best"]), key=lambda r: r["m"], reverse=True):
+        bucket = A.table_rows(r["m"])
+        if bucket:
+            entries[(bucket, r["n"], r["k"], GROUP)] = dict(m=bucket, n=r["n"], k=r["k"], group=GROUP,
+                                                            config=list(r["best"]), us=r["best_us"])
+    table[device] = sorted(entries.values(), key=lambda e: (e["m"], e["n"], e["k"], e["group"]))
+    path.write_text(json.dumps(table, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,10 @@ activation dtype before the product, as the CPU reference's dequantized GEMM doe
 
 from __future__ import annotations
 
+import json
 import os
+from functools import lru_cache
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -135,22 +138,26 @@ def check_group(group: int) -> None:
         raise ValueError(f"the cuda AWQ kernels need a group size divisible by 16, got {group}")
 
 
-# The default GEMV's rows; above, the tiled kernel (see `default_config`). Measured on the H200 (Qwen3-4B AWQ decode
-# replays, docs/benchmarks.md, eighth session): 2 rows 3.489 ms as row programs against 5.171 in the 2-row GEMV; 4 rows
-# 7.193 in the 4-row GEMV and 5.389 as row programs, while the tiled kernel's padded 16-row tile took 5.217 at 8 rows
-# (its cost does not grow with the rows it holds), so from 3 rows (4 in a decode graph) the tiled kernel.
-# INFER_CUDA_AWQ_GEMV_MAX_M sets it for A/B runs (with INFER_CUDA_AWQ_ROW_PROGRAMS at or below it).
+# The default GEMV's rows; above, the tiled kernel (see `default_config`). The eighth session's H200 replays (Qwen3-4B
+# AWQ, docs/benchmarks.md) put two rows in row programs (3.489 ms, against 5.171 in the 2-row GEMV) and the tiled
+# kernel from 3 (5.2 ms at 4-8 rows); since the decode tiles multiply the integers q - z with the weight tile on the
+# left (SCALE_AFTER) and take their tuned configs (`_TABLE`), the tiled kernel wins from 2 rows: eleventh session, qkv /
+# o_proj / gate_up / down at 2 rows 10.7 / 8.2 / 24.8 / 16.8 us against 17.8 / 11.9 / 28.2 / 18.4 as row programs.
+# INFER_CUDA_AWQ_GEMV_MAX_M sets it for A/B runs (with INFER_CUDA_AWQ_ROW_PROGRAMS for the 2-8 row forms).
 GEMV_MAX_M_ENV = "INFER_CUDA_AWQ_GEMV_MAX_M"
-GEMV_MAX_M = int(os.environ.get(GEMV_MAX_M_ENV, "2"))
+GEMV_MAX_M = int(os.environ.get(GEMV_MAX_M_ENV, "1"))
 # Up to this many rows the GEMV takes 128-column blocks on 2 warps (`gemv_config`); INFER_CUDA_AWQ_NARROW_ROWS
 # sets it for A/B runs (read once at import, like the other INFER_CUDA_ switches).
 NARROW_ENV = "INFER_CUDA_AWQ_NARROW_ROWS"
 NARROW_ROWS = int(os.environ.get(NARROW_ENV, "1"))
 # Up to this many rows (at most SKINNY_MAX_M) each row runs the one-row GEMV in programs of its own, the word tiles
-# shared through L2 (`awq_gemv.launch`); the default 2 is the one row count where that wins (above). 0 keeps the
-# multi-row GEMV (A/B runs).
+# shared through L2 (`awq_gemv.launch`); off by default (the decode tiles beat it at 2 rows, above). 0 keeps the
+# multi-row GEMV up to GEMV_MAX_M (A/B runs).
 ROW_PROGRAMS_ENV = "INFER_CUDA_AWQ_ROW_PROGRAMS"
-ROW_PROGRAMS_ROWS = min(SKINNY_MAX_M, int(os.environ.get(ROW_PROGRAMS_ENV, "2")))
+ROW_PROGRAMS_ROWS = min(SKINNY_MAX_M, int(os.environ.get(ROW_PROGRAMS_ENV, "0")))
+# Measured best configs per GPU (`scripts/bench_quant_gemm.py --table`): row bucket (`table_rows`), N, K and group.
+_TABLE = Path(__file__).resolve().parent.parent / "configs" / "awq_gemm.json"
+DECODE_TILE_M = 16  # the decode tiles' row block: 2 to 16 rows share one tuned config
 # The GEMV's (K step, widest column block) per row block: with 4 steps unrolled (`awq_gemv.unroll`) the
 # products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice: the group's and the running sum)
 # fit without spills (sm_90 SASS, `scripts/sass_census.py`: ~250 registers at 2 to 8 rows).
@@ -189,14 +196,39 @@ def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
     against a 0.94 ms byte floor); the workspace, a few MB read back once from L2, costs less than the idle SMs."""
     if m <= max(GEMV_MAX_M, ROW_PROGRAMS_ROWS):
         return gemv_config(m, n, k, group)
-    if m <= 64:
-        bm, warps = max(16, next_pow2(m)), 4
+    if m <= DECODE_TILE_M:  # untuned decode shapes: the H200's best at two of Qwen3-4B's four (o_proj, gate_up)
+        bm, warps, block_n, block_k = DECODE_TILE_M, 4, 64, group_block_k(group, 128)
+    elif m <= 64:
+        bm, warps, block_n, block_k = next_pow2(m), 4, 128, group_block_k(group, 64)
     else:
-        bm, warps = 128, 8
-    block_n, block_k = 128, group_block_k(group, 64)
+        bm, warps, block_n, block_k = 128, 8, 128, group_block_k(group, 64)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, block_n)
     splits = min(split_k.num_splits(k // block_k, tiles), max(1, k // (16 * m)))
     return AwqConfig(bm, block_n, block_k, warps, 3, splits)
+
+
+def table_rows(m: int) -> int:
+    """The tuned table's row bucket: one row, or the decode tiles' 2 to DECODE_TILE_M rows (0: not tuned)."""
+    return 1 if m == 1 else DECODE_TILE_M if m <= DECODE_TILE_M else 0
+
+
+@lru_cache(maxsize=None)
+def _tuned_table(device_name: str) -> dict[tuple[int, int, int, int], AwqConfig]:
+    if not _TABLE.exists():
+        return {}
+    entries = json.loads(_TABLE.read_text()).get(device_name, [])
+    return {(e["m"], e["n"], e["k"], e["group"]): AwqConfig(*e["config"]) for e in entries}
+
+
+def choose_config(m: int, n: int, k: int, group: int, device: torch.device) -> AwqConfig:
+    """This GPU's measured best for the shape's row bucket (`_TABLE`), else `default_config`; 2 to 16 rows only
+    where the tiled kernel serves them (above GEMV_MAX_M, so that the A/B switch holds)."""
+    rows = table_rows(m)
+    if device.type == "cuda" and rows and (m == 1 or m > GEMV_MAX_M):
+        cfg = _tuned_table(torch.cuda.get_device_name(device)).get((rows, n, k, group))
+        if cfg is not None:
+            return cfg
+    return default_config(m, n, k, group)
 
 
 def awq_linear(
@@ -222,7 +254,7 @@ def awq_linear(
     check_last_dim_contiguous("input", x)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    cfg = config or default_config(m, n, k, group)
+    cfg = config or choose_config(m, n, k, group, x.device)
     if group % cfg.block_k:
         raise ValueError(f"block_k {cfg.block_k} must divide the group size {group}")
     if cfg.block_n % 8:
