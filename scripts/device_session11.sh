@@ -36,7 +36,7 @@ case ${CALL:-1} in
       --json "$LOGS/quant_awq_m1.json" --table "$TABLE" > "$LOGS/quant_awq_m1.log" 2>&1
     echo "bench_quant_gemm m1 rc=$?"; tail -5 "$LOGS/quant_awq_m1.log"; cp "$TABLE" "$LOGS/awq_gemm_table.json"; pack
     roofline roofline_awq_table qwen3-4b-awq 1,2,4,8
-    ENGINES=${ENGINES:-"awq:chat=1 bf16:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
+    ENGINES=${ENGINES:-"awq:chat=1,8,32 bf16:chat=1"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
       bash scripts/device_engines.sh
     ;;
 esac
