@@ -184,6 +184,58 @@ def test_awq_tuned_table_serves_its_row_buckets(tmp_path, monkeypatch):
         A._tuned_table.cache_clear()
 
 
+def test_fp8_tuned_table_serves_its_row_buckets(tmp_path, monkeypatch):
+    """An entry of bucket 64 serves 33 to 64 rows of its shape and group only (not 32 or 65, not another shape,
+    group or GPU, not the CPU), where the default rules take over (None)."""
+    tile = F8.Fp8Config(64, 64, 4, 4, 2)
+    table = tmp_path / "fp8_gemm.json"
+    table.write_text(json.dumps({"GPU X": [dict(m=64, n=6144, k=2560, group=128, config=list(tile))]}))
+    monkeypatch.setattr(F8, "_TABLE", table)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU X")
+    F8._tuned_table.cache_clear()
+    try:
+        cuda = torch.device("cuda")
+        assert all(F8.choose_config(m, 6144, 2560, 128, cuda) == tile for m in (33, 40, 64))
+        for args in ((32, 6144, 2560, 128), (65, 6144, 2560, 128), (64, 2560, 4096, 128), (64, 6144, 2560, 64)):
+            assert F8.choose_config(*args, cuda) is None
+        assert F8.choose_config(64, 6144, 2560, 128, torch.device("cpu")) is None
+        assert F8.choose_config(2 * F8.TABLE_MAX_M, 6144, 2560, 128, cuda) is None
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU Y")
+        assert F8.choose_config(64, 6144, 2560, 128, cuda) is None
+    finally:
+        F8._tuned_table.cache_clear()
+
+
+def test_tuned_table_merge_replaces_only_its_keys(tmp_path):
+    """The bench scripts' writer: this GPU's entries of the new keys replaced, its other entries and other GPUs'
+    kept, the result sorted by key and read back by `entries`."""
+    from infer_backend_cuda.kernels import tuned_table
+
+    path = tmp_path / "t.json"
+    old = [dict(m=64, n=1, k=2, group=128, config=[1], us=9.0), dict(m=16, n=1, k=2, group=128, config=[2], us=5.0)]
+    path.write_text(json.dumps({"GPU X": old, "GPU Y": [dict(m=64, n=1, k=2, group=128, config=[3], us=1.0)]}))
+    new = [dict(m=64, n=1, k=2, group=128, config=[4], us=7.0), dict(m=32, n=1, k=2, group=128, config=[5], us=6.0)]
+    tuned_table.merge(path, "GPU X", new, F8.table_key)
+    assert [e["config"] for e in tuned_table.entries(path, "GPU X")] == [[2], [5], [4]]
+    assert [e["config"] for e in tuned_table.entries(path, "GPU Y")] == [[3]]
+    assert tuned_table.entries(path, "GPU Z") == [] and tuned_table.entries(tmp_path / "none.json", "GPU X") == []
+
+
+def test_committed_fp8_table_holds_launchable_configs():
+    """Every committed entry is cuBLASLt's or a Triton tile the kernels launch: tensor-core tiles of >= 16 rows
+    (or the CUDA-core rows of a skinny bucket), whole K ranges, a row-streaming config covering its bucket."""
+    entries = [e for rows in json.loads(F8._TABLE.read_text()).values() for e in rows]
+    assert entries
+    for e in entries:
+        cfg = F8.Fp8Config(*e["config"])
+        assert e["m"] == F8.table_rows(e["m"]) and e["group"] == 128, e
+        if cfg.scaled_mm:
+            continue
+        assert cfg.block_n & (cfg.block_n - 1) == 0 and 1 <= cfg.k_splits <= -(-e["k"] // e["group"]), e
+        assert cfg.block_m >= 16 or e["m"] <= F8.SKINNY_MAX_M, e
+        assert not cfg.row_groups or cfg.block_m >= e["m"], e
+
+
 def test_committed_awq_table_holds_launchable_configs():
     """Every committed entry fits the kernels' rules for its shape: K steps inside a group, whole packed words,
     a row tile covering its bucket, at most as many K ranges as steps."""

@@ -25,7 +25,7 @@ import torch
 
 from bench_skinny_gemm import BW, MODEL_SHAPES
 from graph_timing import graph_replay_us
-from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, split_k
+from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, split_k, tuned_table
 
 DECODE_SHAPES = ("qkv", "o_proj", "gate_up", "down")
 SHAPES = MODEL_SHAPES["qwen3-4b"]
@@ -84,9 +84,11 @@ def fp8_candidates(m: int, n: int, k: int) -> list[F8.Fp8Config]:
         # the tensor cores, after the quantization kernel
         grid += [F8.Fp8Config(16, bn, 4, st, s) for bn, st in itertools.product((32, 64, 128), (2, 3))
                  for s in _splits(d.k_splits)]
-    elif m <= 64:
-        grid = [F8.Fp8Config(bm, bn, w, 3, s) for bm, bn, w in itertools.product((32, 64), (64, 128), (4, 8))
-                for s in _splits(d.k_splits)]
+    elif m <= 64:  # tiles of 64 columns first (the ninth session's bests), deeper pipelines, then the rest
+        grid = [F8.Fp8Config(bm, bn, w, st, s) for bn, st, bm, w in (
+            (64, 3, 64, 4), (64, 4, 64, 4), (64, 5, 64, 4), (64, 4, 32, 4), (128, 4, 64, 4), (64, 4, 16, 4),
+            (128, 3, 64, 8), (32, 4, 64, 4), (128, 3, 32, 4))
+            for s in _splits(d.k_splits) + [2 * d.k_splits + 2]]
     else:  # few candidates, so that --ms 128,256,2048 over the four shapes finishes in ~40 s
         return _fp8_wide_candidates(m, n, k, d)
     return [d] + [c for c in grid if c != d]
@@ -109,7 +111,8 @@ def _fp8_wide_candidates(m: int, n: int, k: int, d: F8.Fp8Config) -> list[F8.Fp8
     scaled = F8.Fp8Config(0, 0, 0, 0, scaled_mm=True)
     first = [scaled, d] if _scaled_mm_here() and m >= F8.SCALED_MM_MIN_M else [d]
     others = [before, d._replace(k_splits=max(1, d.k_splits // 2)), d._replace(k_splits=2 * d.k_splits),
-              d._replace(block_n=64 if d.block_n == 128 else 128, num_warps=4, num_stages=4)]
+              d._replace(block_n=64 if d.block_n == 128 else 128, num_warps=4, num_stages=4)] + [
+        F8.Fp8Config(64, 64, 4, st, s) for st in (4, 5) for s in _splits(d.k_splits)]
     return first + [c for i, c in enumerate(others) if c not in first and c not in others[:i]]
 
 
@@ -184,8 +187,11 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(DECODE_SHAPES))
     ap.add_argument("--budget-s", type=float, default=420.0)
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--table", type=Path, help="write the AWQ bests into this table (awq_gemm._TABLE's format)")
+    ap.add_argument("--table", type=Path, help="write the bests into this table (awq_gemm's or fp8_gemm's _TABLE "
+                                               "format; with one of --formats)")
     args = ap.parse_args()
+    if args.table and args.formats not in ("awq", "fp8"):
+        ap.error("--table takes one format: --formats awq or --formats fp8")
     dev = torch.device("cuda")
     t_start = time.perf_counter()
     # Pass one: every case's default config (each config is a Triton compile, so a short budget would otherwise
@@ -212,21 +218,20 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(dev), rows=rows), indent=2))
     if args.table:
-        write_awq_table(args.table, torch.cuda.get_device_name(dev), rows)
+        write_table(args.table, args.formats, torch.cuda.get_device_name(dev), rows)
 
 
-def write_awq_table(path: Path, device: str, rows: list[dict]) -> None:
-    """Each AWQ row bucket's best (`awq_gemm.table_rows`; of the bucket's fewest rows timed: what a decode step at
-    low load runs) into the table `awq_gemm.choose_config` reads, replacing this device's entries of those shapes."""
-    table = json.loads(path.read_text()) if path.exists() else {}
-    entries = {(e["m"], e["n"], e["k"], e["group"]): e for e in table.get(device, [])}
-    for r in sorted((r for r in rows if r["fmt"] == "awq" and r["best"]), key=lambda r: r["m"], reverse=True):
-        bucket = A.table_rows(r["m"])
+def write_table(path: Path, fmt: str, device: str, rows: list[dict]) -> None:
+    """Each row bucket's best (the kernel module's `table_rows`; of the bucket's fewest rows timed: what a decode
+    step at low load runs) into the table its `choose_config` reads, replacing this device's entries of those keys."""
+    module = A if fmt == "awq" else F8
+    best: dict[tuple, dict] = {}
+    for r in sorted((r for r in rows if r["fmt"] == fmt and r["best"]), key=lambda r: r["m"], reverse=True):
+        bucket = module.table_rows(r["m"])
         if bucket:
-            entries[(bucket, r["n"], r["k"], GROUP)] = dict(m=bucket, n=r["n"], k=r["k"], group=GROUP,
-                                                            config=list(r["best"]), us=r["best_us"])
-    table[device] = sorted(entries.values(), key=lambda e: (e["m"], e["n"], e["k"], e["group"]))
-    path.write_text(json.dumps(table, indent=1) + "\n")
+            entry = dict(m=bucket, n=r["n"], k=r["k"], group=GROUP, config=list(r["best"]), us=r["best_us"])
+            best[module.table_key(entry)] = entry
+    tuned_table.merge(path, device, list(best.values()), module.table_key)
 
 
 if __name__ == "__main__":

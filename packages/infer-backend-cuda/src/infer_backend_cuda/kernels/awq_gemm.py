@@ -16,17 +16,15 @@ activation dtype before the product, as the CPU reference's dequantized GEMM doe
 
 from __future__ import annotations
 
-import json
 import os
 from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels import awq_gemv, split_k
+from infer_backend_cuda.kernels import awq_gemv, split_k, tuned_table
 from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, unpack
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 
@@ -156,7 +154,7 @@ NARROW_ROWS = int(os.environ.get(NARROW_ENV, "1"))
 ROW_PROGRAMS_ENV = "INFER_CUDA_AWQ_ROW_PROGRAMS"
 ROW_PROGRAMS_ROWS = min(SKINNY_MAX_M, int(os.environ.get(ROW_PROGRAMS_ENV, "0")))
 # Measured best configs per GPU (`scripts/bench_quant_gemm.py --table`): row bucket (`table_rows`), N, K and group.
-_TABLE = Path(__file__).resolve().parent.parent / "configs" / "awq_gemm.json"
+_TABLE = tuned_table.CONFIGS / "awq_gemm.json"
 DECODE_TILE_M = 16  # the decode tiles' row block: 2 to 16 rows share one tuned config
 # The GEMV's (K step, widest column block) per row block: with 4 steps unrolled (`awq_gemv.unroll`) the
 # products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice: the group's and the running sum)
@@ -214,10 +212,12 @@ def table_rows(m: int) -> int:
 
 @lru_cache(maxsize=None)
 def _tuned_table(device_name: str) -> dict[tuple[int, int, int, int], AwqConfig]:
-    if not _TABLE.exists():
-        return {}
-    entries = json.loads(_TABLE.read_text()).get(device_name, [])
-    return {(e["m"], e["n"], e["k"], e["group"]): AwqConfig(*e["config"]) for e in entries}
+    return {table_key(e): AwqConfig(*e["config"]) for e in tuned_table.entries(_TABLE, device_name)}
+
+
+def table_key(entry: dict) -> tuple[int, int, int, int]:
+    """(row bucket, N, K, group) of a table entry."""
+    return entry["m"], entry["n"], entry["k"], entry["group"]
 
 
 def choose_config(m: int, n: int, k: int, group: int, device: torch.device) -> AwqConfig:

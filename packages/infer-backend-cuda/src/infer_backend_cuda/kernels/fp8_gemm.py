@@ -13,17 +13,20 @@ on the H200 (see `default_config`) and is not a default.
 From 65 rows, where the weight's scale blocks are the whole 128x128 grid and the device passed a one-time check,
 the GEMM goes to cuBLASLt's block-scaled recipe instead (`fp8_scaled_mm.py`: Hopper, torch >= 2.9); partial
 blocks (SmolLM2, fused parts of odd sizes), other GPUs and CPU runs keep the Triton kernels.
+A GPU's measured bests (`configs/fp8_gemm.json`, row buckets of powers of two up to 256; `choose_config`) take
+precedence over both rules where the table has the shape.
 """
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels import fp8_scaled_mm, split_k
+from infer_backend_cuda.kernels import fp8_scaled_mm, split_k, tuned_table
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
 
 _E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
@@ -32,6 +35,10 @@ SMS = 132  # an H100 / H200
 MID_PROGRAMS = 2 * SMS  # programs a 65-1023-row launch aims for: two per SM hide each other's load latency
 PREFILL_M = 1024
 SCALED_MM_MIN_M = 65  # from here cuBLASLt's block-scaled GEMM (fp8_scaled_mm.py) where the device has it
+# Measured best configs per GPU (`scripts/bench_quant_gemm.py --formats fp8 --table`): row bucket (`table_rows`),
+# N, K and group; an entry may name cuBLASLt (`scaled_mm`).
+_TABLE = tuned_table.CONFIGS / "fp8_gemm.json"
+TABLE_MAX_M = 256
 
 
 class Fp8Config(NamedTuple):
@@ -85,6 +92,26 @@ def _act_quant_kernel(
 
 
 @triton.jit
+def _load_x_scale(xs_ptr, rm, m_mask, xs_stride, g, FUSE_QUANT: tl.constexpr):
+    """The activation scales of group `g` (with FUSE_QUANT the kernel makes them itself: zeros here)."""
+    if FUSE_QUANT:
+        scale = tl.zeros(rm.shape, tl.float32)
+    else:
+        scale = tl.load(xs_ptr + rm * xs_stride + g, mask=m_mask, other=0.0)
+    return scale
+
+
+@triton.jit
+def _load_w_scale(ws_ptr, scale_rows, n_mask, ws_stride, g, UNIFORM: tl.constexpr):
+    """Group `g`'s weight scale: one for the tile (UNIFORM: `scale_rows` the tile's scale row) or one a column."""
+    if UNIFORM:
+        scale = tl.load(ws_ptr + scale_rows * ws_stride + g)
+    else:
+        scale = tl.load(ws_ptr + scale_rows * ws_stride + g, mask=n_mask, other=0.0)
+    return scale
+
+
+@triton.jit
 def _fp8_gemm_kernel(
     xq_ptr, xs_ptr, w_ptr, ws_ptr, row_ptr, b_ptr, out_ptr, part_ptr, counter_ptr,
     M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
@@ -110,12 +137,23 @@ def _fp8_gemm_kernel(
     rk = tl.arange(0, GROUP)
     m_mask, n_mask = rm < M, rn < N
     if W_SCALE_UNIFORM:
-        tile_scale_row = tl.load(row_ptr + pid_n * BLOCK_N)
+        scale_rows = tl.load(row_ptr + pid_n * BLOCK_N)  # the tile's one scale row
     else:
         scale_rows = tl.load(row_ptr + rn, mask=n_mask, other=0)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     g_first = pid_k * GROUPS_PER_SPLIT
-    for g in range(g_first, tl.minimum(g_first + GROUPS_PER_SPLIT, tl.cdiv(K, GROUP))):
+    groups = tl.cdiv(K, GROUP)
+    g_end = tl.minimum(g_first + GROUPS_PER_SPLIT, groups)
+    # The scales are loaded one group ahead: Triton's pipeliner prefetches only the dot's operands, and a scale
+    # loaded in the step that uses it put a global round trip into every K step (sm_90 TTGIR: plain loads after
+    # the wgmma's wait). The last step re-reads the last group's scales instead of masking.
+    x_scale_next = _load_x_scale(xs_ptr, rm, m_mask, xs_stride, g_first, FUSE_QUANT)
+    w_scale_next = _load_w_scale(ws_ptr, scale_rows, n_mask, ws_stride, g_first, W_SCALE_UNIFORM)
+    for g in range(g_first, g_end):
+        x_scale, w_scale = x_scale_next, w_scale_next
+        g_next = tl.minimum(g + 1, groups - 1)
+        x_scale_next = _load_x_scale(xs_ptr, rm, m_mask, xs_stride, g_next, FUSE_QUANT)
+        w_scale_next = _load_w_scale(ws_ptr, scale_rows, n_mask, ws_stride, g_next, W_SCALE_UNIFORM)
         kk = g * GROUP + rk
         k_mask = kk < K
         a = tl.load(xq_ptr + rm.to(tl.int64)[:, None] * xq_stride + kk[None, :],
@@ -123,8 +161,6 @@ def _fp8_gemm_kernel(
         if FUSE_QUANT:
             codes, x_scale = _quantize_groups(a.to(tl.float32), ROUND_IN_FP32)
             a = codes.to(w_ptr.dtype.element_ty)
-        else:
-            x_scale = tl.load(xs_ptr + rm * xs_stride + g, mask=m_mask, other=0.0)
         w = tl.load(w_ptr + rn.to(tl.int64)[None, :] * w_stride + kk[:, None],
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [GROUP, BLOCK_N]
         if SKINNY:
@@ -134,9 +170,8 @@ def _fp8_gemm_kernel(
         else:
             partial = tl.dot(a, w)
         if W_SCALE_UNIFORM:
-            acc += partial * (x_scale * tl.load(ws_ptr + tile_scale_row * ws_stride + g))[:, None]
+            acc += partial * (x_scale * w_scale)[:, None]
         else:
-            w_scale = tl.load(ws_ptr + scale_rows * ws_stride + g, mask=n_mask, other=0.0)
             acc += partial * (x_scale[:, None] * w_scale[None, :])
     split_k.store_tile(acc, out_ptr, part_ptr, b_ptr, counter_ptr, rm, rn, m_mask, n_mask, N, out_stride, M * N,
                        pid_k, tl.num_programs(2), pid_m * tl.num_programs(1) + pid_n, PARTIAL, HAS_BIAS, FIXUP)
@@ -241,6 +276,29 @@ def default_config(m: int, n: int, k: int, group: int) -> Fp8Config:
     return Fp8Config(bm, block_n, 4, 3, splits)
 
 
+def table_rows(m: int) -> int:
+    """The tuned table's row bucket: the power of two at or above `m`, up to TABLE_MAX_M (0: not tuned)."""
+    return next_pow2(m) if m <= TABLE_MAX_M else 0
+
+
+@lru_cache(maxsize=None)
+def _tuned_table(device_name: str) -> dict[tuple[int, int, int, int], Fp8Config]:
+    return {table_key(e): Fp8Config(*e["config"]) for e in tuned_table.entries(_TABLE, device_name)}
+
+
+def table_key(entry: dict) -> tuple[int, int, int, int]:
+    """(row bucket, N, K, group) of a table entry."""
+    return entry["m"], entry["n"], entry["k"], entry["group"]
+
+
+def choose_config(m: int, n: int, k: int, group: int, device: torch.device) -> Fp8Config | None:
+    """This GPU's measured best for the shape's row bucket (`_TABLE`), or None (the default rules)."""
+    rows = table_rows(m)
+    if device.type != "cuda" or not rows:
+        return None
+    return _tuned_table(torch.cuda.get_device_name(device)).get((rows, n, k, group))
+
+
 def _mid_config(m: int, n: int, k: int, group: int) -> Fp8Config:
     """65-1023 rows (decode batches, short prefill chunks). 128x128 tiles gave too few programs here: 2 x 20 = 40
     for the down projection (N = 2560) at 256 rows, on 132 SMs, each walking all 76 groups. Rows go in 64-row
@@ -276,8 +334,14 @@ def fp8_block_linear(
     check_last_dim_contiguous("input", x)
     m, k = x.shape
     n = weight.shape[0]
-    if config is None and m >= SCALED_MM_MIN_M and _scaled_mm_usable(x, weight, scale_inv, scale_row, group, bias):
-        return _scaled_mm_linear(x, weight, scale_inv, group, bias, out)
+    if config is None:
+        config = choose_config(m, n, k, group, x.device)
+        usable = _scaled_mm_usable(x, weight, scale_inv, scale_row, group, bias) if (
+            m >= SCALED_MM_MIN_M or (config is not None and config.scaled_mm)) else False
+        if config is not None and config.scaled_mm and not usable:
+            config = None  # a tuned cuBLASLt entry for operands it cannot take (partial blocks): the default rules
+        if usable and (config is None or config.scaled_mm):
+            return _scaled_mm_linear(x, weight, scale_inv, group, bias, out)
     if config is not None and config.scaled_mm:
         if not fp8_scaled_mm.shape_fits(x, weight, scale_inv, group, bias):
             raise ValueError("FP8 GEMM: these operands do not have torch._scaled_mm's block-scaled layout")

@@ -16,16 +16,15 @@ heuristic otherwise.
 """
 from __future__ import annotations
 
-import json
 import os
 from functools import lru_cache
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from infer_backend_cuda.kernels import tuned_table
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 
 MAX_M = 8
@@ -34,7 +33,7 @@ MAX_M = 8
 # rows (docs/benchmarks.md, ninth session). Read once at import, like the other INFER_CUDA_ switches.
 GATED_ENV = "INFER_CUDA_GATED_GEMM"
 GATED = os.environ.get(GATED_ENV, "1").strip() != "0"
-_TABLE = Path(__file__).resolve().parent.parent / "configs" / "skinny_gemm.json"
+_TABLE = tuned_table.CONFIGS / "skinny_gemm.json"
 
 
 class SkinnyConfig(NamedTuple):
@@ -196,18 +195,20 @@ OPS = {"linear": PLAIN, "add_rms_norm_linear": ADD_RMS_NORM}
 @lru_cache(maxsize=None)
 def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], SkinnyConfig | None]:
     """(op, M bucket, N, K) -> the measured best config, or None where the unfused cuBLAS path measured faster."""
-    if not _TABLE.exists():
-        return {}
-    entries = json.loads(_TABLE.read_text()).get(device_name, [])
     return {
-        (e.get("op", "linear"), e["m"], e["n"], e["k"]): (
+        table_key(e): (
             SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e.get("use_dot", False),
                          e.get("prefetch", False))
             if e["use"]
             else None
         )
-        for e in entries
+        for e in tuned_table.entries(_TABLE, device_name)
     }
+
+
+def table_key(entry: dict) -> tuple[str, int, int, int]:
+    """(op, M bucket, N, K) of a table entry."""
+    return entry.get("op", "linear"), entry["m"], entry["n"], entry["k"]
 
 
 def heuristic_config(m: int, n: int, k: int) -> SkinnyConfig:
