@@ -112,7 +112,10 @@ def _fp8_wide_candidates(m: int, n: int, k: int, d: F8.Fp8Config) -> list[F8.Fp8
     first = [scaled, d] if _scaled_mm_here() and m >= F8.SCALED_MM_MIN_M else [d]
     others = [before, d._replace(k_splits=max(1, d.k_splits // 2)), d._replace(k_splits=2 * d.k_splits),
               d._replace(block_n=64 if d.block_n == 128 else 128, num_warps=4, num_stages=4)] + [
-        F8.Fp8Config(64, 64, 4, st, s) for st in (4, 5) for s in _splits(d.k_splits)]
+        F8.Fp8Config(64, 64, 4, st, s) for st in (4, 5) for s in _splits(d.k_splits)] + [
+        # one row tile at 128 rows: the weight read once (64-row tiles read it twice)
+        F8.Fp8Config(128, bn, w, st, s) for bn, w, st in ((64, 8, 3), (64, 8, 4), (32, 4, 4), (64, 4, 3))
+        for s in _splits(d.k_splits)]
     return first + [c for i, c in enumerate(others) if c not in first and c not in others[:i]]
 
 

@@ -104,7 +104,8 @@ def cases():
         yield f"awq {bm}x{bn}x{bk} w{warps}", kernel, bn * bk, warps
     for bm, bn, warps, stages, fuse in ((1, 64, 4, 2, True), (16, 64, 4, 3, False)):
         ce = dict(GROUP=128, HAS_BIAS=False, DOT_F32=False, SKINNY=bm <= 8, GROUPS_PER_SPLIT=8, PARTIAL=True,
-                  FIXUP=_FIXUP, BLOCK_M=bm, BLOCK_N=bn, FUSE_QUANT=fuse, ROUND_IN_FP32=False, W_SCALE_UNIFORM=False)
+                  FIXUP=_FIXUP, BLOCK_M=bm, BLOCK_N=bn, FUSE_QUANT=fuse, ROUND_IN_FP32=False, W_SCALE_UNIFORM=False,
+                  USE_PDL=False)
         kernel = compile_sm90(F8._fp8_gemm_kernel, _fp8_types("*bf16" if fuse else "*fp8e4nv", True), ce, warps,
                               stages)
         yield f"fp8 gemm {bm}x{bn} w{warps}{' fused' if fuse else ''}", kernel, 128 * bn, warps

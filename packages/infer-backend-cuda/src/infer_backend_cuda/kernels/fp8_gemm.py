@@ -27,7 +27,9 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import fp8_scaled_mm, split_k, tuned_table
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2
+from infer_backend_cuda.kernels._common import (
+    check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2, pdl_launch,
+)
 
 _E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
 SKINNY_MAX_M = 8
@@ -79,9 +81,12 @@ def _quantize_groups(x, ROUND_IN_FP32: tl.constexpr):
 @triton.jit
 def _act_quant_kernel(
     x_ptr, q_ptr, s_ptr, M, K, x_stride, q_stride, s_row_stride, s_group_stride,
-    GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+    GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Rows at or past M (padding of the cuBLAS path) quantize zeros: codes 0, scale 1."""
+    if USE_PDL:  # programmatic dependent launch: start early, read x only after its producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row, g = tl.program_id(0), tl.program_id(1)
     cols = (g * GROUP + tl.arange(0, GROUP))[None, :]
     mask = cols < K
@@ -118,6 +123,7 @@ def _fp8_gemm_kernel(
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_F32: tl.constexpr, SKINNY: tl.constexpr,
     GROUPS_PER_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, FUSE_QUANT: tl.constexpr, ROUND_IN_FP32: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Program (m, n, s) covers K groups `[s * GROUPS_PER_SPLIT, (s + 1) * GROUPS_PER_SPLIT)`; with PARTIAL it
     stores fp32 partial sums at `part_ptr + s * M * N` (a split-K workspace `[splits, M, N]`), which with FIXUP
@@ -131,6 +137,9 @@ def _fp8_gemm_kernel(
     dividing 128) loads one weight scale per group and folds it into the row scales, so the per-group promotion
     costs one FMA per accumulator element instead of a multiply for the scale outer product and an FMA; the
     products are the same fp32 values, so the result is bit for bit the general path's."""
+    if USE_PDL:  # programmatic dependent launch: start early, read the activations only after their producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -251,7 +260,7 @@ def fp8_quantize_activation(
     if rows:
         _act_quant_kernel[(rows, groups)](
             x, codes, scales, m, k, x.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
-            GROUP=group, ROUND_IN_FP32=interpreting(), num_warps=1 if group <= 128 else 2)
+            GROUP=group, ROUND_IN_FP32=interpreting(), num_warps=1 if group <= 128 else 2, **pdl_launch(x.device))
     return codes, scales
 
 
@@ -373,7 +382,7 @@ def fp8_block_linear(
         out.stride(0), GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), SKINNY=skinny,
         GROUPS_PER_SPLIT=per, PARTIAL=p.partial, FIXUP=p.fixup, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         FUSE_QUANT=skinny, ROUND_IN_FP32=interpreting(), W_SCALE_UNIFORM=_uniform_tiles(cfg.block_n, scale_row),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)
     return out
