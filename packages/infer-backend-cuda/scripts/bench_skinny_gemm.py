@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from graph_timing import graph_replay_us
 from infer_backend_cuda import kernels as K
-from infer_backend_cuda.kernels import skinny_gemm as S
+from infer_backend_cuda.kernels import skinny_gemm as S, tuned_table
 from infer_backend_cuda.ops import CudaMathOps
 
 MODEL_SHAPES = {  # (N, K) of each decode linear
@@ -166,11 +166,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(dict(device=name, torch=torch.__version__, rows=rows), indent=2))
     if args.table:
-        table = json.loads(args.table.read_text()) if args.table.exists() else {}
-        key = lambda e: (e.get("op", "linear"), e["m"], e["n"], e["k"])  # noqa: E731
-        fresh = {key(e) for e in entries}
-        table[name] = [e for e in table.get(name, []) if key(e) not in fresh] + entries
-        args.table.write_text(json.dumps(table, indent=1) + "\n")
+        tuned_table.merge(args.table, name, entries, S.table_key)
 
 
 if __name__ == "__main__":

@@ -23,4 +23,11 @@ def merge(path: Path, device_name: str, new: list[dict], key: Callable[[dict], H
     kept = {key(e): e for e in table.get(device_name, [])}
     kept.update((key(e), e) for e in new)
     table[device_name] = [kept[k] for k in sorted(kept)]
-    path.write_text(json.dumps(table, indent=1) + "\n")
+    path.write_text(dumps(table))
+
+
+def dumps(table: dict[str, list[dict]]) -> str:
+    """The table as JSON with one entry a line (diffs of a re-tune stay readable)."""
+    devices = (f" {json.dumps(name)}: [\n" + ",\n".join(f"  {json.dumps(e)}" for e in rows) + "\n ]"
+               for name, rows in table.items())
+    return "{\n" + ",\n".join(devices) + "\n}\n"
