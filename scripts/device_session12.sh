@@ -5,8 +5,6 @@
 #           rows with it; FP8 and BF16 chat at qps 32.
 #   CALL=3: the same with PDL in the FP8 kernels and one-row-tile candidates at 128 rows: GPU tests, tuning at 64 /
 #           128 rows into the installed table, the FP8 and BF16 replays at 64 / 128 rows, FP8 and BF16 chat at qps 32.
-#   CALL=4: the norm kernel's FP8 epilogue: its GPU tests and the tiny quantized models (CUDA == CPU, replay ==
-#           eager), the FP8 replay at 64 / 128 rows, FP8 chat at qps 32 (short: the session's last device time).
 # (CALL=1 of this session was the eleventh session's CALL=2.)
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=2 COMMIT=abc1234 bash scripts/device_session12.sh
 set -u
@@ -40,12 +38,6 @@ case ${CALL:-2} in
     ROOFLINE_ARGS="--context 384" roofline roofline_bf16 qwen3-4b 64,128
     ENGINES=${ENGINES:-"fp8:chat=32 bf16:chat=32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
       bash scripts/device_engines.sh
-    ;;
-  4)
-    gpu_tests fp8_norm "${TEST_TIMEOUT:-50}" tests/backend_cuda/test_quant_gemm.py tests/gpu/test_quantized_cuda_matches_cpu.py \
-      -k "norm_epilogue or fp8"
-    ROOFLINE_ARGS="--context 384" roofline roofline_fp8_norm qwen3-4b-fp8 64,128
-    ENGINES=${ENGINES:-"fp8:chat=32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
     ;;
 esac
 pack
