@@ -105,35 +105,3 @@ def test_sigmoid_gate_mul_reads_the_gate_in_place_and_rounds_as_torch(tokens, he
             assert (y != expected).float().mean().item() < 0.05
     with pytest.raises(ValueError, match="must be equal"):
         K.sigmoid_gate_mul(x, gate[:, :1])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("with_residual", [True, False])
-@pytest.mark.parametrize("hidden,group,rows", [(200, 64, 3), (128, 128, 8)])  # 200: a partial last group
-def test_add_rms_norm_fp8_equals_the_norm_then_the_quantization_bit_for_bit(hidden, group, rows, with_residual, dtype,
-                                                                            device):
-    """The norm kernel's FP8 epilogue gives the codes and scales the unfused norm + quantization kernels give (the
-    normed row rounded to the input dtype first), the same new residual, and zero rows past the input's (the
-    cuBLASLt path's padding: codes 0, scale 1), written through strided (M-major) scales."""
-    from infer_backend_cuda.kernels import fp8_gemm as F8
-    from infer_backend_cuda.kernels.rms_norm import add_rms_norm_fp8
-
-    x, residual = _rand((3, hidden), dtype, device, 1) * 3, _rand((3, hidden), dtype, device, 2)
-    x[1] = 0
-    if with_residual:
-        residual[1] = 0  # an all-zero row: amax 0, scale 1, codes 0
-    weight = _rand((hidden,), torch.float32, device, 3) + 1
-    groups = -(-hidden // group)
-    codes = poison(torch.empty((rows, hidden), dtype=torch.float32, device=device)).to(torch.float8_e4m3fn)
-    scales_t = poison(torch.empty((groups, rows), dtype=torch.float32, device=device))
-    stream = add_rms_norm_fp8(x, residual if with_residual else None, weight, 1e-6, codes, scales_t.t(), group)
-    if with_residual:
-        normed, ref_stream = K.add_rms_norm(x, residual, weight, 1e-6)
-        assert torch.equal(stream, ref_stream)
-    else:
-        normed = K.rms_norm(x, weight, 1e-6)
-        assert stream is None
-    ref_codes, ref_scales = F8.fp8_quantize_activation(normed, group)
-    assert torch.equal(scales_t.t()[:3], ref_scales) and torch.equal(scales_t.t()[3:], torch.ones_like(scales_t.t()[3:]))
-    assert torch.equal(codes[:3].view(torch.uint8), ref_codes.view(torch.uint8))
-    assert not codes[3:].view(torch.uint8).any()

@@ -582,29 +582,3 @@ def test_quantized_gemms_replay_in_a_cuda_graph(fmt, m):
     expected = run()
     torch.cuda.synchronize()
     assert torch.equal(captured, expected) and not torch.equal(captured, eager)
-
-
-@gpu
-@needs_cuda
-@pytest.mark.parametrize("with_residual", [True, False])
-@pytest.mark.parametrize("m", [12, 64, 70, 130])  # tiles; from 65 cuBLASLt (its rows padded) where the GPU has it
-def test_fp8_norm_epilogue_equals_the_unfused_norm_and_gemm_on_gpu(m, with_residual):
-    """`Fp8BlockLinearOps.add_rms_norm_linear` (the norm kernel quantizing for the GEMM) gives bit for bit what the
-    norm kernel, the quantization kernel and the GEMM give, on a Qwen3-4B-like fused qkv of whole 128-blocks."""
-    from infer_backend_cuda import kernels as K
-    from infer_backend_cuda.linear_ops import Fp8BlockLinearOps
-    from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
-    from infer_core.quant import QuantScheme
-
-    weight = _fp8([2048, 512, 512], 2560, (128, 128), "cuda")
-    ops = Fp8BlockLinearOps(TritonFusedOps(CudaMathOps()), QuantScheme.fp8_block(128, 128))
-    x, residual = _x(m, 2560, torch.bfloat16, "cuda", 1), _x(m, 2560, torch.bfloat16, "cuda", 2)
-    norm_weight = _x(1, 2560, torch.float32, "cuda", 3).reshape(2560) * 0.1 + 1
-    y, stream = ops.add_rms_norm_linear(x, residual if with_residual else None, norm_weight, 1e-6, weight, None)
-    if with_residual:
-        normed, ref_stream = K.add_rms_norm(x, residual, norm_weight, 1e-6)
-        assert torch.equal(stream, ref_stream)
-    else:
-        normed = K.rms_norm(x, norm_weight, 1e-6)
-        assert stream is x
-    assert torch.equal(y, F8.fp8_block_linear(normed, *weight, 128))

@@ -28,9 +28,8 @@ def _cuda_ops_on_this_device() -> OpPorts:
                    linears=CudaLinears(math, fused), gdn=cpu.gdn)
 
 
-@pytest.mark.parametrize("rows", [1, 12])  # FP8: the one-row GEMV quantizing x itself; tiles after the norm epilogue
 @pytest.mark.parametrize("quant", [awq_config(32), fp8_config((32, 32))], ids=["awq", "fp8"])
-def test_quantized_layers_match_the_cpu_reference(quant: dict, rows: int, tmp_path: Path, device: str) -> None:
+def test_quantized_layers_match_the_cpu_reference(quant: dict, tmp_path: Path, device: str) -> None:
     config = llama_config(num_hidden_layers=1)
     write_quantized(random_hf_model(config, seed=4).state_dict(), config.to_dict(), tmp_path, quant, torch.float32)
     spec = ModelSpec.from_hf_config(read_config(tmp_path))
@@ -39,8 +38,8 @@ def test_quantized_layers_match_the_cpu_reference(quant: dict, rows: int, tmp_pa
         model = LlamaForCausalLM(spec, ops, torch.float32, device if name == "cuda" else "cpu")
         model.load_weights(iter_safetensors(tmp_path))
         models[name] = model
-    x = torch.randn(rows, 64, generator=torch.Generator().manual_seed(0))
-    down_in = torch.randn(rows, 96, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
+    down_in = torch.randn(5, 96, generator=torch.Generator().manual_seed(1))
     outputs = {}
     for name in ("cpu", "cuda"):
         layer = models[name].layers[0]

@@ -2,9 +2,8 @@
 
 Dense weights take cuBLAS or the skinny Triton GEMM (with its fused norm prologue, and the gate / up GEMM's
 SiLU-and-mul epilogue). AWQ and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after
-the unfused norm kernel (FP8: the norm kernel quantizing its output for the GEMM), and the SiLU-and-mul kernel after
-the gate / up GEMM. Every path allocates its outputs with `torch.empty` only, which a CUDA-graph capture serves from
-the graph's pool, and never synchronises with the host.
+the unfused norm kernel, and the SiLU-and-mul kernel after the gate / up GEMM. Every path allocates its outputs with
+`torch.empty` only, which a CUDA-graph capture serves from the graph's pool, and never synchronises with the host.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import torch
 
 from infer_backend_cuda.kernels import awq_gemm, fp8_gemm
 from infer_backend_cuda.kernels import skinny_gemm as skinny
-from infer_backend_cuda.kernels.rms_norm import add_rms_norm_fp8
 from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
 from infer_core.ports.fused_ops import unfused_add_rms_norm_linear
 from infer_core.ports.linear_ops import LinearOps, UnfusedLinearOps
@@ -83,29 +81,6 @@ class Fp8BlockLinearOps(_QuantizedLinearOps):
     def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
         codes, scale_inv, scale_row = weight
         return fp8_gemm.fp8_block_linear(x, codes, scale_inv, scale_row, self.scheme.block[1], bias)
-
-    def add_rms_norm_linear(
-        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-        weight: Operands, bias: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The norm kernel quantizes its output for the GEMM (`rms_norm.add_rms_norm_fp8`: one launch and the normed
-        rows' round trip fewer) wherever the GEMM would quantize in a kernel of its own; the skinny GEMM (a few
-        rows), which quantizes inside, keeps the unfused norm. The gate / up op (`add_rms_norm_linear_silu_mul`)
-        comes through here too."""
-        codes, scale_inv, scale_row = weight
-        group = self.scheme.block[1]
-        rows = x.reshape(-1, x.shape[-1])
-        config = fp8_gemm.resolve_config(rows, codes, scale_inv, scale_row, group, bias)
-        strided = x.stride(-1) != 1 or (residual is not None and residual.stride(-1) != 1)
-        if strided or fp8_gemm.quantizes_in_gemm(config):
-            return super().add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-        stream = x if residual is None else torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-
-        def quantize(q: torch.Tensor, s: torch.Tensor) -> None:
-            add_rms_norm_fp8(x, residual, norm_weight, eps, q, s, group, None if residual is None else stream)
-
-        y = fp8_gemm.fp8_block_linear(rows, codes, scale_inv, scale_row, group, bias, config=config, quantize=quantize)
-        return y.reshape(*x.shape[:-1], -1), stream
 
 
 class CudaLinears:

@@ -19,9 +19,8 @@ precedence over both rules where the table has the shape.
 
 from __future__ import annotations
 
-import functools
 from functools import lru_cache
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 import triton
@@ -68,7 +67,7 @@ def _round_to_e4m3_grid(v):
 
 
 @triton.jit
-def quantize_groups(x, ROUND_IN_FP32: tl.constexpr):
+def _quantize_groups(x, ROUND_IN_FP32: tl.constexpr):
     """fp32 `x [R, group]` (zeros where masked) -> (fp32 codes on the e4m3 grid, fp32 scales `[R]`), the
     reference's numerics: IEEE divisions, so that the codes equal the CPU's bit for bit."""
     amax = tl.max(tl.abs(x), axis=1)
@@ -92,7 +91,7 @@ def _act_quant_kernel(
     cols = (g * GROUP + tl.arange(0, GROUP))[None, :]
     mask = cols < K
     x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask & (cols * 0 + row < M), other=0.0).to(tl.float32)
-    codes, scale = quantize_groups(x, ROUND_IN_FP32)
+    codes, scale = _quantize_groups(x, ROUND_IN_FP32)
     tl.store(q_ptr + row.to(tl.int64) * q_stride + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * s_row_stride + g * s_group_stride + tl.arange(0, 1), scale)
 
@@ -169,7 +168,7 @@ def _fp8_gemm_kernel(
         a = tl.load(xq_ptr + rm.to(tl.int64)[:, None] * xq_stride + kk[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         if FUSE_QUANT:
-            codes, x_scale = quantize_groups(a.to(tl.float32), ROUND_IN_FP32)
+            codes, x_scale = _quantize_groups(a.to(tl.float32), ROUND_IN_FP32)
             a = codes.to(w_ptr.dtype.element_ty)
         w = tl.load(w_ptr + rn.to(tl.int64)[None, :] * w_stride + kk[:, None],
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [GROUP, BLOCK_N]
@@ -326,38 +325,6 @@ def _mid_config(m: int, n: int, k: int, group: int) -> Fp8Config:
     return Fp8Config(bm, block_n, warps, 3 if warps == 8 else 4, splits)
 
 
-_SCALED_MM = Fp8Config(0, 0, 0, 0, scaled_mm=True)
-# Fills (codes [R, K], scales [R, groups]) with x's quantization: a producer's fused epilogue in place of the
-# quantization kernel (`rms_norm.add_rms_norm_fp8`).
-Quantize = Callable[[torch.Tensor, torch.Tensor], None]
-
-
-def resolve_config(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, scale_row: torch.Tensor,
-                   group: int, bias: torch.Tensor | None, config: Fp8Config | None = None) -> Fp8Config:
-    """The launch `fp8_block_linear` takes: `config` if given; else this GPU's table entry (a cuBLASLt entry only
-    where cuBLASLt takes the operands); else cuBLASLt from SCALED_MM_MIN_M rows where it takes them; else
-    `default_config`."""
-    m, k = x.shape
-    n = weight.shape[0]
-    if config is not None:
-        if config.scaled_mm and not fp8_scaled_mm.shape_fits(x, weight, scale_inv, group, bias):
-            raise ValueError("FP8 GEMM: these operands do not have torch._scaled_mm's block-scaled layout")
-        return config
-    config = choose_config(m, n, k, group, x.device)
-    wants_scaled = m >= SCALED_MM_MIN_M if config is None else config.scaled_mm
-    if wants_scaled and _scaled_mm_usable(x, weight, scale_inv, scale_row, group, bias):
-        return _SCALED_MM
-    if config is not None and not config.scaled_mm:
-        return config
-    return default_config(m, n, k, group)
-
-
-def quantizes_in_gemm(config: Fp8Config) -> bool:
-    """Whether this launch quantizes the activations inside the GEMM (the skinny CUDA-core kernel), so that it takes
-    the unquantized input and no `quantize`."""
-    return not config.scaled_mm and not config.row_groups and config.block_m <= SKINNY_MAX_M
-
-
 def fp8_block_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -367,11 +334,8 @@ def fp8_block_linear(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: Fp8Config | None = None,
-    quantize: Quantize | None = None,
 ) -> torch.Tensor:
-    """W8A8 `x [M, K] @ dequant(weight [N, K]).T (+ bias)` -> `[M, N]` in x's dtype. With `quantize` the
-    activations' codes and scales come from it, and x gives only the shape, dtype and device (not for a launch
-    that `quantizes_in_gemm`)."""
+    """W8A8 `x [M, K] @ dequant(weight [N, K]).T (+ bias)` -> `[M, N]` in x's dtype."""
     if x.dim() != 2 or weight.shape[1] != x.shape[1] or scale_row.shape[0] != weight.shape[0]:
         raise ValueError(f"FP8 GEMM: input {tuple(x.shape)}, weight {tuple(weight.shape)} and scale_row "
                          f"{tuple(scale_row.shape)} do not match")
@@ -379,20 +343,26 @@ def fp8_block_linear(
     check_last_dim_contiguous("input", x)
     m, k = x.shape
     n = weight.shape[0]
-    cfg = resolve_config(x, weight, scale_inv, scale_row, group, bias, config)
-    if quantize is None:
-        quantize = functools.partial(_quantize_input, x, group)
-    elif quantizes_in_gemm(cfg):
-        raise ValueError(f"FP8 GEMM: the launch {cfg} quantizes x itself and takes no quantize")
-    if cfg.scaled_mm:
-        return _scaled_mm_linear(x, weight, scale_inv, group, bias, out, quantize)
+    if config is None:
+        config = choose_config(m, n, k, group, x.device)
+        usable = _scaled_mm_usable(x, weight, scale_inv, scale_row, group, bias) if (
+            m >= SCALED_MM_MIN_M or (config is not None and config.scaled_mm)) else False
+        if config is not None and config.scaled_mm and not usable:
+            config = None  # a tuned cuBLASLt entry for operands it cannot take (partial blocks): the default rules
+        if usable and (config is None or config.scaled_mm):
+            return _scaled_mm_linear(x, weight, scale_inv, group, bias, out)
+    if config is not None and config.scaled_mm:
+        if not fp8_scaled_mm.shape_fits(x, weight, scale_inv, group, bias):
+            raise ValueError("FP8 GEMM: these operands do not have torch._scaled_mm's block-scaled layout")
+        return _scaled_mm_linear(x, weight, scale_inv, group, bias, out)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    skinny = quantizes_in_gemm(cfg)
+    cfg = config or default_config(m, n, k, group)
+    skinny = cfg.block_m <= SKINNY_MAX_M
     if cfg.row_groups:
         if cfg.block_m < m:
             raise ValueError(f"a row-streaming config covers at most block_m = {cfg.block_m} rows, got {m}")
-        codes, x_scale = _quantized(m, k, group, x.device, quantize)
+        codes, x_scale = fp8_quantize_activation(x, group)
         _fp8_rows_kernel[(triton.cdiv(n, cfg.block_n),)](
             codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, out,
             m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
@@ -402,7 +372,7 @@ def fp8_block_linear(
         )
         return out
     # The skinny kernel quantizes its own activation groups; the tensor-core tiles take them from one pass.
-    codes, x_scale = (x, x) if skinny else _quantized(m, k, group, x.device, quantize)
+    codes, x_scale = (x, x) if skinny else fp8_quantize_activation(x, group)
     per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
     p = split_k.partials(splits, m, n, out, grid[0] * grid[1])
@@ -416,18 +386,6 @@ def fp8_block_linear(
     )
     split_k.finish(p, bias, out)
     return out
-
-
-def _quantize_input(x: torch.Tensor, group: int, codes: torch.Tensor, scales: torch.Tensor) -> None:
-    fp8_quantize_activation(x, group, codes, scales)
-
-
-def _quantized(m: int, k: int, group: int, device: torch.device, quantize: Quantize
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    codes = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=device)
-    scales = torch.empty((m, triton.cdiv(k, group)), dtype=torch.float32, device=device)
-    quantize(codes, scales)
-    return codes, scales
 
 
 def _uniform_tiles(block_n: int, scale_row: torch.Tensor) -> bool:
@@ -457,14 +415,13 @@ def _probe_triton(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor
 
 
 def _scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, group: int,
-                      bias: torch.Tensor | None, out: torch.Tensor | None, quantize: Quantize | None = None
-                      ) -> torch.Tensor:
+                      bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
     """Quantize x into row-padded codes and M-major scales, then cuBLASLt (fp8_scaled_mm.py)."""
     m, k = x.shape
     rows = fp8_scaled_mm.padded_rows(m)
     codes = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
     scales_t = torch.empty((triton.cdiv(k, group), rows), dtype=torch.float32, device=x.device)
-    (quantize or functools.partial(_quantize_input, x, group))(codes, scales_t.t())
+    fp8_quantize_activation(x, group, codes, scales_t.t())
     direct = out if out is not None and rows == m else None
     y = fp8_scaled_mm.block_linear(codes, scales_t, weight, scale_inv, x.dtype, bias, direct)
     if direct is not None:

@@ -11,25 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import interpreting, next_pow2, norm_num_warps, pdl_launch, rows_view
-from infer_backend_cuda.kernels.fp8_gemm import quantize_groups
-
-
-@triton.jit
-def _normed_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, x_stride, res_stride, res_out_stride, H, eps, mask, cols,
-                HAS_RESIDUAL: tl.constexpr):
-    """Row `row`'s RMSNorm in fp32 (before the cast to the output dtype); with HAS_RESIDUAL it first stores the new
-    residual `x + residual`, rounded to the residual dtype, and normalizes that rounded sum."""
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(res_out_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * res_out_stride + cols, s, mask=mask)
-        x = s.to(tl.float32)
-    var = tl.sum(x * x, axis=0) / H
-    rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    return x * rstd * w
+from infer_backend_cuda.kernels._common import next_pow2, norm_num_warps, pdl_launch, rows_view
 
 
 @triton.jit
@@ -55,36 +37,17 @@ def _rms_norm_kernel(
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    y = _normed_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, x_stride, res_stride, res_out_stride, H, eps, mask, cols,
-                    HAS_RESIDUAL)
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * res_out_stride + cols, s, mask=mask)
+        x = s.to(tl.float32)
+    var = tl.sum(x * x, axis=0) / H
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * rstd * w
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rms_norm_fp8_kernel(
-    x_ptr, res_ptr, w_ptr, q_ptr, s_ptr, res_out_ptr, M, x_stride, res_stride, res_out_stride, q_stride, s_row_stride,
-    s_group_stride, H, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
-    USE_PDL: tl.constexpr,
-):
-    """The norm, rounded to the input dtype (what the unfused norm stores), then quantized to e4m3 per row and
-    `GROUP` columns as `fp8_gemm.fp8_quantize_activation` does: the same codes and scales, one launch and the
-    normed row's round trip fewer. Rows from M (padding of the cuBLASLt path) are zero rows: codes 0, scale 1."""
-    if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < H
-    if row < M:
-        y = _normed_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, x_stride, res_stride, res_out_stride, H, eps, mask,
-                        cols, HAS_RESIDUAL).to(x_ptr.dtype.element_ty).to(tl.float32)
-    else:
-        y = tl.zeros((BLOCK,), tl.float32)
-    codes, scale = quantize_groups(tl.reshape(y, (BLOCK // GROUP, GROUP)), ROUND_IN_FP32)
-    tl.store(q_ptr + row * q_stride + cols, tl.reshape(codes, (BLOCK,)).to(q_ptr.dtype.element_ty), mask=mask)
-    groups = tl.arange(0, BLOCK // GROUP)
-    tl.store(s_ptr + row * s_row_stride + groups * s_group_stride, scale, mask=groups * GROUP < H)
 
 
 def _launch(x2, r2, weight, out2, rout2, eps: float) -> None:
@@ -147,45 +110,3 @@ def add_rms_norm(
     hidden = x.shape[-1]
     _launch(rows_view(x), rows_view(residual), weight, out.view(-1, hidden), residual_out.view(-1, hidden), eps)
     return out, residual_out
-
-
-def add_rms_norm_fp8(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    group: int,
-    residual_out: torch.Tensor | None = None,
-) -> torch.Tensor | None:
-    """`rms_norm(x + residual)` (or of `x` alone) quantized into `codes [R, K]` (e4m3) and `scales [R, ceil(K /
-    group)]` (fp32, any strides; R >= the rows of x, the rows past them zero rows) as `fp8_quantize_activation`
-    would quantize the unfused norm's output; returns the new residual (in `residual_out` if given), or None
-    without one."""
-    x2 = rows_view(x)
-    m, hidden = x2.shape
-    rows, groups = codes.shape[0], -(-hidden // group)
-    if weight.shape[-1] != hidden or weight.stride(-1) != 1:
-        raise ValueError(f"weight must be a contiguous [{hidden}] vector, got {tuple(weight.shape)}")
-    if codes.shape[1] != hidden or rows < m or scales.shape != (rows, groups) or codes.stride(1) != 1:
-        raise ValueError(f"FP8 norm: codes {tuple(codes.shape)} / scales {tuple(scales.shape)} for input "
-                         f"{tuple(x2.shape)} in groups of {group}")
-    r2 = None
-    if residual is not None:
-        if residual.shape != x.shape:
-            raise ValueError(f"x {tuple(x.shape)} and residual {tuple(residual.shape)} differ")
-        if residual_out is None:
-            residual_out = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
-        r2 = rows_view(residual)
-    rout2 = residual_out.view(-1, hidden) if r2 is not None else None
-    block = max(next_pow2(hidden), group)
-    if rows:
-        _rms_norm_fp8_kernel[(rows,)](
-            x2, r2 if r2 is not None else x2, weight, codes, scales, rout2 if rout2 is not None else x2, m,
-            x2.stride(0), r2.stride(0) if r2 is not None else 0, rout2.stride(0) if rout2 is not None else 0,
-            codes.stride(0), scales.stride(0), scales.stride(1), hidden, float(eps),
-            HAS_RESIDUAL=r2 is not None, BLOCK=block, GROUP=group, ROUND_IN_FP32=interpreting(),
-            num_warps=norm_num_warps(block), **pdl_launch(x2.device),
-        )
-    return residual_out
