@@ -155,6 +155,7 @@ ROW_PROGRAMS_ENV = "INFER_CUDA_AWQ_ROW_PROGRAMS"
 ROW_PROGRAMS_ROWS = min(SKINNY_MAX_M, int(os.environ.get(ROW_PROGRAMS_ENV, "0")))
 # Measured best configs per GPU (`scripts/bench_quant_gemm.py --table`): row bucket (`table_rows`), N, K and group.
 _TABLE = tuned_table.CONFIGS / "awq_gemm.json"
+table_key = tuned_table.rows_shape_group  # an entry's (row bucket, N, K, group)
 DECODE_TILE_M = 16  # the decode tiles' row block: 2 to 16 rows share one tuned config
 # The GEMV's (K step, widest column block) per row block: with 4 steps unrolled (`awq_gemv.unroll`) the
 # products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice: the group's and the running sum)
@@ -213,11 +214,6 @@ def table_rows(m: int) -> int:
 @lru_cache(maxsize=None)
 def _tuned_table(device_name: str) -> dict[tuple[int, int, int, int], AwqConfig]:
     return {table_key(e): AwqConfig(*e["config"]) for e in tuned_table.entries(_TABLE, device_name)}
-
-
-def table_key(entry: dict) -> tuple[int, int, int, int]:
-    """(row bucket, N, K, group) of a table entry."""
-    return entry["m"], entry["n"], entry["k"], entry["group"]
 
 
 def choose_config(m: int, n: int, k: int, group: int, device: torch.device) -> AwqConfig:

@@ -40,6 +40,7 @@ SCALED_MM_MIN_M = 65  # from here cuBLASLt's block-scaled GEMM (fp8_scaled_mm.py
 # Measured best configs per GPU (`scripts/bench_quant_gemm.py --formats fp8 --table`): row bucket (`table_rows`),
 # N, K and group; an entry may name cuBLASLt (`scaled_mm`).
 _TABLE = tuned_table.CONFIGS / "fp8_gemm.json"
+table_key = tuned_table.rows_shape_group  # an entry's (row bucket, N, K, group)
 TABLE_MAX_M = 256
 
 
@@ -293,11 +294,6 @@ def table_rows(m: int) -> int:
 @lru_cache(maxsize=None)
 def _tuned_table(device_name: str) -> dict[tuple[int, int, int, int], Fp8Config]:
     return {table_key(e): Fp8Config(*e["config"]) for e in tuned_table.entries(_TABLE, device_name)}
-
-
-def table_key(entry: dict) -> tuple[int, int, int, int]:
-    """(row bucket, N, K, group) of a table entry."""
-    return entry["m"], entry["n"], entry["k"], entry["group"]
 
 
 def choose_config(m: int, n: int, k: int, group: int, device: torch.device) -> Fp8Config | None:

@@ -17,6 +17,11 @@ def entries(path: Path, device_name: str) -> list[dict]:
     return json.loads(path.read_text()).get(device_name, [])
 
 
+def rows_shape_group(entry: dict) -> tuple[int, int, int, int]:
+    """(row bucket, N, K, group): the quantized GEMMs' key of an entry."""
+    return entry["m"], entry["n"], entry["k"], entry["group"]
+
+
 def merge(path: Path, device_name: str, new: list[dict], key: Callable[[dict], Hashable]) -> None:
     """Replace this GPU's entries of the same keys by `new`, keep the others (and other GPUs'), sorted by key."""
     table = json.loads(path.read_text()) if path.exists() else {}
