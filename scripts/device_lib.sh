@@ -46,3 +46,13 @@ gpu_tests() {  # gpu_tests TAG SECONDS FILES... [-k EXPR]
   timeout -s INT "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" > "$LOGS/pytest_$tag.log" 2>&1
   echo "pytest $tag rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_$tag.log" | tail -8; pack
 }
+
+session_logs() {  # session_logs TAG: a session script's $LOGS ($OUT/TAG), PYTHONUNBUFFERED, COMMIT, SCRIPTS, the
+  # commit line, and `pack` (the logs and any engines' into $OUT/TAG.tar.gz, after every part: a cut run returns them)
+  OUT=${OUT:-/tmp/out}; LOGS=$OUT/$1; mkdir -p "$LOGS"; SESSION_TAG=$1
+  export PYTHONUNBUFFERED=1
+  COMMIT=${COMMIT:-unknown}
+  SCRIPTS=packages/infer-backend-cuda/scripts
+  echo "commit $COMMIT on $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$LOGS/commit.txt"
+  pack() { tar -czf "$OUT/$SESSION_TAG.tar.gz" -C "$OUT" "$SESSION_TAG" $( [ -d "$OUT/engines" ] && echo engines ); }
+}

@@ -8,14 +8,8 @@
 # (CALL=1 of this session was the eleventh session's CALL=2.)
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=2 COMMIT=abc1234 bash scripts/device_session12.sh
 set -u
-OUT=${OUT:-/tmp/out}; LOGS=$OUT/s12; mkdir -p "$LOGS"
-export PYTHONUNBUFFERED=1
-COMMIT=${COMMIT:-unknown}
-SCRIPTS=packages/infer-backend-cuda/scripts
-echo "commit $COMMIT on $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$LOGS/commit.txt"
-pack() { tar -czf "$OUT/s12.tar.gz" -C "$OUT" s12 $( [ -d "$OUT/engines" ] && echo engines ); }
-
-source "$(dirname "$0")/device_lib.sh"  # roofline, gpu_tests
+source "$(dirname "$0")/device_lib.sh"  # session_logs, roofline, gpu_tests
+session_logs s12
 
 case ${CALL:-2} in
   2)

@@ -157,13 +157,15 @@ def test_awq_decode_configs_pick_the_gemv_and_fill_the_gpu():
 
 
 def test_awq_tuned_table_serves_its_row_buckets(tmp_path, monkeypatch):
-    """A GPU's table entry of the 16-row bucket serves 2 to 16 rows of its shape and group (not 17, not another
-    shape, group or GPU, not the CPU); one row takes the one-row bucket's entry where there is one; with the GEMV
-    switched on for 2 rows (A/B runs) 2 rows keep it."""
+    """A GPU's table entry of the 16-row bucket serves 2 to 16 rows of its shape and group (not another shape, group
+    or GPU, not the CPU), the 32-row bucket's 17 to 32 (not 33: no entry); one row takes the one-row bucket's entry
+    where there is one; with the GEMV switched on for 2 rows (A/B runs) 2 rows keep it."""
     tile, one = A.AwqConfig(16, 64, 128, 4, 3, 25), A.AwqConfig(16, 128, 128, 8, 3, 5)
+    wide = A.AwqConfig(32, 128, 64, 4, 3, 8)
     table = tmp_path / "awq_gemm.json"
     table.write_text(json.dumps({"GPU X": [dict(m=16, n=2560, k=4096, group=128, config=list(tile)),
-                                           dict(m=1, n=2560, k=4096, group=128, config=list(one))]}))
+                                           dict(m=1, n=2560, k=4096, group=128, config=list(one)),
+                                           dict(m=32, n=2560, k=4096, group=128, config=list(wide))]}))
     monkeypatch.setattr(A, "_TABLE", table)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU X")
     A._tuned_table.cache_clear()
@@ -171,7 +173,8 @@ def test_awq_tuned_table_serves_its_row_buckets(tmp_path, monkeypatch):
         cuda = torch.device("cuda")
         assert all(A.choose_config(m, 2560, 4096, 128, cuda) == tile for m in (2, 3, 16))
         assert A.choose_config(1, 2560, 4096, 128, cuda) == one
-        for args in ((17, 2560, 4096, 128), (4, 2560, 9728, 128), (4, 2560, 4096, 64)):
+        assert all(A.choose_config(m, 2560, 4096, 128, cuda) == wide for m in (17, 24, 32))
+        for args in ((33, 2560, 4096, 128), (4, 2560, 9728, 128), (4, 2560, 4096, 64)):
             assert A.choose_config(*args, cuda) == A.default_config(*args)
         assert A.choose_config(4, 2560, 4096, 128, torch.device("cpu")) == A.default_config(4, 2560, 4096, 128)
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "GPU Y")

@@ -41,8 +41,9 @@ def awq_candidates(m: int, n: int, k: int) -> list[A.AwqConfig]:
     column block, K step and half its splits, and the 16-row tensor-core tile (also 256 columns wide)."""
     d = A.choose_config(m, n, k, GROUP, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if m > A.SKINNY_MAX_M:
+        # also 4x the default's K ranges: its workspace rule (`awq_gemm.default_config`) holds them to a quarter
         grid = [A.AwqConfig(bm, bn, bk, w, 3, s) for bm, bn, bk, w in itertools.product(
-            (32, 64), (64, 128), (64, 128), (4, 8)) for s in _splits(d.k_splits)]
+            (32, 64), (64, 128), (64, 128), (4, 8)) for s in _splits(d.k_splits) + [4 * d.k_splits]]
         return [d] + [c for c in grid if c != d]
     gemv_splits = A.gemv_config(m, n, k, GROUP).k_splits
     gemv = [A.AwqConfig(A.next_pow2(m), bn, bk, w, 1, s) for w in (4, 8) for bn in (256, 512)

@@ -157,6 +157,7 @@ ROW_PROGRAMS_ROWS = min(SKINNY_MAX_M, int(os.environ.get(ROW_PROGRAMS_ENV, "0"))
 _TABLE = tuned_table.CONFIGS / "awq_gemm.json"
 table_key = tuned_table.rows_shape_group  # an entry's (row bucket, N, K, group)
 DECODE_TILE_M = 16  # the decode tiles' row block: 2 to 16 rows share one tuned config
+TABLE_MAX_M = 128
 # The GEMV's (K step, widest column block) per row block: with 4 steps unrolled (`awq_gemv.unroll`) the
 # products held per thread (`BLOCK_M * BLOCK_K * BLOCK_N / threads`, twice: the group's and the running sum)
 # fit without spills (sm_90 SASS, `scripts/sass_census.py`: ~250 registers at 2 to 8 rows).
@@ -207,8 +208,13 @@ def default_config(m: int, n: int, k: int, group: int) -> AwqConfig:
 
 
 def table_rows(m: int) -> int:
-    """The tuned table's row bucket: one row, or the decode tiles' 2 to DECODE_TILE_M rows (0: not tuned)."""
-    return 1 if m == 1 else DECODE_TILE_M if m <= DECODE_TILE_M else 0
+    """The tuned table's row bucket: one row, the decode tiles' 2 to DECODE_TILE_M rows, then powers of two up to
+    TABLE_MAX_M (decode batches under load; 0: not tuned)."""
+    if m == 1:
+        return 1
+    if m <= DECODE_TILE_M:
+        return DECODE_TILE_M
+    return next_pow2(m) if m <= TABLE_MAX_M else 0
 
 
 @lru_cache(maxsize=None)
