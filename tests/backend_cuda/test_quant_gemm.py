@@ -209,6 +209,20 @@ def test_fp8_tuned_table_serves_its_row_buckets(tmp_path, monkeypatch):
         F8._tuned_table.cache_clear()
 
 
+def test_fp8_block_linear_takes_the_table_entry(monkeypatch, device):
+    """With no config given the GEMM launches the table's entry (a row-streaming entry too narrow for the rows
+    is refused by its own check, so it was taken), and a cuBLASLt entry where cuBLASLt cannot take the operands
+    (partial scale blocks, no Hopper) falls back to the default rules' result."""
+    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
+    x = _x(3, 200, torch.float32, device)
+    expected = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, config=F8.default_config(3, 64, 200, 64))
+    monkeypatch.setattr(F8, "choose_config", lambda *args: F8.Fp8Config(2, 8, 2, 1, 1, 2))
+    with pytest.raises(ValueError, match="row-streaming"):
+        F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64)
+    monkeypatch.setattr(F8, "choose_config", lambda *args: F8.Fp8Config(0, 0, 0, 0, scaled_mm=True))
+    assert torch.equal(F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64), expected)
+
+
 def test_tuned_table_merge_replaces_only_its_keys(tmp_path):
     """The bench scripts' writer: this GPU's entries of the new keys replaced, its other entries and other GPUs'
     kept, the result sorted by key and read back by `entries`."""

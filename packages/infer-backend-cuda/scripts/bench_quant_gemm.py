@@ -90,7 +90,7 @@ def fp8_candidates(m: int, n: int, k: int) -> list[F8.Fp8Config]:
             (64, 3, 64, 4), (64, 4, 64, 4), (64, 5, 64, 4), (64, 4, 32, 4), (128, 4, 64, 4), (64, 4, 16, 4),
             (128, 3, 64, 8), (32, 4, 64, 4), (128, 3, 32, 4))
             for s in _splits(d.k_splits) + [2 * d.k_splits + 2]]
-    else:  # few candidates, so that --ms 128,256,2048 over the four shapes finishes in ~40 s
+    else:  # the likeliest first: a short budget (--ms 128,256,2048 in ~40 s) times the head of each list
         return _fp8_wide_candidates(m, n, k, d)
     return [d] + [c for c in grid if c != d]
 
@@ -105,8 +105,9 @@ def _scaled_mm_here() -> bool:
 
 def _fp8_wide_candidates(m: int, n: int, k: int, d: F8.Fp8Config) -> list[F8.Fp8Config]:
     """65+ rows: what runs by default first (cuBLASLt's block-scaled GEMM where the device has it, else the Triton
-    default), then the Triton default, the 128x128 tiles used before (split only at K >= 32 M), and the default
-    with half / twice its splits and the other column tile."""
+    default), then the Triton default, the 128x128 tiles used before (split only at K >= 32 M), the default with
+    half / twice its splits and the other column tile, 64 x 64 tiles with deeper pipelines (the H200's bests at
+    64-128 rows) and one-row-tile candidates."""
     tiles = -(-m // 128) * -(-n // 128)
     before = F8.Fp8Config(128, 128, 8, 3, min(F8.split_k.num_splits(k // GROUP, tiles), max(1, k // (32 * m))))
     scaled = F8.Fp8Config(0, 0, 0, 0, scaled_mm=True)
