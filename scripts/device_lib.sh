@@ -56,3 +56,12 @@ session_logs() {  # session_logs TAG: a session script's $LOGS ($OUT/TAG), PYTHO
   echo "commit $COMMIT on $(nvidia-smi --query-gpu=name --format=csv,noheader)" | tee "$LOGS/commit.txt"
   pack() { tar -czf "$OUT/$SESSION_TAG.tar.gz" -C "$OUT" "$SESSION_TAG" $( [ -d "$OUT/engines" ] && echo engines ); }
 }
+
+tune_table() {  # tune_table FMT ROWS BUDGET_S TAG: bench_quant_gemm.py's bests at these rows into the installed table
+  # (`awq_gemm` / `fp8_gemm` `_TABLE`), the log's summary printed, the table copied into the logs
+  local fmt=$1 rows=$2 budget=$3 tag=$4 table
+  table=$(python3 -c "from infer_backend_cuda.kernels import ${fmt}_gemm as K; print(K._TABLE)")
+  timeout $(( budget + 60 )) python3 "$SCRIPTS/bench_quant_gemm.py" --formats "$fmt" --ms "$rows" --budget-s "$budget" \
+    --json "$LOGS/$tag.json" --table "$table" > "$LOGS/$tag.log" 2>&1
+  echo "bench_quant_gemm $fmt rc=$?"; grep -A40 "^ fmt" "$LOGS/$tag.log"; cp "$table" "$LOGS/${fmt}_gemm_table.json"; pack
+}

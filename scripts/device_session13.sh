@@ -5,15 +5,12 @@
 #           rows (the scale prefetch and PDL, not measured there), FP8 chat at qps 1 / 8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session13.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, roofline, gpu_tests
+source "$(dirname "$0")/device_lib.sh"  # session_logs, tune_table, roofline, gpu_tests
 session_logs s13
 
 case ${CALL:-1} in
   1)
-    TABLE=$(python3 -c "from infer_backend_cuda.kernels import awq_gemm as A; print(A._TABLE)")
-    timeout $(( ${TUNE_S:-100} + 60 )) python3 "$SCRIPTS/bench_quant_gemm.py" --formats awq --ms "${MS:-32,64}" \
-      --budget-s "${TUNE_S:-100}" --json "$LOGS/quant_awq_wide.json" --table "$TABLE" > "$LOGS/quant_awq_wide.log" 2>&1
-    echo "bench_quant_gemm awq rc=$?"; tail -9 "$LOGS/quant_awq_wide.log"; cp "$TABLE" "$LOGS/awq_gemm_table.json"; pack
+    tune_table awq "${MS:-32,64}" "${TUNE_S:-100}" quant_awq_wide
     roofline roofline_awq_wide qwen3-4b-awq 32,64
     roofline roofline_fp8_small qwen3-4b-fp8 1,2,4,8
     ENGINES=${ENGINES:-"awq:chat=8,32 fp8:chat=1,8"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
