@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# The next device session's first call (written in the twelfth, device time spent): what the twelfth left unmeasured.
-#   CALL=1: AWQ at decode batches under load: its GEMMs tuned at 32 / 64 rows into the installed table (buckets 17-32
-#           and 33-64, new), the AWQ replay at 32 / 64 rows with it, AWQ chat at qps 8 / 32; FP8 at one row and 2-8
-#           rows (the scale prefetch and PDL, not measured there), FP8 chat at qps 1 / 8.
+# The thirteenth session's device calls, each part bounded, the logs packed into $OUT/s13.tar.gz after every part.
+#   CALL=1: the one-launch GDN decode mixer (`kernels/gdn_decode.py`: value-block programs, the group's last arrival
+#           shifting the q / k conv state and applying the gated norm) and the output gate in the decode attention:
+#           their GPU tests, then the Qwen3.5-4B decode replay at 1 / 2 / 4 / 8 rows with the mixer fused and not
+#           (INFER_CUDA_GDN_FUSED_DECODE=1 / 0), and both at one row without PDL (true kernel times).
+#   CALL=awq: the twelfth session's plan for AWQ under load (not run): its GEMMs tuned at 32 / 64 rows into the
+#           installed table, the AWQ replay at 32 / 64 rows, AWQ chat at qps 8 / 32; FP8 at 1-8 rows, chat qps 1 / 8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session13.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, tune_table, roofline, gpu_tests
@@ -10,6 +13,17 @@ session_logs s13
 
 case ${CALL:-1} in
   1)
+    # every test of the two kernel files on the GPU (the small shapes too: real concurrency for the arrivals)
+    INFER_CUDA_GDN_FUSED_DECODE=1 timeout -s INT "${TEST_TIMEOUT:-150}" python3 -m pytest -m "gpu or not gpu" -q \
+      -p no:cacheprovider -rfE tests/backend_cuda/test_gdn_decode.py tests/backend_cuda/test_fused_decode_attention.py \
+      tests/gpu/test_qwen3_5_cuda.py > "$LOGS/pytest_mixer.log" 2>&1
+    echo "pytest mixer rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_mixer.log" | tail -8; pack
+    roofline roofline_q35_fused1 qwen3.5-4b "${BATCHES:-1,2,4,8}" INFER_CUDA_GDN_FUSED_DECODE=1
+    roofline roofline_q35_fused0 qwen3.5-4b "${BATCHES:-1,2,4,8}" INFER_CUDA_GDN_FUSED_DECODE=0
+    roofline roofline_q35_fused1_nopdl qwen3.5-4b 1 INFER_CUDA_GDN_FUSED_DECODE=1 INFER_CUDA_PDL=0
+    roofline roofline_q35_fused0_nopdl qwen3.5-4b 1 INFER_CUDA_GDN_FUSED_DECODE=0 INFER_CUDA_PDL=0
+    ;;
+  awq)
     tune_table awq "${MS:-32,64}" "${TUNE_S:-100}" quant_awq_wide
     roofline roofline_awq_wide qwen3-4b-awq 32,64
     roofline roofline_fp8_small qwen3-4b-fp8 1,2,4,8

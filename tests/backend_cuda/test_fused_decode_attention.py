@@ -137,12 +137,9 @@ def test_fused_refuses_a_ragged_batch_and_mismatched_k(device):
         K.paged_attention_decode(*args, rope=rope._replace(k=rope.k[:, :1]))
 
 
-@pytest.mark.parametrize("qk_norm", [True, False])
-def test_port_op_equals_the_cpu_reference(qk_norm, device):
-    """`FusedOps.qk_norm_rope_attention` on a decode batch: the CUDA adapter's one launch against the CPU
-    adapter's two ops, outputs and caches."""
-    case = ([5, 30, 0, 12], 4, 2, 32, 16, 4, None, qk_norm)
-    pb, q, rope, _ = _inputs(case, torch.float32, device, seed=3)
+def _port_inputs(qk_norm: bool, device: str, seed: int):
+    """A decode batch for the port op: its inputs on the device and a CPU copy (batch, rope arguments, caches)."""
+    pb, q, rope, _ = _inputs(([5, 30, 0, 12], 4, 2, 32, 16, 4, None, qk_norm), torch.float32, device, seed=seed)
     batch = AttentionBatch(
         positions=rope.positions, slot_mapping=rope.slot_mapping, query_start_loc=pb.query_start_loc,
         seq_lens=pb.seq_lens, block_tables=pb.block_tables, max_query_len=1, max_seq_len=30, is_decode=True,
@@ -152,6 +149,14 @@ def test_port_op_equals_the_cpu_reference(qk_norm, device):
     cpu_batch = AttentionBatch(*(t.cpu() if isinstance(t, torch.Tensor) else t for t in batch))
     args = (rope.positions, rope.cos_sin_cache, rope.q_norm_weight, rope.k_norm_weight, EPS)
     cpu_args = tuple(t.cpu() if isinstance(t, torch.Tensor) else t for t in args)
+    return pb, q, rope, batch, args, cpu_batch, cpu_args, cpu_caches
+
+
+@pytest.mark.parametrize("qk_norm", [True, False])
+def test_port_op_equals_the_cpu_reference(qk_norm, device):
+    """`FusedOps.qk_norm_rope_attention` on a decode batch: the CUDA adapter's one launch against the CPU
+    adapter's two ops, outputs and caches."""
+    pb, q, rope, batch, args, cpu_batch, cpu_args, cpu_caches = _port_inputs(qk_norm, device, seed=3)
     expected = CpuFusedOps().qk_norm_rope_attention(q.cpu(), rope.k.cpu(), rope.v.cpu(), *cpu_args, *cpu_caches,
                                                     cpu_batch, 0.3)
     got = TritonFusedOps(CudaMathOps()).qk_norm_rope_attention(q, rope.k, rope.v, *args, pb.k_cache, pb.v_cache,
@@ -175,3 +180,40 @@ def test_fused_takes_per_token_rotary_rows(device):
                                      rope=rope)
     torch.testing.assert_close(fused, unfused, **tol(torch.float32))
     torch.testing.assert_close(pb.k_cache.nan_to_num(7.0), k_ref.nan_to_num(7.0), **tol(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits, merge_in_kernel", [(1, True), (3, True), (3, False)],
+                         ids=["one-split", "merge-in-kernel", "reduce-pass"])
+def test_output_gate_equals_the_separate_gate_kernel(splits, merge_in_kernel, dtype, device):
+    """Qwen3.5's output gate applied where each path writes the output (the one split's store, the last program's
+    merge, the reduce kernel) equals `sigmoid_gate_mul` after the ungated launch bit for bit; the gate is read
+    through a strided view of the projection, and a padding row stays zero."""
+    pb = make_paged_batch([1] * 4, [1, 90, 33, 0], 8, 2, 32, 8, dtype, device, seed=11)
+    g = torch.Generator().manual_seed(12)
+    projection = (torch.randn((4, 8, 2, 32), generator=g) * 3).to(dtype=dtype, device=device)
+    gate = projection[:, :, 1]  # [query | gate] per head, as q_proj holds them
+    args = (pb.q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, 0.2)
+    ungated = K.paged_attention_decode(*args, num_splits=splits, merge_in_kernel=merge_in_kernel)
+    gated = K.paged_attention_decode(*args, num_splits=splits, merge_in_kernel=merge_in_kernel, output_gate=gate)
+    assert torch.equal(gated, K.sigmoid_gate_mul(ungated, gate))
+    assert not torch.equal(gated, ungated)
+    assert torch.equal(gated[3], torch.zeros_like(gated[3]))
+    with pytest.raises(ValueError, match="output gate"):
+        K.paged_attention_decode(*args, output_gate=gate[:, :1])
+
+
+def test_port_op_applies_the_output_gate_as_the_cpu_reference(device):
+    """`FusedOps.qk_norm_rope_attention` with an output gate: the CUDA adapter's one launch against the CPU
+    adapter's separate ops (attention, then `sigmoid_gate_mul`)."""
+    pb, q, rope, batch, args, cpu_batch, cpu_args, cpu_caches = _port_inputs(True, device, seed=4)
+    gate = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(device) * 2
+    cpu = CpuFusedOps()
+    ungated = cpu.qk_norm_rope_attention(q.cpu(), rope.k.cpu(), rope.v.cpu(), *cpu_args,
+                                         *(c.clone() for c in cpu_caches), cpu_batch, 0.3)
+    expected = cpu.qk_norm_rope_attention(q.cpu(), rope.k.cpu(), rope.v.cpu(), *cpu_args, *cpu_caches, cpu_batch, 0.3,
+                                          gate.cpu())
+    torch.testing.assert_close(expected, cpu.sigmoid_gate_mul(ungated, gate.cpu()), atol=0, rtol=0)
+    got = TritonFusedOps(CudaMathOps()).qk_norm_rope_attention(q, rope.k, rope.v, *args, pb.k_cache, pb.v_cache,
+                                                              batch, 0.3, gate)
+    torch.testing.assert_close(got.cpu(), expected, **tol(torch.float32))

@@ -63,14 +63,14 @@ def _run(ops, layer, pools, step_inputs, batch):
     return ops.gated_delta_mix(*step_inputs, layer, conv, rec, batch)
 
 
-def _compare(lens_slots, shape, kw, dtype, device, seed, skip_scratch=False):
+def _compare(lens_slots, shape, kw, dtype, device, seed, skip_scratch=False, ops=None):
     """Two decode steps (the second with the slots in another order) through the fused kernel, the unfused chain
     and the CPU adapter, from the same pools; returns nothing, asserts every step."""
     hk, hv, dk, dv = shape
     layer = _layer(hk, hv, dk, dv, kw, dtype, device, seed)
     num_slots = max(max(s) for s in lens_slots) + 2
     start = _pools(layer, kw, num_slots, dtype, device, seed + 1)
-    ways = {"fused": CudaGatedDeltaOps(device, fused_decode=True), "unfused": CudaGatedDeltaOps(device, False),
+    ways = {"fused": ops or CudaGatedDeltaOps(device, fused_decode=True), "unfused": CudaGatedDeltaOps(device, False),
             "cpu": CpuGatedDeltaOps(device)}
     pools = {name: (start[0].clone(), start[1].clone()) for name in ways}
     loose = dtype != torch.float32
@@ -124,6 +124,23 @@ def test_fused_decode_batch_sizes(batch, device):
 def test_fused_decode_conv_kernels(kw, device):
     """Conv widths 2 (a 1-column state), 3 and 5 (a state of K - 1 columns padded to a power of two)."""
     _compare([[2, 4], [4, 1]], (1, 2, 16, 16), kw, torch.float32, device, seed=3)
+
+
+@pytest.mark.parametrize("block_v", [4, 8])
+def test_fused_decode_value_blocks_of_a_group_arrive_in_any_order(block_v, device):
+    """Several value blocks a head (2-4) and 2 heads a key head: the program that arrives last (any of them under
+    the interpreter's order, or a real GPU's) shifts the shared q / k conv state and normalises the whole heads;
+    the counters are left zero for the next launch (the second step reuses them)."""
+    ops = CudaGatedDeltaOps(device, fused_decode=True)
+    real = cuda_gdn.gdn_decode
+
+    def with_block(*args, **kwargs):
+        return real(*args, **kwargs, block_v=block_v)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cuda_gdn, "gdn_decode", with_block)
+        _compare([[5, 2, 7], [7, 5, 2]], (2, 4, 16, 16), 4, torch.bfloat16, device, seed=11, ops=ops)
+    assert ops._arrivals.count_nonzero().item() == 0
 
 
 def test_fused_decode_head_dims_not_powers_of_two(device):

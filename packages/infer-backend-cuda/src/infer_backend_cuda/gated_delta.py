@@ -19,7 +19,7 @@ import torch
 
 from infer_backend_cuda.kernels.causal_conv1d import causal_conv1d
 from infer_backend_cuda.kernels.gdn_chunk import CHUNK, gdn_chunk
-from infer_backend_cuda.kernels.gdn_decode import gdn_decode
+from infer_backend_cuda.kernels.gdn_decode import arrival_counters, gdn_decode
 from infer_backend_cuda.kernels.gdn_gates import gated_rms_norm, gdn_gates
 from infer_backend_cuda.kernels.gdn_recurrent import gdn_recurrent, prepare_gdn_out
 from infer_core.ports.linear_attention import GdnLayer, StateBatch, unfused_gated_delta_mix
@@ -48,12 +48,15 @@ class CudaGatedDeltaOps:
     def __init__(self, device: torch.device | str, fused_decode: bool = _FUSED_DECODE) -> None:
         self.device = torch.device(device)
         self.fused_decode = fused_decode
+        self._arrivals = torch.zeros(0, dtype=torch.int32, device=self.device)  # the fused decode's counters
 
     def allocate_state_pools(
         self, num_layers: int, num_slots: int, conv_dim: int, conv_kernel: int, num_v_heads: int,
         k_head_dim: int, v_head_dim: int, conv_dtype: object,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         assert isinstance(conv_dtype, torch.dtype)
+        # Before any graph is captured; value heads bound the key heads (each key head is read by >= 1).
+        self._arrivals = arrival_counters(num_slots, num_v_heads, self.device)
         return [
             (
                 torch.zeros((num_slots, conv_dim, conv_kernel - 1), dtype=conv_dtype, device=self.device),
@@ -102,9 +105,20 @@ class CudaGatedDeltaOps:
         if batch.is_decode and self.fused_decode:  # one launch instead of four
             heads = (layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim)
             return gdn_decode(qkv, z, b, a, heads, layer.conv_weight, layer.a_log, layer.dt_bias, layer.norm_weight,
-                              layer.norm_eps, conv_states, recurrent_states, batch.cu_seqlens, batch.slot_ids)
+                              layer.norm_eps, conv_states, recurrent_states, batch.cu_seqlens, batch.slot_ids,
+                              self._arrivals_for(batch.slot_ids.shape[0] * layer.num_k_heads))
         rule = self._decode_rule if batch.is_decode else None
         return unfused_gated_delta_mix(self, qkv, z, b, a, layer, conv_states, recurrent_states, batch, rule)
+
+    def _arrivals_for(self, count: int) -> torch.Tensor:
+        """The fused decode's counters (zero between launches), grown outside graph capture only: a capture
+        must keep addressing the buffer its replays will find zero."""
+        if self._arrivals.numel() < count:
+            if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"the fused GDN decode needs {count} arrival counters, {self._arrivals.numel()} "
+                                   "were allocated before the graph capture")
+            self._arrivals = torch.zeros(count, dtype=torch.int32, device=self.device)
+        return self._arrivals
 
     @staticmethod
     def _decode_rule(

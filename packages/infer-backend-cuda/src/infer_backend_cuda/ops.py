@@ -118,19 +118,21 @@ class TritonFusedOps:
         v_cache: torch.Tensor,
         batch: AttentionBatch,
         scale: float,
+        output_gate: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A decode batch in one launch (`kernels/attention_decode.py`: the q/k norm, RoPE and store in the split
-        pass, the split merge by its last program); a mixed one, or with the fusion off
-        (`INFER_CUDA_FUSED_DECODE_ATTENTION=0`), the two ops."""
+        pass, the split merge by its last program, the output gate where the output is written); a mixed one, or
+        with the fusion off (`INFER_CUDA_FUSED_DECODE_ATTENTION=0`), the separate ops."""
         if batch.is_decode and attention_decode.FUSED_ROPE:
             rope = attention_decode.DecodeRope(
                 k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, batch.slot_mapping
             )
             return kernels.paged_attention_decode(
-                q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, rope=rope
+                q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, rope=rope, output_gate=output_gate
             )
         return unfused_qk_norm_rope_attention(
-            self, q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch, scale
+            self, q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch, scale,
+            output_gate,
         )
 
     def paged_attention(

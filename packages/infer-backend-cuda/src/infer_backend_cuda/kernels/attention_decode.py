@@ -163,9 +163,21 @@ def _rope_and_store_token(q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, 
 
 
 @triton.jit
+def _store_out(o_ptr, out, row, heads, o_s0, o_s1, offs_d, mask, g_ptr, g_s0, g_s1, GATED: tl.constexpr):
+    """The attention output rounded to o's dtype; with GATED times the sigmoid of its output gate, each rounded to
+    o's dtype as `sigmoid_gate_mul` rounds (Qwen3.5's gated attention, one launch fewer a layer)."""
+    y = out.to(o_ptr.dtype.element_ty)
+    if GATED:
+        g = tl.load(g_ptr + row * g_s0 + heads[:, None] * g_s1 + offs_d[None, :], mask=mask, other=0.0)
+        s = tl.sigmoid(g.to(tl.float32)).to(o_ptr.dtype.element_ty).to(tl.float32)
+        y = (y.to(tl.float32) * s).to(o_ptr.dtype.element_ty)
+    tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :], y, mask=mask)
+
+
+@triton.jit
 def _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, heads, h_mask, row, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
-                 num_splits, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
-                 CACHE: tl.constexpr):
+                 num_splits, g_ptr, g_s0, g_s1, HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                 BLOCK_D: tl.constexpr, CACHE: tl.constexpr, GATED: tl.constexpr):
     """Query heads `heads` (`[G]`, `h_mask` valid) of sequence b: the LSE-weighted merge of their first `num_splits`
     splits' partials, written to the output row (zeros when every split was empty). All loads are issued before any
     store, as one `[G, splits, D]` tile. CACHE: the loads' cache modifier (".cg" when other SMs wrote them)."""
@@ -186,25 +198,26 @@ def _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, heads, h_mask, row, mo_s0, mo
     w = tl.where(hs_mask, tl.exp(lse - m_safe[:, None]), 0.0)
     total = tl.sum(w, axis=1)
     out = tl.sum(parts * w[:, :, None], axis=1) / tl.where(total == 0.0, 1.0, total)[:, None]
-    tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-             mask=h_mask[:, None] & d_mask[None, :])
+    _store_out(o_ptr, out, row, heads, o_s0, o_s1, offs_d, h_mask[:, None] & d_mask[None, :], g_ptr, g_s0, g_s1, GATED)
 
 
 @triton.jit(do_not_specialize=SPLIT_ARGS)
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, mid_o_ptr, mid_lse_ptr, o_ptr, seq_lens_ptr, bt_ptr, qsl_ptr, counter_ptr,
-    k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr,
+    k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, g_ptr,
     q_s0, q_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, bt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
-    k_s0, k_s1, v_s0, v_s1, cs_stride, scale, eps, block_size, num_splits,
+    k_s0, k_s1, v_s0, v_s1, cs_stride, g_s0, g_s1, scale, eps, block_size, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr, RAGGED: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, HALF: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
-    MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, USE_PDL: tl.constexpr,
+    MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, GATED: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """With DIRECT (one split) the normalised output goes to the query row of `o_ptr` in its dtype and no partial
     is stored; else the partial and its LSE go to the workspace, which with MERGE the last program of the
     (sequence, KV head) merges into `o_ptr` (else the reduce kernel does). With ROPE q is the raw projection's
-    and this program also does `qk_norm_rope_store`'s work for its token (`_rope_and_store_token`)."""
+    and this program also does `qk_norm_rope_store`'s work for its token (`_rope_and_store_token`). With GATED the
+    output is multiplied by the sigmoid of its gate (`g_ptr`, rows and heads as the output's) where it is written."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -290,8 +303,7 @@ def _decode_split_kernel(
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     out_mask = h_mask[:, None] & d_mask[None, :]
     if DIRECT or used == 1:  # one split (with MERGE: the only one holding keys) writes the output itself
-        tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
-                 mask=out_mask)
+        _store_out(o_ptr, out, row, heads, o_s0, o_s1, offs_d, out_mask, g_ptr, g_s0, g_s1, GATED)
     else:
         lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
         tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + sp * mo_s2 + offs_d[None, :], out, mask=out_mask)
@@ -304,7 +316,8 @@ def _decode_split_kernel(
                 tl.debug_barrier()
                 group = tl.arange(0, GROUP_PAD)  # the group's heads only: not the 16-row tile of the dots
                 _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, kvh * GROUP + group.to(tl.int64), group < GROUP, row,
-                             mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1, used, HEAD_DIM, SPLITS_PAD, BLOCK_D, ".cg")
+                             mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1, used, g_ptr, g_s0, g_s1, HEAD_DIM,
+                             SPLITS_PAD, BLOCK_D, ".cg", GATED)
                 tl.store(counter_ptr + tile, 0)
 
 
@@ -322,10 +335,14 @@ def _decode_reduce_kernel(
     o_s0,
     o_s1,
     num_splits,
+    g_ptr,
+    g_s0,
+    g_s1,
     HEAD_DIM: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
     BLOCK_D: tl.constexpr,
     RAGGED: tl.constexpr,
+    GATED: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
@@ -338,7 +355,7 @@ def _decode_reduce_kernel(
         return
     one = tl.arange(0, 2) < 1  # the head as a 2-row tile (row 1 masked off)
     _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, h + tl.arange(0, 2), one, row, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1,
-                 o_s0, o_s1, num_splits, HEAD_DIM, SPLITS_PAD, BLOCK_D, "")
+                 o_s0, o_s1, num_splits, g_ptr, g_s0, g_s1, HEAD_DIM, SPLITS_PAD, BLOCK_D, "", GATED)
 
 
 @functools.lru_cache(maxsize=8)
@@ -398,6 +415,7 @@ def paged_attention_decode(
     query_start_loc: torch.Tensor | None = None,
     rope: DecodeRope | None = None,
     merge_in_kernel: bool = True,
+    output_gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[B, Hq, D]` (one token per sequence), caches `[num_blocks, block_size, Hkv, D]`, seq_lens `[B]`
     (0 = padding row -> zeros), block_tables `[B, max_blocks]` -> `[B, Hq, D]` in q's dtype.
@@ -409,7 +427,8 @@ def paged_attention_decode(
 
     With `rope` (a decode batch only) q is the raw projection's and pass 1 first does `qk_norm_rope_store`'s work
     (module docstring). `merge_in_kernel`: the last split program merges (when the counters exist), else the
-    reduce kernel."""
+    reduce kernel. `output_gate` (q's shape, any row and head strides): the output times its sigmoid, rounded as
+    `sigmoid_gate_mul` (a padding row's zeros stay zeros)."""
     n_tok, num_q_heads, head_dim = q.shape
     n_seq = seq_lens.shape[0]
     _, block_size, num_kv_heads, kd = k_cache.shape
@@ -426,6 +445,11 @@ def paged_attention_decode(
         raise ValueError("the fused q/k norm, RoPE and store take a decode batch, not a ragged one")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
+    if output_gate is not None:
+        if output_gate.shape != q.shape:
+            raise ValueError(f"output gate {tuple(output_gate.shape)} does not match q {tuple(q.shape)}")
+        check_last_dim_contiguous("output gate", output_gate)
+    gate = output_gate if output_gate is not None else q  # unread unless GATED
     half = _check_rope(rope, q, num_kv_heads) if rope is not None else 1
     if out is None:
         out = torch.empty((n_tok, num_q_heads, head_dim), dtype=q.dtype, device=q.device)
@@ -457,6 +481,7 @@ def paged_attention_decode(
         counters if counters is not None else seq_lens,  # unread unless MERGE
         *((r.k, r.v, positions, r.cos_sin_cache, r.q_norm_weight if r.q_norm_weight is not None else q,
            r.k_norm_weight if r.k_norm_weight is not None else q, slots) if r is not None else (q,) * 7),
+        gate,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -466,6 +491,7 @@ def paged_attention_decode(
         out.stride(0), out.stride(1),
         *((r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1), r.cos_sin_cache.stride(0))
           if r is not None else (0,) * 5),
+        gate.stride(0), gate.stride(1),
         float(scale),
         float(r.eps) if r is not None else 0.0,
         block_size,
@@ -485,6 +511,7 @@ def paged_attention_decode(
         MERGE=counters is not None,
         SPLITS_PAD=splits_pad,
         GROUP_PAD=max(2, next_pow2(group)),
+        GATED=output_gate is not None,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
@@ -504,10 +531,14 @@ def paged_attention_decode(
         out.stride(0),
         out.stride(1),
         splits,
+        gate,
+        gate.stride(0),
+        gate.stride(1),
         HEAD_DIM=head_dim,
         SPLITS_PAD=splits_pad,
         BLOCK_D=block_d,
         RAGGED=ragged,
+        GATED=output_gate is not None,
         num_warps=1 if block_d <= 128 else 2,
         **pdl_launch(q.device),
     )

@@ -102,10 +102,12 @@ class FusedOps(Protocol):
         v_cache: Tensor,
         batch: AttentionBatch,
         scale: float,
+        output_gate: Tensor | None = None,
     ) -> Tensor:
-        """`qk_norm_rope_store` (at `batch.slot_mapping`) then `paged_attention` of the rotated q: an attention
+        """`qk_norm_rope_store` (at `batch.slot_mapping`) then `paged_attention` of the rotated q, then with
+        `output_gate` (`[T, Hq, D]`, Qwen3.5's gated attention) `sigmoid_gate_mul` of the result: an attention
         layer's work between its two projections, as one op so that an adapter can run it as one kernel where
-        that pays (decode batches). Equals the two ops up to rounding; `unfused_qk_norm_rope_attention` is its
+        that pays (decode batches). Equals the ops up to rounding; `unfused_qk_norm_rope_attention` is its
         meaning."""
         ...
 
@@ -145,9 +147,11 @@ def unfused_qk_norm_rope_attention(
     v_cache: Tensor,
     batch: AttentionBatch,
     scale: float,
+    output_gate: Tensor | None = None,
 ) -> Tensor:
     """`FusedOps.qk_norm_rope_attention` as the separate ops it stands for."""
     q, _ = fused.qk_norm_rope_store(
         q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch.slot_mapping
     )
-    return fused.paged_attention(q, k_cache, v_cache, batch, scale)
+    out = fused.paged_attention(q, k_cache, v_cache, batch, scale)
+    return out if output_gate is None else fused.sigmoid_gate_mul(out, output_gate)

@@ -1,5 +1,5 @@
 """Self-attention over the paged KV cache: fused qkv GEMM -> (qk-norm) + RoPE + KV store + paged attention (one
-port op, `FusedOps.qk_norm_rope_attention`) -> (output gate) -> o_proj. Qk-norm is present exactly when its weights
+port op, `FusedOps.qk_norm_rope_attention`, with the output gate) -> o_proj. Qk-norm is present exactly when its weights
 are (Qwen3); nothing here knows model names.
 
 With `output_gate` (Qwen3.5) q_proj holds `[query | gate]` per head (`2 * head_dim` rows each) and the attention
@@ -85,8 +85,8 @@ class Attention:
         q, k, v = qkv.split(self.qkv_proj.part_sizes, dim=-1)
         gate = None
         if self.output_gate:
-            # Strided views of the projection, read in place: the attention op reads q through its strides, and the gate
-            # is read by sigmoid_gate_mul with its strides (no copy launches in the decode step).
+            # Strided views of the projection, read in place: the attention op reads q and the gate through their
+            # strides (no copy launches in the decode step).
             q, gate = q.reshape(num_tokens, self.num_heads, 2, self.head_dim).unbind(dim=2)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
@@ -97,10 +97,8 @@ class Attention:
             positions, table = torch.arange(num_tokens, device=positions.device), batch.rope_cos_sin
         out = self._fused.qk_norm_rope_attention(
             q, k, v, positions, table, self.q_norm_weight, self.k_norm_weight, self.norm_eps,
-            k_cache, v_cache, batch, self.scale,
+            k_cache, v_cache, batch, self.scale, gate,
         )
-        if gate is not None:
-            out = self._fused.sigmoid_gate_mul(out, gate)
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 
     def weight_slots(self) -> WeightSlots:
