@@ -4,6 +4,11 @@
 #           shifting the q / k conv state and applying the gated norm) and the output gate in the decode attention:
 #           their GPU tests, then the Qwen3.5-4B decode replay at 1 / 2 / 4 / 8 rows with the mixer fused and not
 #           (INFER_CUDA_GDN_FUSED_DECODE=1 / 0), and both at one row without PDL (true kernel times).
+#   CALL=2: the mixer's state tile (and the rows, slots, gate parameters) loaded before `gdc_wait`, the fused mixer
+#           the default: the GPU tests (the gate's, Qwen3.5 CUDA == CPU and graph == eager), the Qwen3.5-4B replays
+#           at 1-64 rows with 32-column value blocks (the default) and 16 (INFER_CUDA_GDN_BLOCK_V=16), and the three
+#           kernels' at 1 / 32 / 64 (INFER_CUDA_GDN_FUSED_DECODE=0).
+#   CALL=3: Qwen3.5-4B chat at qps 1 / 8 / 32 with the final defaults (issue 16: 0 failures).
 #   CALL=awq: the twelfth session's plan for AWQ under load (not run): its GEMMs tuned at 32 / 64 rows into the
 #           installed table, the AWQ replay at 32 / 64 rows, AWQ chat at qps 8 / 32; FP8 at 1-8 rows, chat qps 1 / 8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session13.sh
@@ -22,6 +27,20 @@ case ${CALL:-1} in
     roofline roofline_q35_fused0 qwen3.5-4b "${BATCHES:-1,2,4,8}" INFER_CUDA_GDN_FUSED_DECODE=0
     roofline roofline_q35_fused1_nopdl qwen3.5-4b 1 INFER_CUDA_GDN_FUSED_DECODE=1 INFER_CUDA_PDL=0
     roofline roofline_q35_fused0_nopdl qwen3.5-4b 1 INFER_CUDA_GDN_FUSED_DECODE=0 INFER_CUDA_PDL=0
+    ;;
+  2)
+    timeout -s INT "${TEST_TIMEOUT:-150}" python3 -m pytest -m "gpu or not gpu" -q -p no:cacheprovider -rfE \
+      tests/backend_cuda/test_gdn_decode.py tests/gpu/test_qwen3_5_cuda.py \
+      tests/backend_cuda/test_fused_decode_attention.py -k "gdn or qwen3_5 or gate or port_op or large or cuda" \
+      > "$LOGS/pytest_mixer2.log" 2>&1
+    echo "pytest mixer2 rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_mixer2.log" | tail -8; pack
+    roofline roofline_q35_bv32 qwen3.5-4b "${BATCHES:-1,2,4,8,32,64}"
+    roofline roofline_q35_bv16 qwen3.5-4b "${BATCHES:-1,2,4,8,32,64}" INFER_CUDA_GDN_BLOCK_V=16
+    roofline roofline_q35_unfused qwen3.5-4b 1,32,64 INFER_CUDA_GDN_FUSED_DECODE=0
+    ;;
+  3)
+    ENGINES=${ENGINES:-"qwen35:chat=1,8,32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
+      bash scripts/device_engines.sh
     ;;
   awq)
     tune_table awq "${MS:-32,64}" "${TUNE_S:-100}" quant_awq_wide

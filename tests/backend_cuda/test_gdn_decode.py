@@ -1,5 +1,5 @@
 """The fused decode mixer (`kernels/gdn_decode.py`, `CudaGatedDeltaOps.gated_delta_mix` at decode) against the
-chain of the four separate CUDA kernels (the same adapter with `fused_decode=False`) and the CPU adapter's
+chain of the three separate CUDA kernels (the same adapter with `fused_decode=False`) and the CPU adapter's
 `gated_delta_mix` (torch ops).
 
 Each case starts all three from the same random conv and recurrent pools (slots shuffled, not all in the batch),
@@ -155,8 +155,8 @@ def test_fused_decode_padding_rows(device):
 
 
 def test_env_switch():
-    assert fused_decode_wanted({FUSED_DECODE_ENV: "1"}) and fused_decode_wanted({FUSED_DECODE_ENV: " 1 "})
-    assert not fused_decode_wanted({}) and not fused_decode_wanted({FUSED_DECODE_ENV: "0"})
+    assert fused_decode_wanted({}) and fused_decode_wanted({FUSED_DECODE_ENV: "1"})
+    assert not fused_decode_wanted({FUSED_DECODE_ENV: "0"}) and not fused_decode_wanted({FUSED_DECODE_ENV: " 0 "})
 
 
 @pytest.mark.parametrize("fused, lens, launches", [(True, [1, 1], 1), (False, [1, 1], 0), (True, [3, 1], 0)],

@@ -1,12 +1,11 @@
 """The `GatedDeltaOps` port (linear-attention layers of hybrid models) on Triton kernels.
 
-A decode step's mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) runs three kernels, the gates
-computed inside the recurrence (each program its head's, with the gates kernel's numerics); the fused one-launch
-form (`kernels/gdn_decode.py`, `INFER_CUDA_GDN_FUSED_DECODE=1`) measured slower on the H200 (17.8 against 12.9 us
-a layer at one row, 150 against 106 at 60, against the four kernels then; docs/kernels.md), so it is opt-in. In other
-steps the gated delta rule splits by row length on the device: rows shorter than `SHORT_ROW` (decode rows of a
-mixed step) through the recurrent kernel, the others through the chunked (WY form) kernels, in the same step and
-without a host sync.
+A decode step's mixer (`gated_delta_mix`: conv, gates, recurrence, gated norm) runs as one kernel
+(`kernels/gdn_decode.py`; on the H200 the Qwen3.5-4B batch-1 step 2.633 ms against 2.758 with the three kernels,
+docs/benchmarks.md); `INFER_CUDA_GDN_FUSED_DECODE=0` runs the three (conv, the recurrence computing its heads'
+gates, gated norm) for A/B runs. In other steps the gated delta rule splits by row length on the device: rows
+shorter than `SHORT_ROW` (decode rows of a mixed step) through the recurrent kernel, the others through the
+chunked (WY form) kernels, in the same step and without a host sync.
 The state pools are allocated once, so a captured graph keeps addressing the same slots.
 """
 
@@ -32,13 +31,13 @@ from infer_core.ports.linear_attention import GdnLayer, StateBatch, unfused_gate
 # rows (a few tokens) always take the recurrence.
 SHORT_ROW = CHUNK // 4
 
-# INFER_CUDA_GDN_FUSED_DECODE=1: decode steps run the fused kernel (A/B benchmarks; slower as it stands).
+# INFER_CUDA_GDN_FUSED_DECODE=0: decode steps run the three kernels instead of the fused one (A/B benchmarks).
 # Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the config loader's prefix).
 FUSED_DECODE_ENV = "INFER_CUDA_GDN_FUSED_DECODE"
 
 
 def fused_decode_wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(FUSED_DECODE_ENV, "0").strip() == "1"
+    return environ.get(FUSED_DECODE_ENV, "1").strip() != "0"
 
 
 _FUSED_DECODE = fused_decode_wanted()
@@ -102,7 +101,7 @@ class CudaGatedDeltaOps:
         self, qkv: torch.Tensor, z: torch.Tensor, b: torch.Tensor, a: torch.Tensor, layer: GdnLayer,
         conv_states: torch.Tensor, recurrent_states: torch.Tensor, batch: StateBatch,
     ) -> torch.Tensor:
-        if batch.is_decode and self.fused_decode:  # one launch instead of four
+        if batch.is_decode and self.fused_decode:  # one launch instead of three
             heads = (layer.num_k_heads, layer.k_head_dim, layer.num_v_heads, layer.v_head_dim)
             return gdn_decode(qkv, z, b, a, heads, layer.conv_weight, layer.a_log, layer.dt_bias, layer.norm_weight,
                               layer.norm_eps, conv_states, recurrent_states, batch.cu_seqlens, batch.slot_ids,

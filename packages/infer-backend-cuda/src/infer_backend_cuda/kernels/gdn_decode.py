@@ -22,6 +22,8 @@ use slot 0 like any slot.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -70,7 +72,6 @@ def _gdn_decode_kernel(
 ):
     if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -82,10 +83,16 @@ def _gdn_decode_kernel(
     vv = vb * BV + tl.arange(0, BV)
     km = kk < DK
     vm = vv < DV
-    # The state tile's load first: its latency (the bulk of the program's bytes) overlaps the conv's.
+    # Before waiting for the in_proj GEMM (under PDL): the step's rows and slots (copied in before the step's first
+    # kernel), the state tile (the bulk of the program's bytes; only this layer's kernel writes it, and its previous
+    # launch ended steps ago) and the gate parameters. Everything the GEMM writes is read after the wait.
     s_ptrs = rec_ptr + slot * r_ss + h * r_sh + kk[:, None] * r_sk + vv[None, :]
     smask = km[:, None] & vm[None, :]
     state = tl.load(s_ptrs, mask=smask, other=0.0)
+    a_log = tl.load(alog_ptr + h).to(tl.float32)
+    dt_bias = tl.load(dtb_ptr + h).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     x_row = qkv_ptr + row * x_st
     c_base = conv_ptr + slot * c_ss
     q_ch = hk * DK + kk
@@ -102,8 +109,7 @@ def _gdn_decode_kernel(
     v = v.to(dt).to(tl.float32)
     a = tl.load(a_ptr + row * a_st + h).to(tl.float32)
     b = tl.load(b_ptr + row * b_st + h).to(tl.float32)
-    g, beta = gate_values(a, b, tl.load(alog_ptr + h).to(tl.float32), tl.load(dtb_ptr + h).to(tl.float32),
-                          b_ptr.dtype.element_ty)
+    g, beta = gate_values(a, b, a_log, dt_bias, b_ptr.dtype.element_ty)
     state, o = delta_rule_step(state, q, k, v, g, beta)
     tl.store(s_ptrs, state, mask=smask)
     o_row = out_ptr + row * o_st
@@ -136,9 +142,15 @@ def arrival_counters(n_seq: int, heads: int, device: torch.device | str) -> torc
     return torch.zeros(n_seq * heads, dtype=torch.int32, device=device)
 
 
+# INFER_CUDA_GDN_BLOCK_V: value columns a program (a power of two; A/B runs), else `value_block`'s. Read once at import,
+# like the other INFER_CUDA_ switches.
+BLOCK_V_ENV = "INFER_CUDA_GDN_BLOCK_V"
+_BLOCK_V = int(os.environ.get(BLOCK_V_ENV, "0") or 0)
+
+
 def value_block(dk: int, dv: int) -> int:
     """Value columns a program takes: a `[Dk, BV]` fp32 state tile of 4096 elements (in registers at Dk = 128)."""
-    return max(1, min(next_pow2(dv), 4096 // next_pow2(dk)))
+    return _BLOCK_V or max(1, min(next_pow2(dv), 4096 // next_pow2(dk)))
 
 
 def gdn_decode(
