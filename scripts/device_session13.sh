@@ -8,13 +8,31 @@
 #           the default: the GPU tests (the gate's, Qwen3.5 CUDA == CPU and graph == eager), the Qwen3.5-4B replays
 #           at 1-64 rows with 32-column value blocks (the default) and 16 (INFER_CUDA_GDN_BLOCK_V=16), and the three
 #           kernels' at 1 / 32 / 64 (INFER_CUDA_GDN_FUSED_DECODE=0).
-#   CALL=3: Qwen3.5-4B chat at qps 1 / 8 / 32 with the final defaults (issue 16: 0 failures).
+#   CALL=3: the skinny GEMM's weight prefetch in model at one row: the installed table as committed, then with every
+#           one-row linear entry prefetching one tile ahead, then two (`prefetch` 1 / 2; the table restored after),
+#           Qwen3.5-4B and Qwen3-4B batch-1 replays for each; then Qwen3.5-4B chat at qps 1 / 8 / 32 with the
+#           committed defaults (issue 16: 0 failures).
 #   CALL=awq: the twelfth session's plan for AWQ under load (not run): its GEMMs tuned at 32 / 64 rows into the
 #           installed table, the AWQ replay at 32 / 64 rows, AWQ chat at qps 8 / 32; FP8 at 1-8 rows, chat qps 1 / 8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session13.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, tune_table, roofline, gpu_tests
 session_logs s13
+
+one_row_prefetch() {  # one_row_prefetch TABLE DEPTH: this GPU's one-row linear entries set to prefetch DEPTH tiles
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+from pathlib import Path
+import torch
+from infer_backend_cuda.kernels import tuned_table
+path, depth = Path(sys.argv[1]), int(sys.argv[2])
+table = json.loads(path.read_text())
+for e in table[torch.cuda.get_device_name()]:
+    if e.get("op", "linear") == "linear" and e["m"] == 1 and e["use"]:
+        e["prefetch"] = depth
+path.write_text(tuned_table.dumps(table))
+PY
+}
 
 case ${CALL:-1} in
   1)
@@ -39,6 +57,14 @@ case ${CALL:-1} in
     roofline roofline_q35_unfused qwen3.5-4b 1,32,64 INFER_CUDA_GDN_FUSED_DECODE=0
     ;;
   3)
+    table=$(python3 -c "from infer_backend_cuda.kernels import skinny_gemm as S; print(S._TABLE)")
+    cp "$table" "$LOGS/skinny_gemm_committed.json"
+    for depth in committed 1 2; do
+      [ "$depth" = committed ] || one_row_prefetch "$table" "$depth"
+      ROOFLINE_ARGS="--steps 40" roofline "roofline_q35_pf$depth" qwen3.5-4b 1
+      ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_pf$depth" qwen3-4b 1
+      cp "$LOGS/skinny_gemm_committed.json" "$table"
+    done
     ENGINES=${ENGINES:-"qwen35:chat=1,8,32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
       bash scripts/device_engines.sh
     ;;
