@@ -10,7 +10,8 @@
 #           kernels' at 1 / 32 / 64 (INFER_CUDA_GDN_FUSED_DECODE=0).
 #   CALL=3: the skinny GEMM's weight prefetch in model at one row: the installed table as committed, then with every
 #           one-row linear entry prefetching one tile ahead, then two (`prefetch` 1 / 2; the table restored after),
-#           Qwen3.5-4B and Qwen3-4B batch-1 replays for each; then Qwen3.5-4B chat at qps 1 / 8 / 32 with the
+#           Qwen3.5-4B and Qwen3-4B batch-1 replays for each (ran at 58d6179; both depths slower, the two-tile form
+#           removed after: a depth of 2 now runs as 1); then Qwen3.5-4B chat at qps 1 / 8 / 32 with the
 #           committed defaults (issue 16: 0 failures).
 #   CALL=awq: the twelfth session's plan for AWQ under load (not run): its GEMMs tuned at 32 / 64 rows into the
 #           installed table, the AWQ replay at 32 / 64 rows, AWQ chat at qps 8 / 32; FP8 at 1-8 rows, chat qps 1 / 8.

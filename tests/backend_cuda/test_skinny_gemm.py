@@ -13,8 +13,7 @@ from tests.backend_cuda.reference import ref_add_rms_norm, ref_rms_norm, ref_sil
 
 CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3),
            S.SkinnyConfig(16, 64, 4, 2, use_dot=True), S.SkinnyConfig(32, 32, 4, 1, use_dot=True),
-           S.SkinnyConfig(4, 64, 2, 1, prefetch=1), S.SkinnyConfig(16, 64, 4, 2, use_dot=True, prefetch=1),
-           S.SkinnyConfig(4, 64, 2, 1, prefetch=2), S.SkinnyConfig(16, 32, 4, 2, use_dot=True, prefetch=2)]
+           S.SkinnyConfig(4, 64, 2, 1, prefetch=True), S.SkinnyConfig(16, 64, 4, 2, use_dot=True, prefetch=True)]
 
 
 def _rand(shape, dtype, device, seed):

@@ -7,8 +7,8 @@ chunks, with no split-K (deterministic, one launch). Two tile forms: fp32 produc
 reduction at the end (best at one row: many programs of 2-4 rows keep every SM streaming to the end of the
 grid), or the transposed product `W·Xᵀ` on the tensor cores with the rows padded to 16 (as cheap at 8 rows as
 at one). A variant fuses the residual add + RMSNorm into the prologue, another a gated MLP's SiLU-and-mul into the
-epilogue (`skinny_linear_silu_mul`); an option prefetches each weight tile one (or two) iterations ahead, the first
-one (two) before waiting on the producer kernel (under PDL).
+epilogue (`skinny_linear_silu_mul`); an option prefetches each weight tile one iteration ahead, the first one before
+waiting on the producer kernel (under PDL).
 
 Launch configurations are chosen per (op, M bucket, N, K) from a table measured on the GPU
 (`configs/skinny_gemm.json`, written by `packages/infer-backend-cuda/scripts/bench_skinny_gemm.py`), with a shape
@@ -42,8 +42,7 @@ class SkinnyConfig(NamedTuple):
     num_warps: int
     num_stages: int
     use_dot: bool = False  # tensor-core tiles (rows padded to 16) instead of CUDA-core products
-    # Load each weight tile `prefetch` (0, 1 or 2) iterations ahead, the first ones before waiting for the producer.
-    prefetch: int = 0
+    prefetch: bool = False  # load each weight tile one iteration ahead, the first before waiting for the producer
 
 
 PLAIN, ADD_RMS_NORM = 0, 1  # the kernel's prologue: what it makes of its input rows
@@ -104,29 +103,21 @@ def _skinny_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)  # unused without PREFETCH
-    w_after = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)  # unused unless PREFETCH == 2
     if PREFETCH:
-        # Weights are never written by a kernel, so the first tiles may stream in while the producer of x is still
-        # finishing (under PDL); each next tile is loaded PREFETCH iterations ahead.
+        # Weights are never written by a kernel, so the first tile may stream in while the producer of x is still
+        # finishing (under PDL); each next tile is loaded one iteration ahead.
         w_next = tl.load(w_ptrs, mask=n_mask[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
-        if PREFETCH == 2:
-            w_after = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((rk + BLOCK_K) < K)[None, :], other=0.0,
-                              eviction_policy="evict_first")
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
+    else:
+        w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)  # unused
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
             k_mask = rk < BLOCK_K
         else:
             k_mask = kk < K
-        if PREFETCH == 2:
-            w = w_next
-            w_next = w_after
-            w_after = tl.load(w_ptrs + 2 * BLOCK_K, mask=n_mask[:, None] & ((kk + 2 * BLOCK_K) < K)[None, :],
-                              other=0.0, eviction_policy="evict_first")
-        elif PREFETCH:
+        if PREFETCH:
             w = w_next
             w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
                              eviction_policy="evict_first")
@@ -207,7 +198,7 @@ def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], SkinnyConf
     return {
         table_key(e): (
             SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e.get("use_dot", False),
-                         int(e.get("prefetch", 0)))
+                         e.get("prefetch", False))
             if e["use"]
             else None
         )
