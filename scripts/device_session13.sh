@@ -13,6 +13,9 @@
 #           Qwen3.5-4B and Qwen3-4B batch-1 replays for each (ran at 58d6179; both depths slower, the two-tile form
 #           removed after: a depth of 2 now runs as 1); then Qwen3.5-4B chat at qps 1 / 8 / 32 with the
 #           committed defaults (issue 16: 0 failures).
+#   CALL=4: loads moved above the kernels' first store (the GDN mixer's a / b; the RMSNorm's weight, also before
+#           `gdc_wait`): their GPU tests, then the batch-1 replays, three runs of Qwen3.5-4B, two of Qwen3-4B and one of
+#           Qwen3.5-4B with the three-kernel mixer.
 #   CALL=awq: the twelfth session's plan for AWQ under load (not run): its GEMMs tuned at 32 / 64 rows into the
 #           installed table, the AWQ replay at 32 / 64 rows, AWQ chat at qps 8 / 32; FP8 at 1-8 rows, chat qps 1 / 8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session13.sh
@@ -68,6 +71,14 @@ case ${CALL:-1} in
     done
     ENGINES=${ENGINES:-"qwen35:chat=1,8,32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT \
       bash scripts/device_engines.sh
+    ;;
+  4)
+    timeout -s INT "${TEST_TIMEOUT:-90}" python3 -m pytest -m "gpu or not gpu" -q -p no:cacheprovider -rfE \
+      tests/backend_cuda/test_gdn_decode.py tests/backend_cuda/test_norm_activation.py > "$LOGS/pytest_hoist.log" 2>&1
+    echo "pytest hoist rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_hoist.log" | tail -8; pack
+    for run in 1 2 3; do ROOFLINE_ARGS="--steps 40" roofline "roofline_q35_run$run" qwen3.5-4b 1; done
+    for run in 1 2; do ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_run$run" qwen3-4b 1; done
+    ROOFLINE_ARGS="--steps 40" roofline roofline_q35_unfused qwen3.5-4b 1 INFER_CUDA_GDN_FUSED_DECODE=0
     ;;
   awq)
     tune_table awq "${MS:-32,64}" "${TUNE_S:-100}" quant_awq_wide

@@ -102,13 +102,15 @@ def _gdn_decode_kernel(
     k, xk = _conv_window(x_row, w_ptr, c_base, k_ch, km, w_sc, c_sc, K)
     v, xv = _conv_window(x_row, w_ptr, c_base, v_ch, vm, w_sc, c_sc, K)
     new_v = _shift_state(xv, c_base, v_ch, vm, c_sc, K, KP)
+    # a and b before the first store: loads after a store may not be moved above it (they could alias), so here
+    # they share the conv's round trip instead of taking one of their own.
+    a = tl.load(a_ptr + row * a_st + h).to(tl.float32)
+    b = tl.load(b_ptr + row * b_st + h).to(tl.float32)
     tl.debug_barrier()  # every thread has read these v channels' old state before any overwrites it
     _store_state(new_v, c_base, v_ch, vm, c_sc, K, KP)
     q = l2_normalise(q.to(dt).to(tl.float32)) * scale
     k = l2_normalise(k.to(dt).to(tl.float32))
     v = v.to(dt).to(tl.float32)
-    a = tl.load(a_ptr + row * a_st + h).to(tl.float32)
-    b = tl.load(b_ptr + row * b_st + h).to(tl.float32)
     g, beta = gate_values(a, b, a_log, dt_bias, b_ptr.dtype.element_ty)
     state, o = delta_rule_step(state, q, k, v, g, beta)
     tl.store(s_ptrs, state, mask=smask)

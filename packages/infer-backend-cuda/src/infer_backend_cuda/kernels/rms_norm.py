@@ -33,10 +33,14 @@ def _rms_norm_kernel(
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
+    # The weight first, before waiting for the producer (no kernel writes it): loaded after the residual's store
+    # it would take a round trip of its own (a load may not move above a store it could alias).
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -45,7 +49,6 @@ def _rms_norm_kernel(
         x = s.to(tl.float32)
     var = tl.sum(x * x, axis=0) / H
     rstd = 1.0 / tl.sqrt(var + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = x * rstd * w
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
