@@ -16,6 +16,9 @@
 #   CALL=4: loads moved above the kernels' first store (the GDN mixer's a / b; the RMSNorm's weight, also before
 #           `gdc_wait`): their GPU tests, then the batch-1 replays, three runs of Qwen3.5-4B, two of Qwen3-4B and one of
 #           Qwen3.5-4B with the three-kernel mixer.
+#   CALL=5: the decode attention's step inputs and constants (lengths, position, slot, rotary row, q / k norm weights)
+#           loaded before `gdc_wait`, the owner's v with its k: GPU tests (attention, CUDA == CPU), then Qwen3-4B
+#           replays at 1 / 8 / 64 rows (three runs at one row) and Qwen3.5-4B at one row (two runs).
 #   CALL=awq: the twelfth session's plan for AWQ under load (not run): its GEMMs tuned at 32 / 64 rows into the
 #           installed table, the AWQ replay at 32 / 64 rows, AWQ chat at qps 8 / 32; FP8 at 1-8 rows, chat qps 1 / 8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session13.sh
@@ -79,6 +82,15 @@ case ${CALL:-1} in
     for run in 1 2 3; do ROOFLINE_ARGS="--steps 40" roofline "roofline_q35_run$run" qwen3.5-4b 1; done
     for run in 1 2; do ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_run$run" qwen3-4b 1; done
     ROOFLINE_ARGS="--steps 40" roofline roofline_q35_unfused qwen3.5-4b 1 INFER_CUDA_GDN_FUSED_DECODE=0
+    ;;
+  5)
+    timeout -s INT "${TEST_TIMEOUT:-120}" python3 -m pytest -m "gpu or not gpu" -q -p no:cacheprovider -rfE \
+      tests/backend_cuda/test_fused_decode_attention.py tests/gpu/test_cuda_matches_cpu.py tests/gpu/test_qwen3_5_cuda.py \
+      > "$LOGS/pytest_attn.log" 2>&1
+    echo "pytest attn rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_attn.log" | tail -8; pack
+    ROOFLINE_ARGS="--steps 40" roofline roofline_q3_attn_run1 qwen3-4b 1,8,64
+    for run in 2 3; do ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_attn_run$run" qwen3-4b 1; done
+    for run in 1 2; do ROOFLINE_ARGS="--steps 40" roofline "roofline_q35_attn_run$run" qwen3.5-4b 1; done
     ;;
   awq)
     tune_table awq "${MS:-32,64}" "${TUNE_S:-100}" quant_awq_wide

@@ -99,16 +99,49 @@ def _query_row(qsl_ptr, b, RAGGED: tl.constexpr):
 
 
 @triton.jit
-def _norm_rope_rows(src_ptr, row_stride, n_rows, w_ptr, cs_row_ptr, eps, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr):
-    """`n_rows` head rows of one token `[ROWS, BLOCK_D]`, RMS-normed (optional; rounded to the input dtype, as
-    `qk_norm_rope.py` rounds) and NeoX-rotated in their first `2 HALF` dims by the row `cs_row_ptr` (`[cos | sin]`),
-    returned in fp32. Each dim's rotation partner (`d +- HALF`) is loaded as a second tile, so the result has the
-    attention's `[rows, D]` layout with no register shuffle."""
-    offs_r = tl.arange(0, ROWS)
+def _partner(HALF: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Each dim's NeoX rotation partner (`d +- HALF` within the rotary dims, itself past them) and the rotary mask."""
     offs_d = tl.arange(0, BLOCK_D)
     rotary = offs_d < 2 * HALF
-    partner = tl.where(offs_d < HALF, offs_d + HALF, tl.where(rotary, offs_d - HALF, offs_d))
+    return tl.where(offs_d < HALF, offs_d + HALF, tl.where(rotary, offs_d - HALF, offs_d)), rotary
+
+
+@triton.jit
+def _rope_factors(cs_row_ptr, HALF: tl.constexpr, BLOCK_D: tl.constexpr):
+    """`(cos, signed sin)` `[BLOCK_D]` fp32 of the rotary row `cs_row_ptr` (`[cos | sin]`): `x cos + x_partner sin`
+    rotates (1 and 0 past the rotary dims)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    rotary = offs_d < 2 * HALF
+    half_d = offs_d % HALF
+    cos = tl.load(cs_row_ptr + half_d, mask=rotary, other=1.0).to(tl.float32)
+    sin = tl.load(cs_row_ptr + HALF + half_d, mask=rotary, other=0.0).to(tl.float32)
+    return cos, tl.where(offs_d < HALF, -sin, sin)  # x1 cos - x2 sin | x2 cos + x1 sin
+
+
+@triton.jit
+def _norm_weights(w_ptr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr):
+    """The q or k norm's weight `[BLOCK_D]` fp32 and the same at each dim's rotation partner (ones without a norm)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    partner, _ = _partner(HALF, BLOCK_D)
+    if HAS_NORM:
+        w = tl.load(w_ptr + offs_d, mask=offs_d < HEAD_DIM, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + partner, mask=offs_d < HEAD_DIM, other=0.0).to(tl.float32)
+    else:
+        w = tl.full([BLOCK_D], 1.0, tl.float32)
+        wp = tl.full([BLOCK_D], 1.0, tl.float32)
+    return w, wp
+
+
+@triton.jit
+def _norm_rope_rows(src_ptr, row_stride, n_rows, w, wp, cos, sin, eps, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
+                    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, HAS_NORM: tl.constexpr):
+    """`n_rows` head rows of one token `[ROWS, BLOCK_D]`, RMS-normed (optional, weights `w` / `wp` from
+    `_norm_weights`; rounded to the input dtype, as `qk_norm_rope.py` rounds) and NeoX-rotated in their first
+    `2 HALF` dims by `_rope_factors`' cos / sin, returned in fp32. Each dim's rotation partner is loaded as a second
+    tile, so the result has the attention's `[rows, D]` layout with no register shuffle."""
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    partner, rotary = _partner(HALF, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     mask = (offs_r < n_rows)[:, None] & d_mask[None, :]
     rows = src_ptr + offs_r[:, None] * row_stride
@@ -119,43 +152,37 @@ def _norm_rope_rows(src_ptr, row_stride, n_rows, w_ptr, cs_row_ptr, eps, HEAD_DI
     xp = xp.to(tl.float32)
     if HAS_NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HEAD_DIM + eps)
-        w = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        wp = tl.load(w_ptr + partner, mask=d_mask, other=0.0).to(tl.float32)
         x = (x * rstd[:, None] * w[None, :]).to(dt).to(tl.float32)
         xp = (xp * rstd[:, None] * wp[None, :]).to(dt).to(tl.float32)
-    half_d = offs_d % HALF
-    cos = tl.load(cs_row_ptr + half_d, mask=rotary, other=1.0).to(tl.float32)
-    sin = tl.load(cs_row_ptr + HALF + half_d, mask=rotary, other=0.0).to(tl.float32)
-    sin = tl.where(offs_d < HALF, -sin, sin)  # x1 cos - x2 sin | x2 cos + x1 sin
     return tl.where(rotary[None, :], x * cos[None, :] + xp * sin[None, :], x)
 
 
 @triton.jit
-def _rope_and_store_token(q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr,
-                          row, kvh, owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2,
-                          vc_s0, vc_s1, vc_s2, block_size, eps, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-                          HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr):
-    """Pass 1's share of `qk_norm_rope_store` for the token of query row `row` and KV head `kvh`: returns the group's
-    normed, rotated q rows (in q's dtype, as that kernel stores them); the `owner` program also stores the token's
-    rotated k and its v at `slot_mapping[row]` and every program then waits at a CTA barrier, after which the
-    owner's key loop sees the stored rows."""
-    cs_row = cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride
+def _rope_and_store_token(q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, rope, slot, row, kvh, owner, q_s0, q_s1, k_s0,
+                          k_s1, v_s0, v_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, block_size, eps,
+                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                          BLOCK_D: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr):
+    """Pass 1's share of `qk_norm_rope_store` for the token of query row `row` and KV head `kvh`, with `rope` =
+    (cos, sin, q norm weights, their partners', k's) and the token's cache `slot` loaded before (the kernel loads
+    them before it waits on its producer): returns the group's normed, rotated q rows (in q's dtype, as that kernel
+    stores them); the `owner` program also stores the token's rotated k and its v at `slot` and every program then
+    waits at a CTA barrier, after which the owner's key loop sees the stored rows."""
+    cos, sin, qw, qwp, kw, kwp = rope
     q_rows = q_ptr + row * q_s0 + (kvh * GROUP).to(tl.int64) * q_s1
-    q = _norm_rope_rows(q_rows, q_s1, GROUP, qw_ptr, cs_row, eps, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM)
+    q = _norm_rope_rows(q_rows, q_s1, GROUP, qw, qwp, cos, sin, eps, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM)
     if owner:
-        slot = tl.load(slot_ptr + row).to(tl.int64)
         if slot >= 0:
             # the token's one head row as a 2-row tile (row 1 masked off): a 1-row tile is avoided, as elsewhere
             rows = tl.arange(0, 2)
             cols = (rows * 0)[:, None] + tl.arange(0, BLOCK_D)[None, :]
             d_mask = (rows < 1)[:, None] & (cols < HEAD_DIM)
-            k = _norm_rope_rows(k_ptr + row * k_s0 + kvh * k_s1, k_s1, 1, kw_ptr, cs_row, eps, HEAD_DIM, HALF, 2,
+            # v with k, before the first store (a load after a store it could alias is a round trip of its own)
+            v = tl.load(v_ptr + row * v_s0 + kvh * v_s1 + cols, mask=d_mask, other=0.0)
+            k = _norm_rope_rows(k_ptr + row * k_s0 + kvh * k_s1, k_s1, 1, kw, kwp, cos, sin, eps, HEAD_DIM, HALF, 2,
                                 BLOCK_D, HAS_K_NORM)
             blk, off = slot // block_size, slot % block_size
             kc = k_cache_ptr + blk * kc_s0 + off * kc_s1 + kvh * kc_s2
             tl.store(kc + cols, k.to(k_cache_ptr.dtype.element_ty), mask=d_mask)
-            v = tl.load(v_ptr + row * v_s0 + kvh * v_s1 + cols, mask=d_mask, other=0.0)
             vc = v_cache_ptr + blk * vc_s0 + off * vc_s1 + kvh * vc_s2
             tl.store(vc + cols, v.to(v_cache_ptr.dtype.element_ty), mask=d_mask)
     tl.debug_barrier()
@@ -218,9 +245,11 @@ def _decode_split_kernel(
     (sequence, KV head) merges into `o_ptr` (else the reduce kernel does). With ROPE q is the raw projection's
     and this program also does `qk_norm_rope_store`'s work for its token (`_rope_and_store_token`). With GATED the
     output is multiplied by the sigmoid of its gate (`g_ptr`, rows and heads as the output's) where it is written."""
+    # Under PDL everything before `gdc_wait` reads only the step's inputs (lengths, rows, positions, slots: copied in
+    # before the step's first kernel) and constants (the rotary table, the norm weights): nothing a kernel still
+    # running may write. The q / k / v rows and every store come after it.
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -242,16 +271,25 @@ def _decode_split_kernel(
         used = tl.cdiv(ctx, tl.maximum(chunk, 1))
         if ctx == 0:
             if sp == 0:
+                if USE_PDL:
+                    tl.extra.cuda.gdc_wait()
                 tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :],
                          tl.zeros([BLOCK_H, BLOCK_D], o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
             return
         if sp >= used:
             return
     if ROPE:
+        cos, sin = _rope_factors(cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride, HALF, BLOCK_D)
+        qw, qwp = _norm_weights(qw_ptr, HEAD_DIM, HALF, BLOCK_D, HAS_Q_NORM)
+        kw, kwp = _norm_weights(kw_ptr, HEAD_DIM, HALF, BLOCK_D, HAS_K_NORM)
+        slot = tl.load(slot_ptr + row).to(tl.int64)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    if ROPE:
         owner = (ctx > 0) & (sp == (ctx - 1) // tl.maximum(chunk, 1))  # the split that holds the new token
         q = _rope_and_store_token(
-            q_ptr, k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, k_cache_ptr, v_cache_ptr, row, kvh,
-            owner, q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, cs_stride, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2,
+            q_ptr, k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, (cos, sin, qw, qwp, kw, kwp), slot, row, kvh, owner,
+            q_s0, q_s1, k_s0, k_s1, v_s0, v_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2,
             block_size, eps, GROUP, HEAD_DIM, HALF, BLOCK_H, BLOCK_D, HAS_Q_NORM, HAS_K_NORM,
         )
     else:
