@@ -19,6 +19,8 @@
 #   CALL=5: the decode attention's step inputs and constants (lengths, position, slot, rotary row, q / k norm weights)
 #           loaded before `gdc_wait`, the owner's v with its k: GPU tests (attention, CUDA == CPU), then Qwen3-4B
 #           replays at 1 / 8 / 64 rows (three runs at one row) and Qwen3.5-4B at one row (two runs).
+#   CALL=next: what this session left unmeasured, for the next one's first call: Qwen3-4B BF16 chat at qps 1 / 32
+#           with the decode attention's early loads (a2f4381 on), and the Qwen3-4B replays at 1-8 rows.
 #   CALL=awq: the twelfth session's plan for AWQ under load (not run): its GEMMs tuned at 32 / 64 rows into the
 #           installed table, the AWQ replay at 32 / 64 rows, AWQ chat at qps 8 / 32; FP8 at 1-8 rows, chat qps 1 / 8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session13.sh
@@ -91,6 +93,10 @@ case ${CALL:-1} in
     ROOFLINE_ARGS="--steps 40" roofline roofline_q3_attn_run1 qwen3-4b 1,8,64
     for run in 2 3; do ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_attn_run$run" qwen3-4b 1; done
     for run in 1 2; do ROOFLINE_ARGS="--steps 40" roofline "roofline_q35_attn_run$run" qwen3.5-4b 1; done
+    ;;
+  next)
+    roofline roofline_q3_small qwen3-4b 1,2,4,8
+    ENGINES=${ENGINES:-"bf16:chat=1,32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
     ;;
   awq)
     tune_table awq "${MS:-32,64}" "${TUNE_S:-100}" quant_awq_wide
