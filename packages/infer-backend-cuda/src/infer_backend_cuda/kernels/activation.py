@@ -60,10 +60,17 @@ def _sigmoid_gate_mul_kernel(x_ptr, g_ptr, out_ptr, x_s0, x_s1, g_s0, g_s1, o_s0
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     mask = (h < H) & (d < D)
-    g = tl.load(g_ptr + row * g_s0 + h * g_s1 + d, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + row * g_s0 + h * g_s1 + d, mask=mask, other=0.0)
     x = tl.load(x_ptr + row * x_s0 + h * x_s1 + d, mask=mask, other=0.0)
-    s = tl.sigmoid(g).to(x.dtype).to(tl.float32)
-    tl.store(out_ptr + row * o_s0 + h * o_s1 + d, (x.to(tl.float32) * s).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * o_s0 + h * o_s1 + d, sigmoid_gated(x, g, out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def sigmoid_gated(x, g, dt: tl.constexpr):
+    """`x * sigmoid(g)` in `dt`, rounded as torch's two ops round: the sigmoid (fp32) to x's dtype, then the product
+    (the decode attention applies the output gate with it too)."""
+    s = tl.sigmoid(g.to(tl.float32)).to(x.dtype).to(tl.float32)
+    return (x.to(tl.float32) * s).to(dt)
 
 
 def sigmoid_gate_mul(x: torch.Tensor, gate: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

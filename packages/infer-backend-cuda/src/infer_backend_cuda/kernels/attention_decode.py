@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import split_k
+from infer_backend_cuda.kernels.activation import sigmoid_gated
 from infer_backend_cuda.kernels._common import (
     check_last_dim_contiguous,
     dot_in_fp32,
@@ -196,8 +197,7 @@ def _store_out(o_ptr, out, row, heads, o_s0, o_s1, offs_d, mask, g_ptr, g_s0, g_
     y = out.to(o_ptr.dtype.element_ty)
     if GATED:
         g = tl.load(g_ptr + row * g_s0 + heads[:, None] * g_s1 + offs_d[None, :], mask=mask, other=0.0)
-        s = tl.sigmoid(g.to(tl.float32)).to(o_ptr.dtype.element_ty).to(tl.float32)
-        y = (y.to(tl.float32) * s).to(o_ptr.dtype.element_ty)
+        y = sigmoid_gated(y, g, o_ptr.dtype.element_ty)
     tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :], y, mask=mask)
 
 

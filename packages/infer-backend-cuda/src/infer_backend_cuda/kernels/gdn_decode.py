@@ -30,7 +30,7 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 from infer_backend_cuda.kernels.gdn_gates import gate_values, gated_rms_norm_tile
-from infer_backend_cuda.kernels.gdn_recurrent import delta_rule_step, l2_normalise
+from infer_backend_cuda.kernels.gdn_recurrent import delta_rule_step, l2_normalise, state_block_v
 
 
 @triton.jit
@@ -151,8 +151,8 @@ _BLOCK_V = int(os.environ.get(BLOCK_V_ENV, "0") or 0)
 
 
 def value_block(dk: int, dv: int) -> int:
-    """Value columns a program takes: a `[Dk, BV]` fp32 state tile of 4096 elements (in registers at Dk = 128)."""
-    return _BLOCK_V or max(1, min(next_pow2(dv), 4096 // next_pow2(dk)))
+    """Value columns a program takes: the override, else the recurrence's (`state_block_v`)."""
+    return _BLOCK_V or state_block_v(dk, dv)
 
 
 def gdn_decode(

@@ -19,6 +19,12 @@ from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 from infer_backend_cuda.kernels.gdn_gates import gate_values
 
 
+def state_block_v(dk: int, dv: int) -> int:
+    """Value columns a program of the recurrence (and of the fused decode mixer) takes: a `[Dk, BV]` fp32 state tile
+    of 4096 elements keeps one program within registers at Dk = 128."""
+    return max(1, min(next_pow2(dv), 4096 // next_pow2(dk)))
+
+
 @triton.jit
 def sequence_head_block(
     cu_ptr, slot_ptr, state_ptr, s_ss, s_sh, s_sk, DK, DV, GROUP, BK: tl.constexpr, BV: tl.constexpr
@@ -120,9 +126,7 @@ def gdn_recurrent(
     n_seq, dk, hv, dv = slot_ids.shape[0], q.shape[2], v.shape[1], v.shape[2]
     if n_seq == 0 or q.shape[0] == 0:
         return out
-    bk = next_pow2(dk)
-    # A [Dk, BV] fp32 state tile of 4096 elements keeps one program within registers at Dk = 128.
-    bv = max(1, min(next_pow2(dv), 4096 // bk))
+    bk, bv = next_pow2(dk), state_block_v(dk, dv)
     _gdn_recurrent_kernel[(n_seq, hv, triton.cdiv(dv, bv))](
         q, k, v, g, beta, states, out, cu_seqlens, slot_ids,
         *(gates if gates is not None else (g, g)),
