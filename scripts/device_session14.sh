@@ -2,10 +2,10 @@
 # The fourteenth session's device calls, each part bounded, the logs packed into $OUT/s14.tar.gz after every part.
 #   CALL=1: the decode attention asking L2 for o_proj's weight (`kernels/l2_prefetch.py`) and loading its first key
 #           tile's page ids before `gdc_wait`: the GPU tests (values unchanged with the prefetch after the wait and
-#           before it; the large shapes), then Qwen3-4B batch-1 replays with INFER_CUDA_L2_PREFETCH=0 / 1 / early
-#           (two runs of 0 and 1), each its own process.
-#   CALL=2: what call 1 leaves to confirm: Qwen3-4B at 2 / 4 / 8 / 64 rows and Qwen3.5-4B at one row with the
-#           chosen mode, then Qwen3-4B BF16 chat at qps 1 / 32 (`ENGINES`).
+#           before it; the large shapes; the skinny GEMM's split-K), then Qwen3-4B batch-1 replays with
+#           INFER_CUDA_L2_PREFETCH=0 / 1 / early, each its own process, and 1-8 rows with the default.
+#   CALL=2: the skinny GEMM's split-K for o_proj and down at 2 / 4 / 8 rows (cuBLAS there so far): tuned into the
+#           installed table (`bench_skinny_gemm.py --split`), then the Qwen3-4B replays at 1-8 rows with it.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session14.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, tune_table, roofline, gpu_tests
@@ -13,15 +13,19 @@ session_logs s14
 
 case ${CALL:-1} in
   1)
-    gpu_tests l2 "${TEST_TIMEOUT:-100}" tests/backend_cuda/test_fused_decode_attention.py -k "l2_prefetch or large"
-    for mode in 0 1 early 0 1; do
-      ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_l2_${mode}_$RANDOM" qwen3-4b 1 INFER_CUDA_L2_PREFETCH=$mode
+    gpu_tests l2 "${TEST_TIMEOUT:-100}" tests/backend_cuda/test_fused_decode_attention.py \
+      tests/backend_cuda/test_skinny_gemm.py -k "l2_prefetch or large or split or qwen3_shapes"
+    for mode in 0 1 early; do
+      ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_l2_$mode" qwen3-4b 1 INFER_CUDA_L2_PREFETCH=$mode
     done
+    ROOFLINE_ARGS="--steps 40" roofline roofline_q3_rows qwen3-4b 1,2,4,8
     ;;
   2)
-    ROOFLINE_ARGS="--steps 40" roofline roofline_q3_rows qwen3-4b 1,2,4,8,64 INFER_CUDA_L2_PREFETCH=${MODE:-1}
-    ROOFLINE_ARGS="--steps 40" roofline roofline_q35_one qwen3.5-4b 1 INFER_CUDA_L2_PREFETCH=${MODE:-1}
-    ENGINES=${ENGINES:-"bf16:chat=1,32"} DURATION=${DURATION:-15} OUT=$OUT COMMIT=$COMMIT bash scripts/device_engines.sh
+    table=$(python3 -c "from infer_backend_cuda.kernels import skinny_gemm as S; print(S._TABLE)")
+    timeout 240 python3 "$SCRIPTS/bench_skinny_gemm.py" --split --ops linear --ms 2,4,8 --shapes o_proj,down \
+      --budget-s "${TUNE_S:-170}" --json "$LOGS/tune_split.json" --table "$table" > "$LOGS/tune_split.log" 2>&1
+    echo "tune rc=$?"; grep -A12 "^ *op " "$LOGS/tune_split.log"; cp "$table" "$LOGS/skinny_gemm_split.json"; pack
+    ROOFLINE_ARGS="--steps 40" roofline roofline_q3_split qwen3-4b 1,2,4,8
     ;;
 esac
 pack
