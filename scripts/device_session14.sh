@@ -4,6 +4,9 @@
 #           tile's page ids before `gdc_wait`: the GPU tests (values unchanged with the prefetch after the wait and
 #           before it; the large shapes; the skinny GEMM's split-K), then Qwen3-4B batch-1 replays with
 #           INFER_CUDA_L2_PREFETCH=0 / 1 / early, each its own process, and 1-8 rows with the default.
+#   CALL=ab: batch-1 at 1.54x of its floor after CALL=1 (1.36x at c79460f): the earlier commits' packages
+#           (`variants/<commit>`, `git archive`, not committed) installed side by side and replayed in turn with
+#           the head's, then CALL=2's tuning.
 #   CALL=2: the skinny GEMM's split-K for o_proj and down at 2 / 4 / 8 rows (cuBLAS there so far): tuned into the
 #           installed table (`bench_skinny_gemm.py --split`), then the Qwen3-4B replays at 1-8 rows with it.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session14.sh
@@ -11,7 +14,29 @@ set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, tune_table, roofline, gpu_tests
 session_logs s14
 
+variant_path() {  # variant_path COMMIT: that commit's packages installed under /tmp/v_COMMIT, first on the path
+  [ -d "/tmp/v_$1" ] || for p in variants/$1/packages/*; do
+    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-cache-dir --target "/tmp/v_$1" "$p" \
+      2>&1 | grep -i error | head -3
+  done
+  echo "PYTHONPATH=/tmp/v_$1:$PYTHONPATH"
+}
+
 case ${CALL:-1} in
+  ab)
+    for c in c79460f 940802e; do
+      env "$(variant_path $c)" python3 -c "import infer_backend_cuda.kernels.skinny_gemm as m, inspect
+print('$c:', m.__file__, 'split_k' in inspect.getsource(m))"
+    done
+    for run in 1 2; do
+      ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_head_$run" qwen3-4b 1
+      for c in c79460f 940802e; do
+        ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_${c}_$run" qwen3-4b 1 "$(variant_path $c)"
+      done
+    done
+    ROOFLINE_ARGS="--steps 40" roofline roofline_q3_c79460f_rows qwen3-4b 2,8 "$(variant_path c79460f)"
+    CALL=2 TUNE_S=${TUNE_S:-140} bash "$0"
+    ;;
   1)
     gpu_tests l2 "${TEST_TIMEOUT:-100}" tests/backend_cuda/test_fused_decode_attention.py \
       tests/backend_cuda/test_skinny_gemm.py -k "l2_prefetch or large or split or qwen3_shapes"

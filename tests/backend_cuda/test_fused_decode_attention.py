@@ -11,7 +11,7 @@ import torch
 
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import attention_decode as A
-from infer_backend_cuda.kernels import l2_prefetch, split_k
+from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._common import interpreting
 from infer_backend_cpu.fused_ops import CpuFusedOps
 from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
@@ -217,30 +217,3 @@ def test_port_op_applies_the_output_gate_as_the_cpu_reference(device):
     got = TritonFusedOps(CudaMathOps()).qk_norm_rope_attention(q, rope.k, rope.v, *args, pb.k_cache, pb.v_cache,
                                                               batch, 0.3, gate)
     torch.testing.assert_close(got.cpu(), expected, **tol(torch.float32))
-
-
-@gpu
-@pytest.mark.parametrize("mode", [l2_prefetch.AFTER_WAIT, l2_prefetch.EARLY], ids=["after-wait", "early"])
-@pytest.mark.parametrize("case", [LARGE[0], SMALL[0]], ids=["qwen3-4b-batch-1", "padding-row"])
-def test_the_l2_prefetch_changes_no_value(case, mode, monkeypatch, device):
-    """Every program asking L2 for its slice of the next GEMM's weight (the programs with no keys and a padding
-    row's too) changes no bit of the output or the caches; on this GPU the launch does issue it."""
-    monkeypatch.setattr(l2_prefetch, "MODE", mode)
-    weight = torch.randn((2560, 4096), device=device).to(torch.bfloat16)  # Qwen3-4B's o_proj: 21 MB
-    pb, q, rope, splits = _inputs(case, torch.bfloat16, device)
-    caches = (pb.k_cache.clone(), pb.v_cache.clone())
-    args = (pb.seq_lens, pb.block_tables, 0.1)
-    plain = K.paged_attention_decode(q, *caches, *args, num_splits=splits, rope=rope)
-    hinted = K.paged_attention_decode(q, pb.k_cache, pb.v_cache, *args, num_splits=splits, rope=rope,
-                                      l2_prefetch_next=weight)
-    torch.cuda.synchronize()
-    assert torch.equal(plain, hinted)
-    for got, want in zip((pb.k_cache, pb.v_cache), caches):
-        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
-    plan = l2_prefetch.plan(weight, q.shape[0], 256)
-    assert plan is not None and plan.mode == mode and plan.total == weight.numel() * 2
-    assert plan.chunk % 16 == 0 and plan.chunk * 256 >= plan.total > plan.chunk * 255
-    assert l2_prefetch.plan(weight, l2_prefetch.MAX_ROWS + 1, 256) is None  # a bandwidth-bound batch: none
-    assert l2_prefetch.plan(weight[:, :4095], 1, 256) is None  # not contiguous
-    big = torch.empty(l2_prefetch.MAX_BYTES // 2 + 8, dtype=torch.bfloat16, device=device)
-    assert l2_prefetch.plan(big, 1, 256) is None  # more than L2 should be asked to hold

@@ -13,8 +13,7 @@ from tests.backend_cuda.reference import ref_add_rms_norm, ref_rms_norm, ref_sil
 
 CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3),
            S.SkinnyConfig(16, 64, 4, 2, use_dot=True), S.SkinnyConfig(32, 32, 4, 1, use_dot=True),
-           S.SkinnyConfig(4, 64, 2, 1, prefetch=True), S.SkinnyConfig(16, 64, 4, 2, use_dot=True, prefetch=True),
-           S.SkinnyConfig(4, 32, 2, 1, split_k=3), S.SkinnyConfig(16, 32, 4, 2, use_dot=True, prefetch=True, split_k=4)]
+           S.SkinnyConfig(4, 64, 2, 1, prefetch=True), S.SkinnyConfig(16, 64, 4, 2, use_dot=True, prefetch=True)]
 
 
 def _rand(shape, dtype, device, seed):
@@ -38,8 +37,7 @@ def _fused_tol(dtype, ref):
 @pytest.mark.parametrize(
     "config",
     CONFIGS,
-    ids=lambda c: (f"n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}{'dot' * c.use_dot}{'pf' * c.prefetch}"
-                   f"{f'split{c.split_k}' * (c.split_k > 1)}"),
+    ids=lambda c: f"n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}{'dot' * c.use_dot}{'pf' * c.prefetch}",
 )
 def test_skinny_linear_matches_reference(m, dtype, config, device):
     # N = 37 leaves a partial row block; K = 200 a partial K chunk for every config; 128 is K-even.
@@ -111,30 +109,6 @@ def test_skinny_linear_silu_mul_equals_the_gemm_then_silu(m, dtype, config, devi
     torch.testing.assert_close(y.float(), ref.float(), **_fused_tol(dtype, ref.float()))
     with pytest.raises(ValueError, match="even"):
         S.skinny_linear_silu_mul(x, w[1:])
-
-
-@pytest.mark.parametrize("use_dot", [False, True])
-def test_split_k_sums_in_the_last_program_as_the_reduce_kernel(use_dot, device, monkeypatch):
-    """K cut into ranges (the plain GEMM at 2-8 rows, where N / BLOCK_N tiles alone do not fill the GPU): each
-    tile's last program adds the partials and the bias in range order, bit for bit the reduce kernel's sum, into
-    a strided output; the counters are back at zero."""
-    from infer_backend_cuda.kernels import split_k
-
-    m, n, k = 5, 40, 328  # a partial column tile, K over 11 steps of 32: ranges of 3 steps, the last one of 2
-    x = _rand((m, k), torch.float32, device, 7)
-    w = _rand((n, k), torch.float32, device, 8)
-    b = _rand((n,), torch.float32, device, 9)
-    config = S.SkinnyConfig(16 if use_dot else 4, 32, 4, 1, use_dot=use_dot, split_k=4)
-    fixed = poison(torch.empty((m, 2 * n), device=device))[:, :n]
-    S.skinny_linear(x, w, b, out=fixed, config=config)
-    torch.testing.assert_close(fixed, _reference(x, w, b), **tol(torch.float32))
-    counters = split_k.counters(torch.device(device))
-    assert counters is not None and int(counters.count_nonzero()) == 0
-    monkeypatch.setattr(split_k, "FIXUP", False)
-    reduced = S.skinny_linear(x, w, b, config=config)
-    assert torch.equal(fixed, reduced)
-    whole = S.skinny_linear(x, w, b, config=config._replace(split_k=1))
-    assert not torch.equal(whole, reduced)  # a different order of sums: the ranges were really cut
 
 
 def test_skinny_linear_bias_strided_input_and_default_config(device):

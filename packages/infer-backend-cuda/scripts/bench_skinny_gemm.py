@@ -62,17 +62,6 @@ def prefetch_candidates(tuned: S.SkinnyConfig | None) -> list[S.SkinnyConfig]:
     return out
 
 
-def split_candidates(m: int, tuned: S.SkinnyConfig | None) -> list[S.SkinnyConfig]:
-    """K cut into ranges (the plain GEMM): for shapes whose N / BLOCK_N column tiles alone leave SMs idle at 2-8
-    rows (N = 2560: o_proj, down), tensor-core tiles of 16-32 columns and CUDA-core tiles of 4-8."""
-    dot = itertools.product((16, 32), (128, 256), (3,), (2, 4, 8))
-    cuda_core = itertools.product((4, 8), (256, 512), (1,), (2, 4))
-    out = [tuned] if tuned else []
-    out += [S.SkinnyConfig(bn, bk, 4, st, use_dot=True, split_k=sp) for bn, bk, st, sp in dot]
-    out += [S.SkinnyConfig(bn, bk, 4, st, split_k=sp) for bn, bk, st, sp in cuda_core if m * bn * bk <= 8192]
-    return out
-
-
 def candidates(op: str, m: int) -> list[S.SkinnyConfig]:
     grid = itertools.product((2, 4, 8, 16), (128, 256, 512, 1024), (2, 4, 8), (1, 2, 3))
     out = [S.SkinnyConfig(bn, bk, w, s) for bn, bk, w, s in grid if m * bn * bk <= (16384 if m == 1 else 8192)]
@@ -120,8 +109,6 @@ def main() -> None:
     ap.add_argument("--prefetch", action="store_true",
                     help="try the shape's current table entry with and without weight prefetch, and prefetching "
                          "variants of the tile shapes that won elsewhere")
-    ap.add_argument("--split", action="store_true",
-                    help="try the shape's current table entry and split-K configs (`split_candidates`)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--table", type=Path)
     args = ap.parse_args()
@@ -142,9 +129,7 @@ def main() -> None:
                 ref = case.baseline(0).float()
                 best, best_us, tried = None, float("inf"), 0
                 tuned = S._tuned_table(name).get((op, S.m_bucket(m), n, k))
-                if args.split:
-                    configs = split_candidates(m, tuned)
-                elif args.prefetch:
+                if args.prefetch:
                     configs = prefetch_candidates(tuned)
                 elif args.dot:
                     configs = dot_candidates() + ([tuned] if tuned else [])

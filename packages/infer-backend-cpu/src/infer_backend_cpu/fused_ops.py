@@ -145,7 +145,6 @@ class CpuFusedOps:
         batch: AttentionBatch,
         scale: float,
         output_gate: torch.Tensor | None = None,
-        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return unfused_qk_norm_rope_attention(
             self, q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch, scale,

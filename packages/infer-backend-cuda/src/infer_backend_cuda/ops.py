@@ -119,7 +119,6 @@ class TritonFusedOps:
         batch: AttentionBatch,
         scale: float,
         output_gate: torch.Tensor | None = None,
-        prefetch: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A decode batch in one launch (`kernels/attention_decode.py`: the q/k norm, RoPE and store in the split
         pass, the split merge by its last program, the output gate where the output is written); a mixed one, or
@@ -129,8 +128,7 @@ class TritonFusedOps:
                 k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, batch.slot_mapping
             )
             return kernels.paged_attention_decode(
-                q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, rope=rope, output_gate=output_gate,
-                l2_prefetch_next=prefetch,
+                q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, rope=rope, output_gate=output_gate
             )
         return unfused_qk_norm_rope_attention(
             self, q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch, scale,

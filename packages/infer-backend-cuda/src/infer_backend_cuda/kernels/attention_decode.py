@@ -43,9 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels import l2_prefetch, split_k
+from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels.activation import sigmoid_gated
-from infer_backend_cuda.kernels.l2_prefetch import prefetch_slice
 from infer_backend_cuda.kernels._common import (
     check_last_dim_contiguous,
     dot_in_fp32,
@@ -232,22 +231,20 @@ def _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, heads, h_mask, row, mo_s0, mo
 @triton.jit(do_not_specialize=SPLIT_ARGS)
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, mid_o_ptr, mid_lse_ptr, o_ptr, seq_lens_ptr, bt_ptr, qsl_ptr, counter_ptr,
-    k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, g_ptr, pf_ptr, pf_chunk, pf_total,
+    k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, g_ptr,
     q_s0, q_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, bt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
     k_s0, k_s1, v_s0, v_s1, cs_stride, g_s0, g_s1, scale, eps, block_size, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr, RAGGED: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, HALF: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
     MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, GATED: tl.constexpr,
-    L2_PREFETCH: tl.constexpr, USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """With DIRECT (one split) the normalised output goes to the query row of `o_ptr` in its dtype and no partial
     is stored; else the partial and its LSE go to the workspace, which with MERGE the last program of the
     (sequence, KV head) merges into `o_ptr` (else the reduce kernel does). With ROPE q is the raw projection's
     and this program also does `qk_norm_rope_store`'s work for its token (`_rope_and_store_token`). With GATED the
-    output is multiplied by the sigmoid of its gate (`g_ptr`, rows and heads as the output's) where it is written.
-    With L2_PREFETCH every program, the ones with no keys too, asks L2 for its slice of the next GEMM's weight
-    (`l2_prefetch.py`): before `gdc_wait` (EARLY) or after it."""
+    output is multiplied by the sigmoid of its gate (`g_ptr`, rows and heads as the output's) where it is written."""
     # Under PDL everything before `gdc_wait` reads only the step's inputs (lengths, rows, positions, slots, block
     # table: copied in before the step's first kernel) and constants (the rotary table, the norm weights): nothing a
     # kernel still running may write. The q / k / v rows and every store come after it.
@@ -256,9 +253,6 @@ def _decode_split_kernel(
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
-    pf_index = (b * tl.num_programs(1) + kvh) * tl.num_programs(2) + sp
-    if L2_PREFETCH == 2:
-        prefetch_slice(pf_ptr, pf_chunk, pf_total, pf_index)
     row = _query_row(qsl_ptr, b, RAGGED)
     if row < 0:
         return  # not a one-token sequence: the prefill kernel owns its rows (and its workspace stays unread)
@@ -281,10 +275,8 @@ def _decode_split_kernel(
                     tl.extra.cuda.gdc_wait()
                 tl.store(o_ptr + row * o_s0 + heads[:, None] * o_s1 + offs_d[None, :],
                          tl.zeros([BLOCK_H, BLOCK_D], o_ptr.dtype.element_ty), mask=h_mask[:, None] & d_mask[None, :])
-            _prefetch_after_wait(pf_ptr, pf_chunk, pf_total, pf_index, L2_PREFETCH, USE_PDL)
             return
         if sp >= used:
-            _prefetch_after_wait(pf_ptr, pf_chunk, pf_total, pf_index, L2_PREFETCH, USE_PDL)
             return
     if ROPE:
         cos, sin = _rope_factors(cs_ptr + tl.load(pos_ptr + row).to(tl.int64) * cs_stride, HALF, BLOCK_D)
@@ -297,8 +289,6 @@ def _decode_split_kernel(
     page = tl.load(bt_row + first_n // block_size, mask=first_n < end, other=0).to(tl.int64)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-    if L2_PREFETCH == 1:
-        prefetch_slice(pf_ptr, pf_chunk, pf_total, pf_index)
     if ROPE:
         owner = (ctx > 0) & (sp == (ctx - 1) // tl.maximum(chunk, 1))  # the split that holds the new token
         q = _rope_and_store_token(
@@ -371,15 +361,6 @@ def _decode_split_kernel(
                              mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1, used, g_ptr, g_s0, g_s1, HEAD_DIM,
                              SPLITS_PAD, BLOCK_D, ".cg", GATED)
                 tl.store(counter_ptr + tile, 0)
-
-
-@triton.jit
-def _prefetch_after_wait(pf_ptr, pf_chunk, pf_total, pf_index, L2_PREFETCH: tl.constexpr, USE_PDL: tl.constexpr):
-    """A program with no keys to attend asks for its L2 slice too, after the wait where L2_PREFETCH says so."""
-    if L2_PREFETCH == 1:
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
-        prefetch_slice(pf_ptr, pf_chunk, pf_total, pf_index)
 
 
 @triton.jit(do_not_specialize=SPLIT_ARGS)
@@ -477,7 +458,6 @@ def paged_attention_decode(
     rope: DecodeRope | None = None,
     merge_in_kernel: bool = True,
     output_gate: torch.Tensor | None = None,
-    l2_prefetch_next: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q `[B, Hq, D]` (one token per sequence), caches `[num_blocks, block_size, Hkv, D]`, seq_lens `[B]`
     (0 = padding row -> zeros), block_tables `[B, max_blocks]` -> `[B, Hq, D]` in q's dtype.
@@ -490,8 +470,7 @@ def paged_attention_decode(
     With `rope` (a decode batch only) q is the raw projection's and pass 1 first does `qk_norm_rope_store`'s work
     (module docstring). `merge_in_kernel`: the last split program merges (when the counters exist), else the
     reduce kernel. `output_gate` (q's shape, any row and head strides): the output times its sigmoid, rounded as
-    `sigmoid_gate_mul` (a padding row's zeros stay zeros). `l2_prefetch_next`: the tensor the next kernel streams
-    (o_proj's weight), which a small decode batch's programs ask L2 for (`l2_prefetch.py`; values unchanged)."""
+    `sigmoid_gate_mul` (a padding row's zeros stay zeros)."""
     n_tok, num_q_heads, head_dim = q.shape
     n_seq = seq_lens.shape[0]
     _, block_size, num_kv_heads, kd = k_cache.shape
@@ -538,7 +517,6 @@ def paged_attention_decode(
     if r is not None:
         positions = r.positions if r.positions.is_contiguous() else r.positions.contiguous()
         slots = r.slot_mapping if r.slot_mapping.is_contiguous() else r.slot_mapping.contiguous()
-    pf = None if ragged else l2_prefetch.plan(l2_prefetch_next, n_seq, n_seq * num_kv_heads * splits)
     _decode_split_kernel[(n_seq, num_kv_heads, splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out, seq_lens, block_tables,
         query_start_loc if ragged else seq_lens,  # unread unless RAGGED
@@ -546,7 +524,6 @@ def paged_attention_decode(
         *((r.k, r.v, positions, r.cos_sin_cache, r.q_norm_weight if r.q_norm_weight is not None else q,
            r.k_norm_weight if r.k_norm_weight is not None else q, slots) if r is not None else (q,) * 7),
         gate,
-        *((pf.base, pf.chunk, pf.total) if pf is not None else (q, 0, 0)),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -577,7 +554,6 @@ def paged_attention_decode(
         SPLITS_PAD=splits_pad,
         GROUP_PAD=max(2, next_pow2(group)),
         GATED=output_gate is not None,
-        L2_PREFETCH=pf.mode if pf is not None else l2_prefetch.OFF,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels import split_k, tuned_table
+from infer_backend_cuda.kernels import tuned_table
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 
 MAX_M = 8
@@ -43,7 +43,6 @@ class SkinnyConfig(NamedTuple):
     num_stages: int
     use_dot: bool = False  # tensor-core tiles (rows padded to 16) instead of CUDA-core products
     prefetch: bool = False  # load each weight tile one iteration ahead, the first before waiting for the producer
-    split_k: int = 1  # K ranges (the plain GEMM only): partial sums summed by each tile's last program
 
 
 PLAIN, ADD_RMS_NORM = 0, 1  # the kernel's prologue: what it makes of its input rows
@@ -58,12 +57,9 @@ def _skinny_gemm_kernel(
     w_ptr,
     b_ptr,
     out_ptr,
-    ws_ptr,
-    counter_ptr,
     M,
     N,
     K,
-    k_per_split,
     x_stride,
     r_stride,
     r_out_stride,
@@ -81,22 +77,16 @@ def _skinny_gemm_kernel(
     DOT_F32: tl.constexpr,
     PREFETCH: tl.constexpr,
     GATED: tl.constexpr,
-    PARTIAL: tl.constexpr,
-    FIXUP: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
     a program streams the gate and the up row of each of its `BLOCK_N / 2` output columns and applies the
-    SiLU-and-mul in its epilogue (`_gated_epilogue`). With PARTIAL program `(tile, s)` sums K range s
-    (`k_per_split` long) into the workspace and, with FIXUP, the tile's last program adds the ranges in order
-    (`split_k.store_tile`)."""
+    SiLU-and-mul in its epilogue (`_gated_epilogue`)."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
         if not PREFETCH:
             tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
-    k_start = tl.program_id(1) * k_per_split
-    k_end = tl.minimum(K, k_start + k_per_split)
     if GATED:  # gate row c, then up row c, for each output column c (pairs adjacent: the epilogue splits them)
         HALF_N: tl.constexpr = BLOCK_N // 2
         j = tl.arange(0, BLOCK_N)
@@ -109,28 +99,27 @@ def _skinny_gemm_kernel(
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     m_mask = rm < M
-    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * w_stride + (k_start + rk)[None, :]
+    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * w_stride + rk[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if PREFETCH:
         # Weights are never written by a kernel, so the first tile may stream in while the producer of x is still
         # finishing (under PDL); each next tile is loaded one iteration ahead.
-        w_next = tl.load(w_ptrs, mask=n_mask[:, None] & (k_start + rk < k_end)[None, :], other=0.0,
-                         eviction_policy="evict_first")
+        w_next = tl.load(w_ptrs, mask=n_mask[:, None] & (rk < K)[None, :], other=0.0, eviction_policy="evict_first")
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
     else:
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)  # unused
-    for k0 in range(k_start, k_end, BLOCK_K):
+    for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         if EVEN_K:
             k_mask = rk < BLOCK_K
         else:
-            k_mask = kk < k_end
+            k_mask = kk < K
         if PREFETCH:
             w = w_next
-            w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < k_end)[None, :], other=0.0,
+            w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
                              eviction_policy="evict_first")
         elif EVEN_K:
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
@@ -164,13 +153,10 @@ def _skinny_gemm_kernel(
         y = tl.sum(acc, axis=2)
     if PROLOGUE == 1:
         y = y * tl.rsqrt(sum_sq / K + eps)[:, None]
-    if HAS_BIAS and not PARTIAL:
+    if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if GATED:
         _gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, N // 2, BLOCK_M, BLOCK_N)
-    elif PARTIAL:  # the bias waits for the sum
-        split_k.store_tile(y, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, rn, m_mask, n_mask, N, out_stride, M * N,
-                           tl.program_id(1), tl.num_programs(1), pid, True, HAS_BIAS, FIXUP)
     else:
         out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
@@ -212,7 +198,7 @@ def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], SkinnyConf
     return {
         table_key(e): (
             SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e.get("use_dot", False),
-                         e.get("prefetch", False), e.get("split_k", 1))
+                         e.get("prefetch", False))
             if e["use"]
             else None
         )
@@ -283,12 +269,7 @@ def _launch(
         cfg = cfg._replace(block_n=2)
     r = residual if residual is not None else x
     r_out = residual_out if residual_out is not None else x
-    tiles = triton.cdiv(n_out, cfg.block_n // 2) if gated else triton.cdiv(n, cfg.block_n)
-    k_steps = triton.cdiv(k, cfg.block_k)
-    # K ranges for the plain GEMM alone (the norm prologue and the gated epilogue need whole rows / sums)
-    steps, splits = split_k.steps_per_split(k_steps, cfg.split_k if prologue == PLAIN and not gated else 1)
-    parts = split_k.partials(splits, m, n, out, tiles)
-    _skinny_gemm_kernel[(tiles, splits)](
+    _skinny_gemm_kernel[(triton.cdiv(n_out, cfg.block_n // 2) if gated else triton.cdiv(n, cfg.block_n),)](
         x,
         r,
         norm_weight if norm_weight is not None else weight,
@@ -296,12 +277,9 @@ def _launch(
         weight,
         bias if bias is not None else weight,
         out,
-        parts.workspace,
-        parts.counter_arg,
         m,
         n,
         k,
-        steps * cfg.block_k,
         x.stride(0),
         r.stride(0),
         r_out.stride(0),
@@ -319,13 +297,10 @@ def _launch(
         DOT_F32=dot_in_fp32(x.dtype),
         PREFETCH=cfg.prefetch,
         GATED=gated,
-        PARTIAL=parts.partial,
-        FIXUP=parts.fixup,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch(x.device),
     )
-    split_k.finish(parts, bias, out)
     return out
 
 

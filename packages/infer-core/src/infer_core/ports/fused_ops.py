@@ -103,14 +103,12 @@ class FusedOps(Protocol):
         batch: AttentionBatch,
         scale: float,
         output_gate: Tensor | None = None,
-        prefetch: Tensor | None = None,
     ) -> Tensor:
         """`qk_norm_rope_store` (at `batch.slot_mapping`) then `paged_attention` of the rotated q, then with
         `output_gate` (`[T, Hq, D]`, Qwen3.5's gated attention) `sigmoid_gate_mul` of the result: an attention
         layer's work between its two projections, as one op so that an adapter can run it as one kernel where
         that pays (decode batches). Equals the ops up to rounding; `unfused_qk_norm_rope_attention` is its
-        meaning. `prefetch`: the weight the next op streams (o_proj's), which an adapter may start bringing
-        closer while this op waits on memory; a hint that never changes a value."""
+        meaning."""
         ...
 
 

@@ -97,7 +97,7 @@ class Attention:
             positions, table = torch.arange(num_tokens, device=positions.device), batch.rope_cos_sin
         out = self._fused.qk_norm_rope_attention(
             q, k, v, positions, table, self.q_norm_weight, self.k_norm_weight, self.norm_eps,
-            k_cache, v_cache, batch, self.scale, gate, self.o_proj.streamed_weight,
+            k_cache, v_cache, batch, self.scale, gate,
         )
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim))
 

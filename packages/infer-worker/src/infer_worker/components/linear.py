@@ -54,12 +54,6 @@ class Linear:
         """The tensor the checkpoint calls `weight` (dense `[out, in]`, or FP8 codes); AWQ has none."""
         return self.params.tensors["weight"]
 
-    @property
-    def streamed_weight(self) -> torch.Tensor:
-        """The operand that is most of this linear's weight stream (dense weight, AWQ qweight, FP8 codes): what a
-        kernel before it may ask to have brought closer (`FusedOps.qk_norm_rope_attention`'s `prefetch`)."""
-        return max(self.params.operands, key=lambda t: t.numel() * t.element_size())
-
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self._finish(self._ops.linear(x, self.params.operands, self._gemm_bias))
 
