@@ -7,6 +7,10 @@
 #   CALL=ab: batch-1 at 1.54x of its floor after CALL=1 (1.36x at c79460f): the earlier commits' packages
 #           (`variants/<commit>`, `git archive`, not committed) installed side by side and replayed in turn with
 #           the head's, then CALL=2's tuning.
+#   CALL=norm: the add+RMSNorm in the qkv / gate_up GEMM's prologue (the gate_up one with the SiLU-and-mul epilogue
+#           too: `skinny_add_rms_norm_linear_silu_mul`), which the isolated tuner rejected at one row (0.5-2 us
+#           slower alone) but which takes the norm kernel's hop off the PDL chain: the GPU tests, then Qwen3-4B
+#           replays with the installed table and with variants of it (`table_variant`), each in turn twice.
 #   CALL=2: the skinny GEMM's split-K for o_proj and down at 2 / 4 / 8 rows (cuBLAS there so far): tuned into the
 #           installed table (`bench_skinny_gemm.py --split`), then the Qwen3-4B replays at 1-8 rows with it.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session14.sh
@@ -22,7 +26,47 @@ variant_path() {  # variant_path COMMIT: that commit's packages installed under 
   echo "PYTHONPATH=/tmp/v_$1:$PYTHONPATH"
 }
 
+table_variant() {  # table_variant NAME: the installed skinny table with the fused norm on, into $LOGS/table_NAME.json
+  python3 - "$1" "$LOGS/table_$1.json" <<'PY'
+import json, sys
+from infer_backend_cuda.kernels import skinny_gemm as S
+name, dest = sys.argv[1], sys.argv[2]
+table = json.load(open(S._TABLE))
+entries = table["NVIDIA H200"]
+plain = {(e["m"], e["n"], e["k"]): e for e in entries if e["op"] == "linear"}
+shapes = [(6144, 2560), (19456, 2560)]  # Qwen3-4B qkv, gate_up
+rows = {"m1": [1], "m1plain": [1], "rows": [2, 4, 8]}[name]
+for m in rows:
+    for n, k in shapes:
+        fused = [e for e in entries if e["op"] == "add_rms_norm_linear" and (e["m"], e["n"], e["k"]) == (m, n, k)]
+        if name == "m1plain" or not fused:  # the plain GEMM's config (same weight stream)
+            entries[:] = [e for e in entries if e not in fused]
+            entries.append(dict(plain[(m, n, k)], op="add_rms_norm_linear", use=True))
+        else:
+            fused[0]["use"] = True
+json.dump(table, open(dest, "w"), indent=1)
+PY
+}
+
+with_table() {  # with_table FILE CMD...: CMD with FILE as the installed skinny table, the original restored after
+  local table; table=$(python3 -c "from infer_backend_cuda.kernels import skinny_gemm as S; print(S._TABLE)")
+  cp "$table" /tmp/skinny_table.orig; cp "$1" "$table"; shift
+  "$@"; cp /tmp/skinny_table.orig "$table"
+}
+
 case ${CALL:-1} in
+  norm)
+    gpu_tests norm "${TEST_TIMEOUT:-90}" tests/backend_cuda/test_skinny_gemm.py
+    for v in m1 m1plain rows; do table_variant $v; done
+    for run in 1 2; do
+      ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_base_$run" qwen3-4b 1
+      for v in m1 m1plain; do
+        ROOFLINE_ARGS="--steps 40" with_table "$LOGS/table_$v.json" roofline "roofline_q3_${v}_$run" qwen3-4b 1
+      done
+    done
+    ROOFLINE_ARGS="--steps 40" roofline roofline_q3_base_rows qwen3-4b 2,4,8
+    ROOFLINE_ARGS="--steps 40" with_table "$LOGS/table_rows.json" roofline roofline_q3_rows_rows qwen3-4b 2,4,8
+    ;;
   ab)
     for c in c79460f 940802e; do
       env "$(variant_path $c)" python3 -c "import infer_backend_cuda.kernels.skinny_gemm as m, inspect
