@@ -41,14 +41,8 @@ class DenseLinearOps:
         self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
         weight: Operands, bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """At decode sizes where the table takes the fused norm (`add_rms_norm_linear`) at this shape, one skinny
-        launch with the norm in its prologue and the SiLU-and-mul in its epilogue; else the norm kernel, then the
-        skinny gate / up GEMM with SiLU-and-mul in its epilogue, with the plain GEMM's config at this shape
-        (`INFER_CUDA_GATED_GEMM=0`: neither fusion; the GEMM, then the SiLU-and-mul kernel)."""
-        norm_config = self._math.skinny_config("add_rms_norm_linear", x, weight[0])
-        if norm_config is not None and skinny.GATED and (residual is None or residual.stride(-1) == 1):
-            return skinny.skinny_add_rms_norm_linear_silu_mul(x, residual, norm_weight, eps, weight[0], bias,
-                                                              config=norm_config)
+        """The norm kernel, then at decode sizes the skinny gate / up GEMM with SiLU-and-mul in its epilogue, with the
+        plain GEMM's config at this shape (`INFER_CUDA_GATED_GEMM=0`: the GEMM, then the SiLU-and-mul kernel)."""
         return unfused_add_rms_norm_linear(self._fused, self._gated_linear, x, residual, norm_weight, eps, weight[0],
                                            bias)
 

@@ -344,40 +344,6 @@ def skinny_add_rms_norm_linear(
     """`h = x + residual` (just `x` when residual is None); `(linear(rms_norm(h) * norm_weight), h)`.
 
     `residual_out` must not alias `residual` or `x`: one program writes it while the others still read them."""
-    return _add_rms_norm_launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, config, gated=False)
-
-
-def skinny_add_rms_norm_linear_silu_mul(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    residual_out: torch.Tensor | None = None,
-    config: SkinnyConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """A gated MLP's whole input side in one launch: `skinny_add_rms_norm_linear`'s prologue and
-    `skinny_linear_silu_mul`'s epilogue on a `[gate | up]` weight -> `(silu(gate) * up [M, N / 2], h)`. Under PDL
-    the norm kernel's hop off the step's kernel chain is what it saves."""
-    if weight.shape[0] % 2:
-        raise ValueError(f"a gate / up weight has an even number of rows, got {weight.shape[0]}")
-    return _add_rms_norm_launch(x, residual, norm_weight, eps, weight, bias, out, residual_out, config, gated=True)
-
-
-def _add_rms_norm_launch(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    out: torch.Tensor | None,
-    residual_out: torch.Tensor | None,
-    config: SkinnyConfig | None,
-    gated: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
     if residual is not None:
         if residual.shape != x.shape:
             raise ValueError(f"residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
@@ -386,6 +352,5 @@ def _add_rms_norm_launch(
             residual_out = torch.empty_like(x)
         elif residual_out.data_ptr() in (residual.data_ptr(), x.data_ptr()):
             raise ValueError("residual_out must not alias residual or x")
-    y = _launch(ADD_RMS_NORM, x, weight, bias, out, config, x.shape[-1], residual, norm_weight, residual_out, eps,
-                gated=gated)
+    y = _launch(ADD_RMS_NORM, x, weight, bias, out, config, x.shape[-1], residual, norm_weight, residual_out, eps)
     return y, (residual_out if residual is not None else x)
