@@ -11,6 +11,9 @@
 #           too: `skinny_add_rms_norm_linear_silu_mul`), which the isolated tuner rejected at one row (0.5-2 us
 #           slower alone) but which takes the norm kernel's hop off the PDL chain: the GPU tests, then Qwen3-4B
 #           replays with the installed table and with variants of it (`table_variant`), each in turn twice.
+#   CALL=rows: the 2-row step at 0.28 ms above the 1-row one (the same weight bytes): the 1-row configs (CUDA-core
+#           products, the PDL chain unbroken) for 2 and 4 rows (`rows_variant`), all five Qwen3-4B GEMMs or only
+#           o_proj / down (on cuBLAS there), replayed in turn with the installed table at 2 and 3 rows.
 #   CALL=2: the skinny GEMM's split-K for o_proj and down at 2 / 4 / 8 rows (cuBLAS there so far): tuned into the
 #           installed table (`bench_skinny_gemm.py --split`), then the Qwen3-4B replays at 1-8 rows with it.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session14.sh
@@ -54,7 +57,32 @@ with_table() {  # with_table FILE CMD...: CMD with FILE as the installed skinny 
   "$@"; cp /tmp/skinny_table.orig "$table"
 }
 
+rows_variant() {  # rows_variant NAME SHAPES M...: those rows' linear entries for SHAPES (n:k,...) set to the 1-row one
+  python3 - "$LOGS/table_$1.json" "$2" "${@:3}" <<'PY'
+import json, sys
+from infer_backend_cuda.kernels import skinny_gemm as S
+dest, shapes, rows = sys.argv[1], [tuple(map(int, s.split(":"))) for s in sys.argv[2].split(",")], sys.argv[3:]
+table = json.load(open(S._TABLE))
+entries = table["NVIDIA H200"]
+one = {(e["n"], e["k"]): e for e in entries if e["op"] == "linear" and e["m"] == 1}
+for m in map(int, rows):
+    entries[:] = [e for e in entries if not (e["op"] == "linear" and e["m"] == m and (e["n"], e["k"]) in shapes)]
+    entries.extend(dict(one[nk], m=m, use=True) for nk in shapes)
+json.dump(table, open(dest, "w"), indent=1)
+PY
+}
+
 case ${CALL:-1} in
+  rows)
+    all=6144:2560,19456:2560,2560:4096,2560:9728,151936:2560
+    rows_variant all "$all" 2 4; rows_variant attn_mlp_out 2560:4096,2560:9728 2 4
+    for run in 1 2; do
+      ROOFLINE_ARGS="--steps 40" roofline "roofline_q3_base23_$run" qwen3-4b 2,3
+      for v in all attn_mlp_out; do
+        ROOFLINE_ARGS="--steps 40" with_table "$LOGS/table_$v.json" roofline "roofline_q3_${v}23_$run" qwen3-4b 2,3
+      done
+    done
+    ;;
   norm)
     gpu_tests norm "${TEST_TIMEOUT:-90}" tests/backend_cuda/test_skinny_gemm.py
     for v in m1 m1plain rows; do table_variant $v; done
