@@ -16,6 +16,8 @@
 #           o_proj / down (on cuBLAS there), replayed in turn with the installed table at 2 and 3 rows.
 #   CALL=2: the skinny GEMM's split-K for o_proj and down at 2 / 4 / 8 rows (cuBLAS there so far): tuned into the
 #           installed table (`bench_skinny_gemm.py --split`), then the Qwen3-4B replays at 1-8 rows with it.
+# CALL=1 / ab / 2 ran at e8e24bc and CALL=norm at 8eafb26: what they measure was reverted after (docs/benchmarks.md,
+# "Fourteenth device session"), so at later trees they run without it.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session14.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, tune_table, roofline, gpu_tests
