@@ -57,10 +57,14 @@ session_logs() {  # session_logs TAG: a session script's $LOGS ($OUT/TAG), PYTHO
   pack() { tar -czf "$OUT/$SESSION_TAG.tar.gz" -C "$OUT" "$SESSION_TAG" $( [ -d "$OUT/engines" ] && echo engines ); }
 }
 
+installed_table() {  # installed_table KERNEL: the path of the installed tuned table of kernels/KERNEL.py (`_TABLE`)
+  python3 -c "from infer_backend_cuda.kernels import $1 as K; print(K._TABLE)"
+}
+
 tune_table() {  # tune_table FMT ROWS BUDGET_S TAG: bench_quant_gemm.py's bests at these rows into the installed table
   # (`awq_gemm` / `fp8_gemm` `_TABLE`), the log's summary printed, the table copied into the logs
   local fmt=$1 rows=$2 budget=$3 tag=$4 table
-  table=$(python3 -c "from infer_backend_cuda.kernels import ${fmt}_gemm as K; print(K._TABLE)")
+  table=$(installed_table "${fmt}_gemm")
   timeout $(( budget + 60 )) python3 "$SCRIPTS/bench_quant_gemm.py" --formats "$fmt" --ms "$rows" --budget-s "$budget" \
     --json "$LOGS/$tag.json" --table "$table" > "$LOGS/$tag.log" 2>&1
   echo "bench_quant_gemm $fmt rc=$?"; grep -A40 "^ fmt" "$LOGS/$tag.log"; cp "$table" "$LOGS/${fmt}_gemm_table.json"; pack

@@ -20,7 +20,7 @@
 # "Fourteenth device session"), so at later trees they run without it.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=1 COMMIT=abc1234 bash scripts/device_session14.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, tune_table, roofline, gpu_tests
+source "$(dirname "$0")/device_lib.sh"  # session_logs, tune_table, installed_table, roofline, gpu_tests
 session_logs s14
 
 variant_path() {  # variant_path COMMIT: that commit's packages installed under /tmp/v_COMMIT, first on the path
@@ -54,7 +54,7 @@ PY
 }
 
 with_table() {  # with_table FILE CMD...: CMD with FILE as the installed skinny table, the original restored after
-  local table; table=$(python3 -c "from infer_backend_cuda.kernels import skinny_gemm as S; print(S._TABLE)")
+  local table; table=$(installed_table skinny_gemm)
   cp "$table" /tmp/skinny_table.orig; cp "$1" "$table"; shift
   "$@"; cp /tmp/skinny_table.orig "$table"
 }
@@ -120,7 +120,7 @@ print('$c:', m.__file__, 'split_k' in inspect.getsource(m))"
     ROOFLINE_ARGS="--steps 40" roofline roofline_q3_rows qwen3-4b 1,2,4,8
     ;;
   2)
-    table=$(python3 -c "from infer_backend_cuda.kernels import skinny_gemm as S; print(S._TABLE)")
+    table=$(installed_table skinny_gemm)
     timeout 240 python3 "$SCRIPTS/bench_skinny_gemm.py" --split --ops linear --ms 2,4,8 --shapes o_proj,down \
       --budget-s "${TUNE_S:-170}" --json "$LOGS/tune_split.json" --table "$table" > "$LOGS/tune_split.log" 2>&1
     echo "tune rc=$?"; grep -A12 "^ *op " "$LOGS/tune_split.log"; cp "$table" "$LOGS/skinny_gemm_split.json"; pack
