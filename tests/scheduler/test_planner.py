@@ -55,6 +55,50 @@ def test_prefill_cap_while_decoding_spreads_a_long_prompt_and_lifts_when_nothing
     assert [n.num_tokens for n in alone.plan_step().new_seqs] == [33]
 
 
+def test_capped_chunks_beside_decodes_end_at_a_graph_bucket():
+    """Three requests decode while a 40-token prompt arrives; the worker's mixed graphs hold 8, 16 and 32 tokens.
+    With a cap of 16 prompt tokens a step, 3 decodes + 16 would be padded to 32: the chunks are trimmed to 13, so
+    that every step is exactly 16 tokens. Without graphs the cap's 16 stand."""
+    def steps_of(graph_tokens: tuple[int, ...]) -> list[list[int]]:
+        e = make_engine(num_blocks=256, max_batch_tokens=64, chunked_prefill_size=64, prefill_tokens_while_decoding=16,
+                        graph_step_tokens=graph_tokens)
+        w = SimWorker(256, 4)
+        for i in range(3):
+            e.submit(make_submit([10 * i + 1, 10 * i + 2], max_tokens=30))
+        e.apply_result(w.step(e.plan_step()))
+        e.submit(make_submit(list(range(100, 140)), max_tokens=2))
+        out = []
+        for _ in range(4):
+            plan = e.plan_step()
+            out.append(sorted([c.num_tokens for c in plan.continuing] + [n.num_tokens for n in plan.new_seqs]))
+            e.apply_result(w.step(plan))
+        return out
+
+    assert steps_of((8, 16, 32)) == [[1, 1, 1, 13], [1, 1, 1, 13], [1, 1, 1, 13], [1, 1, 1, 1]]
+    assert steps_of(()) == [[1, 1, 1, 16], [1, 1, 1, 16], [1, 1, 1, 8], [1, 1, 1, 1]]
+
+
+def test_a_chunk_that_would_push_a_step_past_the_largest_graph_is_trimmed_to_it():
+    """chunked_prefill_size 32 beside 2 decodes would make 34 tokens, past the largest graph (32): eager. The chunk
+    is trimmed to 30. A trim that would drop more than half the chunk is not made (1 bucket of 8 beside 2 decodes:
+    chunks of 32 stay), and with nothing decoding the chunk is not fitted."""
+    def first_chunks(graph_tokens: tuple[int, ...], decoding: int) -> list[int]:
+        e = make_engine(num_blocks=256, max_batch_tokens=128, chunked_prefill_size=32, graph_step_tokens=graph_tokens)
+        w = SimWorker(256, 4)
+        for i in range(decoding):
+            e.submit(make_submit([10 * i + 1, 10 * i + 2], max_tokens=30))
+        if decoding:
+            e.apply_result(w.step(e.plan_step()))
+        e.submit(make_submit(list(range(100, 170)), max_tokens=2))
+        plan = e.plan_step()
+        return [n.num_tokens for n in plan.new_seqs] + [c.num_tokens for c in plan.continuing if c.num_tokens > 1]
+
+    assert first_chunks((8, 16, 32), decoding=2) == [30]
+    assert first_chunks((8,), decoding=2) == [32]
+    assert first_chunks((8, 16, 32), decoding=0) == [32]
+    assert first_chunks((), decoding=2) == [32]
+
+
 def test_a_lone_prompt_takes_the_whole_step_budget_only_while_nothing_decodes():
     """With `idle_prefill_uses_step_budget`, a 40-token prompt alone is prefilled in chunks of the step budget (33,
     not the chunk size 8); a second prompt arriving while the first decodes gets chunks of 8 again, and so does a

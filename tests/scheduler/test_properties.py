@@ -47,14 +47,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_batch_seqs=st.integers(1, 8), chunk=st.integers(1, 16), prefix_caching=st.booleans(),
         seed=st.integers(0, 2**16), overlap=st.booleans(), prefill_cap=st.integers(0, 6),
         state_slots=st.sampled_from([0, 0, 1, 2, 3]), grammar_steps=st.integers(0, 6), idle_chunks=st.booleans(),
+        graph_tokens=st.sampled_from([(), (), (2, 4, 8), (1, 3, 16)]),
     )
     def setup(self, num_blocks, block_size, max_batch_tokens, max_batch_seqs, chunk, prefix_caching, seed,
-              overlap, prefill_cap, state_slots, grammar_steps, idle_chunks):
+              overlap, prefill_cap, state_slots, grammar_steps, idle_chunks, graph_tokens):
         self.engine = Engine(num_blocks=num_blocks, block_size=block_size, max_model_len=48,
                              max_batch_tokens=max_batch_tokens, max_batch_seqs=max_batch_seqs,
                              chunked_prefill_size=chunk, enable_prefix_caching=prefix_caching,
                              prefill_tokens_while_decoding=prefill_cap, max_inflight_steps=2 if overlap else 1,
-                             num_state_slots=state_slots, idle_prefill_uses_step_budget=idle_chunks)
+                             num_state_slots=state_slots, idle_prefill_uses_step_budget=idle_chunks,
+                             graph_step_tokens=graph_tokens)
         self.worker = SimWorker(num_blocks, block_size, vocab_size=8, rng=random.Random(seed),
                                 num_state_slots=state_slots, grammar_steps=grammar_steps)
         self.held: deque = deque()  # results the worker computed that the engine has not seen yet

@@ -57,10 +57,13 @@ def test_graph_decode_equals_eager_with_padding(tmp_path: Path) -> None:
             caches = backend.allocate_kv_cache(spec.num_layers, 32, 4, spec.num_kv_heads, spec.head_dim, DType.FLOAT32)
             if graphs:
                 runner: ModelRunner = GraphModelRunner(model, backend, caches, 4, 8, "cpu", capture_sizes=[1, 2, 4],
-                                                       capture_tokens=[8, 16])
+                                                       capture_tokens=[16, 8])
+                assert runner.graph_step_tokens == ()  # nothing captured yet
                 runner.capture()
+                assert runner.graph_step_tokens == (8, 16)  # what the scheduler fits chunks to (Ready)
             else:
                 runner = ModelRunner(model, backend, caches, 4, 8, "cpu")
+                assert runner.graph_step_tokens == ()
             results.append(_decode(runner, prompts, sampling, steps=6))
             if graphs:
                 assert isinstance(runner, GraphModelRunner)

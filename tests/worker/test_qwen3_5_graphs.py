@@ -65,6 +65,7 @@ def test_decode_graphs_equal_eager_with_padding_and_a_fresh_row(model_dir: Path,
     assert isinstance(graphs, GraphModelRunner)
     assert _run(graphs, prompts, sampling, steps=7) == eager
     assert (graphs.eager_steps, graphs.mixed_graph_steps, graphs.graph_steps) == (1, 0, 6)
+    assert graphs.graph_step_tokens == ()  # a hybrid model's mixed steps run eagerly: no bucket to fit chunks to
 
 
 def test_decode_graphs_that_stop_at_the_logits_serve_rows_that_need_processing(model_dir: Path) -> None:

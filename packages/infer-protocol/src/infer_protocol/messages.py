@@ -288,6 +288,9 @@ class Ready(_Msg, tag="ready"):
     # state slots of a hybrid model's linear-attention layers (slot 0, the worker's scratch, not counted); 0 = the
     # model has none. The scheduler admits at most this many sequences at once and turns prefix caching off.
     num_state_slots: int = 0
+    # The token buckets of the worker's CUDA graphs for mixed (prefill) steps, which pad a step to the next one up
+    # (none: every mixed step runs eagerly). The scheduler fits capped prompt chunks to them (`FcfsPolicy`).
+    graph_step_tokens: list[int] = []
 
 
 class Progress(_Msg, tag="progress"):

@@ -82,6 +82,7 @@ class Engine:
         chunked_prefill_size: int = 2048,
         prefill_tokens_while_decoding: int = 0,
         idle_prefill_uses_step_budget: bool = False,
+        graph_step_tokens: tuple[int, ...] = (),
         enable_prefix_caching: bool = True,
         vocab_size: int = 0,
         max_inflight_steps: int = 1,
@@ -101,7 +102,7 @@ class Engine:
             enable_prefix_caching = False
         self.kv = KvCacheManager(num_blocks, block_size, enable_prefix_caching, num_state_slots)
         self.policy = FcfsPolicy(max_batch_tokens, max_batch_seqs, chunked_prefill_size,
-                                 prefill_tokens_while_decoding, idle_prefill_uses_step_budget)
+                                 prefill_tokens_while_decoding, idle_prefill_uses_step_budget, graph_step_tokens)
         self.counters = Counters()
         self.planner = Planner(self.policy, self.kv, self.counters)
         self.waiting: deque[Request] = deque()
@@ -124,6 +125,7 @@ class Engine:
                    chunked_prefill_size=config.chunked_prefill_size,
                    prefill_tokens_while_decoding=config.prefill_tokens_while_decoding,
                    idle_prefill_uses_step_budget=config.idle_prefill_uses_step_budget,
+                   graph_step_tokens=tuple(ready.graph_step_tokens),
                    enable_prefix_caching=config.enable_prefix_caching,
                    vocab_size=ready.model.vocab_size, max_inflight_steps=2 if config.enable_overlap else 1,
                    num_state_slots=ready.num_state_slots)

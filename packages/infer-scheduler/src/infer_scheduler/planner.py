@@ -61,7 +61,7 @@ class Planner:
         prefill_budget = self.policy.prefill_budget(len(out.decoding), after_decodes)
         # "decodes" counts a request in its decode phase that sits this step out (its token in flight): a long
         # chunk would stretch its next inter-token gap all the same
-        chunk_cap = self.policy.chunk_cap(anything_decodes=len(prefills) < num_running)
+        chunk_cap = self.policy.chunk_cap(len(prefills) < num_running, len(out.decoding))
         budget = self._prefills(step, prefills, running, waiting, out, prefill_budget, chunk_cap)
         # After a preemption the blocks are too short to admit anyone (vLLM does the same) — unless the step is
         # empty (a lone request preempted itself): then it is re-admitted at once, from its cached pages.

@@ -47,7 +47,7 @@ def serve(config: Config, stop: threading.Event) -> int:
         transport.close()
         return 1
     transport.send(Ready(num_blocks=ready.num_blocks, block_size=ready.block_size, model=ready.model,
-                         num_state_slots=ready.num_state_slots))
+                         num_state_slots=ready.num_state_slots, graph_step_tokens=list(ready.graph_step_tokens)))
     code = 0
     try:
         run_steps(ready.service, transport, stop, group)

@@ -60,6 +60,7 @@ class ReadyWorker:
     block_size: int
     model: ModelInfo
     num_state_slots: int = 0  # a hybrid model's state slots (1..n; 0 = the model has none)
+    graph_step_tokens: tuple[int, ...] = ()  # the runner's mixed-step graph buckets (`Ready.graph_step_tokens`)
 
 
 def _profile_sequences(num_tokens: int, max_model_len: int, block_size: int) -> list[ScheduledSeq]:
@@ -263,4 +264,4 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
         runner.images = ImageInputs(model.visual, multimodal_rope=bool(spec.mrope_section))
     is_fatal = backend.is_fatal_error if world == 1 else _always_fatal
     service = WorkerService(executor, is_fatal=is_fatal, grammars=runner.grammars, images=runner.images)
-    return ReadyWorker(service, num_blocks, config.block_size, info, slots)
+    return ReadyWorker(service, num_blocks, config.block_size, info, slots, runner.graph_step_tokens)

@@ -255,6 +255,11 @@ class GraphModelRunner(ModelRunner):
         """Past the largest mixed graph (with none captured, as for a hybrid model: every mixed step)."""
         return self.capture_tokens[-1] + 1 if self._mixed else 1
 
+    @property
+    def graph_step_tokens(self) -> tuple[int, ...]:
+        """The token buckets of the mixed-step graphs captured (none before `capture`, or for a hybrid model)."""
+        return tuple(self.capture_tokens) if self._mixed else ()
+
     def capture(self) -> None:
         max_seq_len = self.max_blocks_per_seq * self.block_size
         for size in reversed(self.capture_sizes):  # largest first: later graphs reuse its pool memory

@@ -321,6 +321,11 @@ class ModelRunner:
         """The fewest tokens a mixed (prefill) step runs eagerly with: every step here."""
         return 1
 
+    @property
+    def graph_step_tokens(self) -> tuple[int, ...]:
+        """The token buckets of the mixed-step graphs, to which a step is padded: none here."""
+        return ()
+
     def execute(self, scheduled: Seq[ScheduledSeq]) -> SampledTokens:
         """Launch a step and wait for its tokens."""
         return self.launch(scheduled).result()

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The fifteenth session's device calls, each part bounded, the logs packed into $OUT/s15.tar.gz after every part.
+#   CALL=steps: what a prompt chunk costs beside 12 decodes at 3k context (`bench/mixed_step.py`, graph and eager,
+#           with 768 / 1536-token buckets captured too), then the ~3k-token prompts at qps 4 on the default config
+#           (chunks now fitted to the graph buckets beside decodes: the 2,048-token chunk no longer runs eagerly).
+#   CALL=caps: the ~3k-token prompts at qps 4 with the caps CAPS (prompt tokens a step while decoding; a cap that is
+#           not a default bucket gets a graph bucket of its own: `RUSTINFER_CAPTURE_TOKENS`).
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=steps COMMIT=abc1234 bash scripts/device_session15.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep
+session_logs s15
+URL=http://127.0.0.1:8000
+DURATION=${DURATION:-15}
+DEFAULT_TOKENS="64 128 256 512 1024 2048"
+
+long_with_cap() {  # long_with_cap CAP: an engine whose steps carry at most CAP prompt tokens while decoding, ~3k prompts at qps 4
+  local cap=$1 tokens=$DEFAULT_TOKENS
+  case " $tokens " in *" $cap "*|" 0 ") ;; *) tokens=$(echo "$tokens $cap" | tr ' ' '\n' | sort -n | tr '\n' ' ') ;; esac
+  local list; list="[$(echo $tokens | tr ' ' ',')]"
+  engine_up "cap$cap" RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING="$cap" \
+    RUSTINFER_CAPTURE_TOKENS="$list" || return 1
+  sweep "cap${cap}_long" 4 --workload long
+  engine_down "cap$cap"
+  pack
+}
+
+case ${CALL:-steps} in
+  steps)
+    timeout 300 python3 bench/mixed_step.py --model-dir bench/models/qwen3-4b --decodes 12 --context 3000 \
+      --prompt 3000 --chunks 0,244,500,756,1012,1524,2036,2988 --capture-tokens 64,128,256,512,768,1024,1536,2048 \
+      --eager --steps 8 --out "$LOGS/mixed_step.json" > "$LOGS/mixed_step.log" 2>&1
+    echo "mixed_step rc=$?"; tail -10 "$LOGS/mixed_step.log"; pack
+    long_with_cap 0 ;;
+  caps)
+    for cap in ${CAPS:-1024 768}; do long_with_cap "$cap"; done ;;
+  *) echo "unknown CALL ${CALL}" ;;
+esac
+pack
