@@ -15,7 +15,7 @@ DEFAULT_TOKENS="64 128 256 512 1024 2048"
 
 long_with_cap() {  # long_with_cap CAP: an engine whose steps carry at most CAP prompt tokens while decoding, ~3k prompts at qps 4
   local cap=$1 tokens=$DEFAULT_TOKENS
-  case " $tokens " in *" $cap "*|" 0 ") ;; *) tokens=$(echo "$tokens $cap" | tr ' ' '\n' | sort -n | tr '\n' ' ') ;; esac
+  case " $tokens " in *" $cap "*) ;; *) [ "$cap" = 0 ] || tokens=$(echo "$tokens $cap" | tr ' ' '\n' | sort -n | tr '\n' ' ') ;; esac
   local list; list="[$(echo $tokens | tr ' ' ',')]"
   engine_up "cap$cap" RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING="$cap" \
     RUSTINFER_CAPTURE_TOKENS="$list" || return 1
@@ -32,7 +32,7 @@ case ${CALL:-steps} in
     echo "mixed_step rc=$?"; tail -10 "$LOGS/mixed_step.log"; pack
     long_with_cap 0 ;;
   caps)
-    for cap in ${CAPS:-1024 768}; do long_with_cap "$cap"; done ;;
+    for cap in ${CAPS:-0 512 1024}; do long_with_cap "$cap"; done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
