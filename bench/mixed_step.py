@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from decode_roofline import commit, prefill_in_groups
+from torch_profile import print_ranked, ranked
 from infer_core.dtypes import DType
 from infer_worker.application.cache_layout import allocate_caches
 from infer_worker.application.graph_runner import GraphModelRunner
@@ -55,6 +56,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--eager", action="store_true", help="time each step on the eager runner too")
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--profile", default="", help="chunk sizes whose steps' kernels are ranked (torch.profiler, "
+                    "PDL overlap inflates kernel times)")
     ap.add_argument("--backend", default="cuda", help="cpu: a dry run of the script (eager only)")
     ap.add_argument("--out", type=Path, default=Path("mixed_step.json"))
     args = ap.parse_args()
@@ -119,6 +122,14 @@ def main() -> None:
                 step(runner, chunk)
             row[f"{name}_ms"] = statistics.median(step(runner, chunk) for _ in range(args.steps)) * 1e3
         row["tflops"] = 2 * params * tokens / (row["graph_ms"] * 1e-3) / 1e12 if params else 0.0
+        if str(chunk) in args.profile.split(","):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    step(graph, chunk)
+                torch.cuda.synchronize()
+            row["top_kernels"], total = ranked(prof, 16, on_device=True, kernels_only=True)
+            print(f"chunk {chunk}: 3 steps, kernels")
+            print_ranked(row["top_kernels"], total, "kernel")
         rows.append(row)
         print(json.dumps(row), flush=True)
     report = {"gpu": torch.cuda.get_device_name(0) if args.backend == "cuda" else "cpu", "model": str(args.model_dir), "commit": commit(),

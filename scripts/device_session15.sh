@@ -3,6 +3,7 @@
 #   CALL=steps: what a prompt chunk costs beside 12 decodes at 3k context (`bench/mixed_step.py`, graph and eager,
 #           with 768 / 1536-token buckets captured too), then the ~3k-token prompts at qps 4 on the default config
 #           (chunks now fitted to the graph buckets beside decodes: the 2,048-token chunk no longer runs eagerly).
+#   CALL=profile: the kernels of those steps (a decode-only step, a 500- and a 1,012-token chunk's).
 #   CALL=caps: the ~3k-token prompts at qps 4 with the caps CAPS (prompt tokens a step while decoding; a cap that is
 #           not a default bucket gets a graph bucket of its own: `RUSTINFER_CAPTURE_TOKENS`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=steps COMMIT=abc1234 bash scripts/device_session15.sh
@@ -31,6 +32,11 @@ case ${CALL:-steps} in
       --eager --steps 8 --out "$LOGS/mixed_step.json" > "$LOGS/mixed_step.log" 2>&1
     echo "mixed_step rc=$?"; tail -10 "$LOGS/mixed_step.log"; pack
     long_with_cap 0 ;;
+  profile)  # the kernels of a decode-only step and of a 500-token chunk's step beside 12 decodes at 3k context
+    timeout 300 python3 bench/mixed_step.py --model-dir bench/models/qwen3-4b --decodes 12 --context 3000 \
+      --prompt 3000 --chunks 0,500,1012 --profile 0,500,1012 --steps 8 --out "$LOGS/mixed_profile.json" \
+      > "$LOGS/mixed_profile.log" 2>&1
+    echo "mixed_step rc=$?"; cat "$LOGS/mixed_profile.log" | grep -v '^{'; pack ;;
   caps)
     for cap in ${CAPS:-0 512 1024}; do long_with_cap "$cap"; done ;;
   *) echo "unknown CALL ${CALL}" ;;
