@@ -4,6 +4,7 @@
 #           with 768 / 1536-token buckets captured too), then the ~3k-token prompts at qps 4 on the default config
 #           (chunks now fitted to the graph buckets beside decodes: the 2,048-token chunk no longer runs eagerly).
 #   CALL=profile: the kernels of those steps (a decode-only step, a 500- and a 1,012-token chunk's).
+#   CALL=splits: the decode attention's split count (wave targets) and fewest keys a split (`bench_decode_splits.py`).
 #   CALL=caps: the ~3k-token prompts at qps 4 with the caps CAPS (prompt tokens a step while decoding; a cap that is
 #           not a default bucket gets a graph bucket of its own: `RUSTINFER_CAPTURE_TOKENS`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=steps COMMIT=abc1234 bash scripts/device_session15.sh
@@ -37,6 +38,9 @@ case ${CALL:-steps} in
       --prompt 3000 --chunks 0,500,1012 --profile 0,500,1012 --steps 8 --out "$LOGS/mixed_profile.json" \
       > "$LOGS/mixed_profile.log" 2>&1
     echo "mixed_step rc=$?"; cat "$LOGS/mixed_profile.log" | grep -v '^{'; pack ;;
+  splits)  # the decode attention's split rule at served shapes (`bench_decode_splits.py`)
+    timeout 300 python3 $SCRIPTS/bench_decode_splits.py --json "$LOGS/decode_splits.json" > "$LOGS/decode_splits.log" 2>&1
+    echo "decode_splits rc=$?"; cat "$LOGS/decode_splits.log"; pack ;;
   caps)
     for cap in ${CAPS:-0 512 1024}; do long_with_cap "$cap"; done ;;
   *) echo "unknown CALL ${CALL}" ;;

@@ -1,0 +1,68 @@
+"""The decode attention's split rule at served shapes (Qwen3-4B: 32 query heads, 8 KV heads, head_dim 128, BF16
+pages of 16): GPU time per call (CUDA-graph replays, `graph_timing.py`) against the KV byte floor, for the split
+count of `choose_num_splits` at several wave targets, each with several `min_split_tokens` (the fewest keys a
+split takes, so that short contexts leave the later splits empty).
+
+    PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \\
+        python3 packages/infer-backend-cuda/scripts/bench_decode_splits.py --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+
+from graph_timing import graph_replay_us
+from infer_backend_cuda.kernels import attention_decode as A
+
+HQ, HKV, D, BS = 32, 8, 128, 16
+BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
+CASES = ((1, 300), (12, 3000), (32, 1000), (64, 384), (96, 350), (128, 384), (256, 640), (32, 16384))
+
+
+def paged(batch: int, ctx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    pages = (ctx + BS - 1) // BS
+    nb = batch * pages + 1
+    kc = torch.randn((nb, BS, HKV, D), device="cuda", dtype=torch.bfloat16)
+    bt = torch.randperm(nb - 1, device="cuda")[: batch * pages].view(batch, pages).to(torch.int32)
+    return kc, torch.randn_like(kc), bt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--waves", default="2,4,8")
+    ap.add_argument("--mins", default="0,256,512")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    waves = [int(w) for w in args.waves.split(",")]
+    mins = [int(m) for m in args.mins.split(",")]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for batch, ctx in CASES:
+        kc, vc, bt = paged(batch, ctx)
+        q = torch.randn((batch, HQ, D), device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+        floor_us = 2 * batch * ctx * HKV * D * 2 / BW * 1e6  # K and V read once, at the copy rate
+        row = {"batch": batch, "ctx": ctx, "floor_us": floor_us}
+        for w in waves:
+            splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))
+            for m in mins:
+                if splits == 1 and m:
+                    continue  # one split: the minimum changes nothing
+                us = graph_replay_us(lambda _, s=splits, m=m: A.paged_attention_decode(
+                    q, kc, vc, lens, bt, D**-0.5, num_splits=s, min_split_tokens=m), calls=5)
+                row[f"w{w}_s{splits}_m{m}"] = us
+        rows.append(row)
+        cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.startswith("w"))
+        print(f"B={batch:>3} ctx={ctx:>5} floor={floor_us:7.1f} us | {cells}", flush=True)
+        del kc, vc
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
