@@ -4,7 +4,7 @@
 #           with 768 / 1536-token buckets captured too), then the ~3k-token prompts at qps 4 on the default config
 #           (chunks now fitted to the graph buckets beside decodes: the 2,048-token chunk no longer runs eagerly).
 #   CALL=profile: the kernels of those steps (a decode-only step, a 500- and a 1,012-token chunk's).
-#   CALL=splits: the decode attention's split count (wave targets) and fewest keys a split (`bench_decode_splits.py`).
+#   CALL=splits: the decode attention's split count (wave targets), its key loop's loads in order and early (`bench_decode_splits.py`).
 #   CALL=caps: the ~3k-token prompts at qps 4 with the caps CAPS (prompt tokens a step while decoding; a cap that is
 #           not a default bucket gets a graph bucket of its own: `RUSTINFER_CAPTURE_TOKENS`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=steps COMMIT=abc1234 bash scripts/device_session15.sh

@@ -1,7 +1,7 @@
 """The decode attention's split rule at served shapes (Qwen3-4B: 32 query heads, 8 KV heads, head_dim 128, BF16
 pages of 16): GPU time per call (CUDA-graph replays, `graph_timing.py`) against the KV byte floor, for the split
-count of `choose_num_splits` at several wave targets, each with several `min_split_tokens` (the fewest keys a
-split takes, so that short contexts leave the later splits empty).
+count of `choose_num_splits` at several wave targets, each with the key loop's loads in program order and issued
+early (`EARLY_LOADS`: the next tile's page ids and this tile's keys and values before its math).
 
     PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \\
         python3 packages/infer-backend-cuda/scripts/bench_decode_splits.py --json out.json
@@ -34,11 +34,9 @@ def paged(batch: int, ctx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--waves", default="2,4,8")
-    ap.add_argument("--mins", default="0,256,512")
     ap.add_argument("--json")
     args = ap.parse_args()
     waves = [int(w) for w in args.waves.split(",")]
-    mins = [int(m) for m in args.mins.split(",")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for batch, ctx in CASES:
@@ -49,12 +47,11 @@ def main() -> None:
         row = {"batch": batch, "ctx": ctx, "floor_us": floor_us}
         for w in waves:
             splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))
-            for m in mins:
-                if splits == 1 and m:
-                    continue  # one split: the minimum changes nothing
-                us = graph_replay_us(lambda _, s=splits, m=m: A.paged_attention_decode(
-                    q, kc, vc, lens, bt, D**-0.5, num_splits=s, min_split_tokens=m), calls=5)
-                row[f"w{w}_s{splits}_m{m}"] = us
+            for early in (False, True):
+                A.EARLY_LOADS = early
+                us = graph_replay_us(lambda _, s=splits: A.paged_attention_decode(
+                    q, kc, vc, lens, bt, D**-0.5, num_splits=s), calls=5)
+                row[f"w{w}_s{splits}_{'early' if early else 'order'}"] = us
         rows.append(row)
         cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.startswith("w"))
         print(f"B={batch:>3} ctx={ctx:>5} floor={floor_us:7.1f} us | {cells}", flush=True)
