@@ -40,7 +40,8 @@ case ${CALL:-steps} in
     echo "mixed_step rc=$?"; cat "$LOGS/mixed_profile.log" | grep -v '^{'; pack ;;
   splits)  # the decode attention's split rule at served shapes (`bench_decode_splits.py`)
     timeout 300 python3 $SCRIPTS/bench_decode_splits.py --json "$LOGS/decode_splits.json" > "$LOGS/decode_splits.log" 2>&1
-    echo "decode_splits rc=$?"; cat "$LOGS/decode_splits.log"; pack ;;
+    echo "decode_splits rc=$?"; cat "$LOGS/decode_splits.log"; pack
+    gpu_tests early 120 tests/backend_cuda/test_fused_decode_attention.py -k early ;;
   caps)
     for cap in ${CAPS:-0 512 1024}; do long_with_cap "$cap"; done ;;
   *) echo "unknown CALL ${CALL}" ;;
