@@ -4,7 +4,9 @@
 #           with 768 / 1536-token buckets captured too), then the ~3k-token prompts at qps 4 on the default config
 #           (chunks now fitted to the graph buckets beside decodes: the 2,048-token chunk no longer runs eagerly).
 #   CALL=profile: the kernels of those steps (a decode-only step, a 500- and a 1,012-token chunk's).
-#   CALL=splits: the decode attention's split count (wave targets), its key loop's loads in order and early (`bench_decode_splits.py`).
+#   CALL=splits: the decode attention's split count (wave targets; `bench_decode_splits.py`). Calls 4 and 5 ran it with
+#           two kernel variants measured and dropped since (a fewest-keys-a-split rule; the key loop's loads issued
+#           early): docs/benchmarks.md, "Fifteenth device session".
 #   CALL=caps: the ~3k-token prompts at qps 4 with the caps CAPS (prompt tokens a step while decoding; a cap that is
 #           not a default bucket gets a graph bucket of its own: `RUSTINFER_CAPTURE_TOKENS`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=steps COMMIT=abc1234 bash scripts/device_session15.sh
@@ -34,14 +36,14 @@ case ${CALL:-steps} in
     echo "mixed_step rc=$?"; tail -10 "$LOGS/mixed_step.log"; pack
     long_with_cap 0 ;;
   profile)  # the kernels of a decode-only step and of a 500-token chunk's step beside 12 decodes at 3k context
-    timeout 300 python3 bench/mixed_step.py --model-dir bench/models/qwen3-4b --decodes 12 --context 3000 \
+    # (PDL=0 for kernel times that do not overlap: the step is then slower than served)
+    env ${PDL:+INFER_CUDA_PDL=$PDL} timeout 300 python3 bench/mixed_step.py --model-dir bench/models/qwen3-4b --decodes 12 --context 3000 \
       --prompt 3000 --chunks 0,500,1012 --profile 0,500,1012 --steps 8 --out "$LOGS/mixed_profile.json" \
       > "$LOGS/mixed_profile.log" 2>&1
     echo "mixed_step rc=$?"; cat "$LOGS/mixed_profile.log" | grep -v '^{'; pack ;;
   splits)  # the decode attention's split rule at served shapes (`bench_decode_splits.py`)
     timeout 300 python3 $SCRIPTS/bench_decode_splits.py --json "$LOGS/decode_splits.json" > "$LOGS/decode_splits.log" 2>&1
-    echo "decode_splits rc=$?"; cat "$LOGS/decode_splits.log"; pack
-    gpu_tests early 120 tests/backend_cuda/test_fused_decode_attention.py -k early ;;
+    echo "decode_splits rc=$?"; cat "$LOGS/decode_splits.log"; pack ;;
   caps)
     for cap in ${CAPS:-0 512 1024}; do long_with_cap "$cap"; done ;;
   *) echo "unknown CALL ${CALL}" ;;

@@ -1,7 +1,6 @@
 """The decode attention's split rule at served shapes (Qwen3-4B: 32 query heads, 8 KV heads, head_dim 128, BF16
 pages of 16): GPU time per call (CUDA-graph replays, `graph_timing.py`) against the KV byte floor, for the split
-count of `choose_num_splits` at several wave targets, each with the key loop's loads in program order and issued
-early (`EARLY_LOADS`: the next tile's page ids and this tile's keys and values before its math).
+count of `choose_num_splits` at several wave targets.
 
     PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \\
         python3 packages/infer-backend-cuda/scripts/bench_decode_splits.py --json out.json
@@ -47,11 +46,8 @@ def main() -> None:
         row = {"batch": batch, "ctx": ctx, "floor_us": floor_us}
         for w in waves:
             splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))
-            for early in (False, True):
-                A.EARLY_LOADS = early
-                us = graph_replay_us(lambda _, s=splits: A.paged_attention_decode(
-                    q, kc, vc, lens, bt, D**-0.5, num_splits=s), calls=5)
-                row[f"w{w}_s{splits}_{'early' if early else 'order'}"] = us
+            row[f"w{w}_s{splits}"] = graph_replay_us(lambda _, s=splits: A.paged_attention_decode(
+                q, kc, vc, lens, bt, D**-0.5, num_splits=s), calls=5)
         rows.append(row)
         cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.startswith("w"))
         print(f"B={batch:>3} ctx={ctx:>5} floor={floor_us:7.1f} us | {cells}", flush=True)

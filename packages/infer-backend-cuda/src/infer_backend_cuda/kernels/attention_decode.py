@@ -69,9 +69,11 @@ FUSED_MERGE = _FUSED in ("1", "merge")
 # aims at (`choose_num_splits`; A/B runs at large batches, where one split per sequence is a long serial walk).
 SPLIT_WAVES_ENV = "INFER_CUDA_DECODE_SPLIT_WAVES"
 SPLIT_WAVES = max(1, int(os.environ.get(SPLIT_WAVES_ENV, "2")))
-# INFER_CUDA_DECODE_EARLY_LOADS=1: each key tile's loop trip issues the next tile's page ids and this tile's keys and
-# values before any of its math (one round trip a tile instead of up to three in a row); A/B runs.
-EARLY_LOADS = os.environ.get("INFER_CUDA_DECODE_EARLY_LOADS", "0").strip() == "1"
+# INFER_CUDA_DECODE_MIN_SPLIT_TOKENS: the fewest keys a split takes (rounded up to the key tile), so that a short
+# context uses fewer of the launch's splits than a long one (the rest return at once): the split count can then
+# aim at long contexts without cutting short ones into tiles of merge overhead. 0: every split takes a share.
+MIN_SPLIT_TOKENS_ENV = "INFER_CUDA_DECODE_MIN_SPLIT_TOKENS"
+MIN_SPLIT_TOKENS = max(0, int(os.environ.get(MIN_SPLIT_TOKENS_ENV, "0")))
 
 
 class DecodeRope(NamedTuple):
@@ -236,12 +238,12 @@ def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, mid_o_ptr, mid_lse_ptr, o_ptr, seq_lens_ptr, bt_ptr, qsl_ptr, counter_ptr,
     k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, g_ptr,
     q_s0, q_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, bt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
-    k_s0, k_s1, v_s0, v_s1, cs_stride, g_s0, g_s1, scale, eps, block_size, num_splits,
+    k_s0, k_s1, v_s0, v_s1, cs_stride, g_s0, g_s1, scale, eps, block_size, num_splits, min_chunk,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr, RAGGED: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, HALF: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
     MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, GATED: tl.constexpr,
-    USE_PDL: tl.constexpr, EARLY: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """With DIRECT (one split) the normalised output goes to the query row of `o_ptr` in its dtype and no partial
     is stored; else the partial and its LSE go to the workspace, which with MERGE the last program of the
@@ -260,7 +262,7 @@ def _decode_split_kernel(
     if row < 0:
         return  # not a one-token sequence: the prefill kernel owns its rows (and its workspace stays unread)
     ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
-    chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N, min_chunk)
     start = sp * chunk
     end = tl.minimum(ctx, start + chunk)
 
@@ -315,14 +317,6 @@ def _decode_split_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         in_page = (offs_n % block_size).to(tl.int64)
-        if EARLY:  # the next tile's pages, this tile's keys and values: in flight together
-            next_n = offs_n + BLOCK_N
-            next_page = tl.load(bt_row + next_n // block_size, mask=next_n < end, other=0).to(tl.int64)
-            v = tl.load(
-                v_cache_ptr + (page * vc_s0 + in_page * vc_s1 + kvh64 * vc_s2)[:, None] + offs_d[None, :],
-                mask=n_mask[:, None] & d_mask[None, :],
-                other=0.0,
-            )
         k = tl.load(
             k_cache_ptr + (page * kc_s0 + in_page * kc_s1 + kvh64 * kc_s2)[:, None] + offs_d[None, :],
             mask=n_mask[:, None] & d_mask[None, :],
@@ -338,23 +332,19 @@ def _decode_split_kernel(
         p = tl.exp(s - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if not EARLY:
-            v = tl.load(
-                v_cache_ptr + (page * vc_s0 + in_page * vc_s1 + kvh64 * vc_s2)[:, None] + offs_d[None, :],
-                mask=n_mask[:, None] & d_mask[None, :],
-                other=0.0,
-            )
+        v = tl.load(
+            v_cache_ptr + (page * vc_s0 + in_page * vc_s1 + kvh64 * vc_s2)[:, None] + offs_d[None, :],
+            mask=n_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
         if DOT_F32:
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
             pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
         acc = acc * alpha[:, None] + pv
         m_i = m_new
-        if EARLY:
-            page = next_page
-        else:
-            next_n = offs_n + BLOCK_N
-            page = tl.load(bt_row + next_n // block_size, mask=next_n < end, other=0).to(tl.int64)
+        next_n = offs_n + BLOCK_N
+        page = tl.load(bt_row + next_n // block_size, mask=next_n < end, other=0).to(tl.int64)
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -473,6 +463,7 @@ def paged_attention_decode(
     rope: DecodeRope | None = None,
     merge_in_kernel: bool = True,
     output_gate: torch.Tensor | None = None,
+    min_split_tokens: int | None = None,
 ) -> torch.Tensor:
     """q `[B, Hq, D]` (one token per sequence), caches `[num_blocks, block_size, Hkv, D]`, seq_lens `[B]`
     (0 = padding row -> zeros), block_tables `[B, max_blocks]` -> `[B, Hq, D]` in q's dtype.
@@ -485,7 +476,8 @@ def paged_attention_decode(
     With `rope` (a decode batch only) q is the raw projection's and pass 1 first does `qk_norm_rope_store`'s work
     (module docstring). `merge_in_kernel`: the last split program merges (when the counters exist), else the
     reduce kernel. `output_gate` (q's shape, any row and head strides): the output times its sigmoid, rounded as
-    `sigmoid_gate_mul` (a padding row's zeros stay zeros)."""
+    `sigmoid_gate_mul` (a padding row's zeros stay zeros). `min_split_tokens`: the fewest keys a split takes
+    (default `MIN_SPLIT_TOKENS`)."""
     n_tok, num_q_heads, head_dim = q.shape
     n_seq = seq_lens.shape[0]
     _, block_size, num_kv_heads, kd = k_cache.shape
@@ -553,6 +545,7 @@ def paged_attention_decode(
         float(r.eps) if r is not None else 0.0,
         block_size,
         splits,
+        -(-(MIN_SPLIT_TOKENS if min_split_tokens is None else min_split_tokens) // bn) * bn,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_H=max(16, next_pow2(group)),
@@ -569,7 +562,6 @@ def paged_attention_decode(
         SPLITS_PAD=splits_pad,
         GROUP_PAD=max(2, next_pow2(group)),
         GATED=output_gate is not None,
-        EARLY=EARLY_LOADS,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
