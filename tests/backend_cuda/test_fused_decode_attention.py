@@ -71,7 +71,7 @@ def _tol(dtype):
     return tol(dtype)
 
 
-def _check(case, dtype, device, min_split_tokens=0):
+def _check(case, dtype, device):
     pb, q, rope, splits = _inputs(case, dtype, device)
     d = q.shape[-1]
     scale = d**-0.5
@@ -81,11 +81,11 @@ def _check(case, dtype, device, min_split_tokens=0):
     rq, rk = K.qk_norm_rope_store(q, rope.k, rope.v, rope.positions, rope.cos_sin_cache, rope.q_norm_weight,
                                   rope.k_norm_weight, EPS, k_ref, v_ref, rope.slot_mapping)
     unfused = K.paged_attention_decode(rq, k_ref, v_ref, pb.seq_lens, pb.block_tables, scale, num_splits=splits,
-                                       merge_in_kernel=False, min_split_tokens=min_split_tokens)
+                                       merge_in_kernel=False)
 
     out = poison(torch.empty_like(q0))
     fused = K.paged_attention_decode(q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, scale, out=out,
-                                     num_splits=splits, rope=rope, min_split_tokens=min_split_tokens)
+                                     num_splits=splits, rope=rope)
     assert fused is out and torch.equal(q, q0)
     t = _tol(dtype)
     torch.testing.assert_close(fused.float(), unfused.float(), **t)
@@ -116,15 +116,6 @@ def test_fused_decode_attention(case, dtype, device):
 @pytest.mark.parametrize("case", LARGE)
 def test_fused_decode_attention_large(case, dtype, device):
     _check(case, dtype, device)
-
-
-@pytest.mark.parametrize("min_split_tokens", [16, 40, 1000])
-def test_a_minimum_split_size_leaves_the_later_splits_of_a_short_context_empty(min_split_tokens, device):
-    """With `min_split_tokens` a short context takes fewer of the launch's 6 splits than a long one (at 40, rounded
-    up to the key tile: a 90-token context 2 splits, a 33-token one 1, a 300-token one all 6; at 1000 every context
-    one), the new token's owner split among them: fused (merged by the last split) and unfused (the reduce pass
-    over all 6, the empty ones weighing nothing) both equal the reference."""
-    _check(([1, 90, 33, 0, 300], 4, 2, 32, 32, 8, 6, True), torch.float32, device, min_split_tokens)
 
 
 def test_the_merge_in_kernel_equals_the_reduce_pass(device):

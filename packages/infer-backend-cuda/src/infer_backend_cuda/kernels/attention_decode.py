@@ -69,11 +69,6 @@ FUSED_MERGE = _FUSED in ("1", "merge")
 # aims at (`choose_num_splits`; A/B runs at large batches, where one split per sequence is a long serial walk).
 SPLIT_WAVES_ENV = "INFER_CUDA_DECODE_SPLIT_WAVES"
 SPLIT_WAVES = max(1, int(os.environ.get(SPLIT_WAVES_ENV, "2")))
-# INFER_CUDA_DECODE_MIN_SPLIT_TOKENS: the fewest keys a split takes (rounded up to the key tile), so that a short
-# context uses fewer of the launch's splits than a long one (the rest return at once): the split count can then
-# aim at long contexts without cutting short ones into tiles of merge overhead. 0: every split takes a share.
-MIN_SPLIT_TOKENS_ENV = "INFER_CUDA_DECODE_MIN_SPLIT_TOKENS"
-MIN_SPLIT_TOKENS = max(0, int(os.environ.get(MIN_SPLIT_TOKENS_ENV, "0")))
 
 
 class DecodeRope(NamedTuple):
@@ -238,7 +233,7 @@ def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, mid_o_ptr, mid_lse_ptr, o_ptr, seq_lens_ptr, bt_ptr, qsl_ptr, counter_ptr,
     k_ptr, v_ptr, pos_ptr, cs_ptr, qw_ptr, kw_ptr, slot_ptr, g_ptr,
     q_s0, q_s1, kc_s0, kc_s1, kc_s2, vc_s0, vc_s1, vc_s2, bt_s0, mo_s0, mo_s1, mo_s2, ml_s0, ml_s1, o_s0, o_s1,
-    k_s0, k_s1, v_s0, v_s1, cs_stride, g_s0, g_s1, scale, eps, block_size, num_splits, min_chunk,
+    k_s0, k_s1, v_s0, v_s1, cs_stride, g_s0, g_s1, scale, eps, block_size, num_splits,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr, RAGGED: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, HALF: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
@@ -262,7 +257,7 @@ def _decode_split_kernel(
     if row < 0:
         return  # not a one-token sequence: the prefill kernel owns its rows (and its workspace stays unread)
     ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
-    chunk = tl.maximum(tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N, min_chunk)
+    chunk = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
     start = sp * chunk
     end = tl.minimum(ctx, start + chunk)
 
@@ -463,7 +458,6 @@ def paged_attention_decode(
     rope: DecodeRope | None = None,
     merge_in_kernel: bool = True,
     output_gate: torch.Tensor | None = None,
-    min_split_tokens: int | None = None,
 ) -> torch.Tensor:
     """q `[B, Hq, D]` (one token per sequence), caches `[num_blocks, block_size, Hkv, D]`, seq_lens `[B]`
     (0 = padding row -> zeros), block_tables `[B, max_blocks]` -> `[B, Hq, D]` in q's dtype.
@@ -476,8 +470,7 @@ def paged_attention_decode(
     With `rope` (a decode batch only) q is the raw projection's and pass 1 first does `qk_norm_rope_store`'s work
     (module docstring). `merge_in_kernel`: the last split program merges (when the counters exist), else the
     reduce kernel. `output_gate` (q's shape, any row and head strides): the output times its sigmoid, rounded as
-    `sigmoid_gate_mul` (a padding row's zeros stay zeros). `min_split_tokens`: the fewest keys a split takes
-    (default `MIN_SPLIT_TOKENS`)."""
+    `sigmoid_gate_mul` (a padding row's zeros stay zeros)."""
     n_tok, num_q_heads, head_dim = q.shape
     n_seq = seq_lens.shape[0]
     _, block_size, num_kv_heads, kd = k_cache.shape
@@ -545,7 +538,6 @@ def paged_attention_decode(
         float(r.eps) if r is not None else 0.0,
         block_size,
         splits,
-        -(-(MIN_SPLIT_TOKENS if min_split_tokens is None else min_split_tokens) // bn) * bn,
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_H=max(16, next_pow2(group)),
