@@ -7,6 +7,7 @@
 #   CALL=splits: the decode attention's split count (wave targets; `bench_decode_splits.py`). Calls 4 and 5 ran it with
 #           two kernel variants measured and dropped since (a fewest-keys-a-split rule; the key loop's loads issued
 #           early): docs/benchmarks.md, "Fifteenth device session".
+#   CALL=quant: FP8 / AWQ / BF16 Qwen3-4B decode replays at 1, 2, 4 and 8 rows (context 279), with kernel profiles.
 #   CALL=caps: the ~3k-token prompts at qps 4 with the caps CAPS (prompt tokens a step while decoding; a cap that is
 #           not a default bucket gets a graph bucket of its own: `RUSTINFER_CAPTURE_TOKENS`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=steps COMMIT=abc1234 bash scripts/device_session15.sh
@@ -44,6 +45,10 @@ case ${CALL:-steps} in
   splits)  # the decode attention's split rule at served shapes (`bench_decode_splits.py`)
     timeout 300 python3 $SCRIPTS/bench_decode_splits.py --json "$LOGS/decode_splits.json" > "$LOGS/decode_splits.log" 2>&1
     echo "decode_splits rc=$?"; cat "$LOGS/decode_splits.log"; pack ;;
+  quant)  # the quantized decode replays at 1-8 rows (FP8 not measured since its scale prefetch and PDL)
+    roofline fp8_rows qwen3-4b-fp8 1,2,4,8
+    roofline awq_rows qwen3-4b-awq 1,2,4,8
+    roofline bf16_rows qwen3-4b 1,2,4,8 ;;
   caps)
     for cap in ${CAPS:-0 512 1024}; do long_with_cap "$cap"; done ;;
   *) echo "unknown CALL ${CALL}" ;;
