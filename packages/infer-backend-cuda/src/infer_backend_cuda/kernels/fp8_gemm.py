@@ -5,10 +5,10 @@ e4m3(clamp(x / scale, ±448)), with IEEE division so that the codes equal the CP
 
 `fp8_block_linear`: `y = sum_g (x_q[:, g] @ w_q[:, g].T) * x_scale[:, g] * w_scale[row, g]` in fp32, one K step per
 group; `scale_row [N]` names the `weight_scale_inv` row of each output row (fused parts keep their own partial
-blocks). Prefill and 2-8 rows take a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores), split over
-K at decode (split_k.py). One row takes a GEMV-style kernel (CUDA-core products per group, split-K) that
-quantizes the activations itself (the same numerics, one launch fewer); the others follow the quantization
-kernel. A kernel streaming whole weight rows like the BF16 skinny GEMM (`row_groups`) measured slower at one row
+blocks). Prefill and decode rows take a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores), split
+over K at decode (split_k.py), after the quantization kernel. A GEMV-style kernel (CUDA-core products per group,
+split-K) that quantizes the activations itself (the same numerics, one launch fewer) serves a tuned entry of
+`block_m <= 8`; it was the one-row default until it measured slower than the tiles (`default_config`). A kernel streaming whole weight rows like the BF16 skinny GEMM (`row_groups`) measured slower at one row
 on the H200 (see `default_config`) and is not a default.
 From 65 rows, where the weight's scale blocks are the whole 128x128 grid and the device passed a one-time check,
 the GEMM goes to cuBLASLt's block-scaled recipe instead (`fp8_scaled_mm.py`: Hopper, torch >= 2.9); partial
@@ -266,16 +266,13 @@ def fp8_quantize_activation(
 
 
 def default_config(m: int, n: int, k: int, group: int) -> Fp8Config:
-    """One row: the split-K CUDA-core kernel (~8K products per K step and program, as before the row-streaming
-    kernel: on the H200 that one made the Qwen3-4B batch-1 step 3.597 ms against this kernel's 3.295, although its
-    SASS issues ~7.5 instructions per weight against ~16.5; it stays selectable by `row_groups`). 2-64 rows:
-    tensor-core tiles of 16-64 rows (~12 instructions per weight at 2-8 rows, where the CUDA-core kernel issues
-    ~20-70), K split to fill the GPU while the fp32 workspace traffic (`8 * M * splits / K` of the weight's bytes)
-    stays within a quarter. 65 to 1023 rows: `_mid_config`. Prefill (>= PREFILL_M rows): 128x128 tiles, enough of
-    them (>= 8 row tiles x N / 128), no split."""
-    if m == 1:
-        block_n = max(8, 8192 // group)
-        return Fp8Config(1, block_n, 4, 2, split_k.num_splits(triton.cdiv(k, group), triton.cdiv(n, block_n)))
+    """1-64 rows: tensor-core tiles of 16-64 rows (~12 instructions per weight at 1-8 rows, where the CUDA-core
+    kernel issues ~16-70), K split to fill the GPU while the fp32 workspace traffic (`8 * M * splits / K` of the
+    weight's bytes) stays within a quarter. One row took the split-K CUDA-core kernel that quantizes its own
+    activations (`block_m` 1, still selectable by a tuned entry) until the H200 measured the Qwen3-4B batch-1 step
+    at 4.02 ms with it against 2.69 for two rows in these tiles (docs/benchmarks.md, fifteenth session). 65 to 1023
+    rows: `_mid_config`. Prefill (>= PREFILL_M rows): 128x128 tiles, enough of them (>= 8 row tiles x N / 128), no
+    split."""
     if m >= PREFILL_M:
         return Fp8Config(128, 128, 8, 3, 1)
     if m > 64:
