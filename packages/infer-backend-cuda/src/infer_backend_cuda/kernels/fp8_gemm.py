@@ -8,8 +8,9 @@ group; `scale_row [N]` names the `weight_scale_inv` row of each output row (fuse
 blocks). Prefill and decode rows take a tiled `tl.dot` kernel (e4m3 x e4m3 on Hopper's tensor cores), split
 over K at decode (split_k.py), after the quantization kernel. A GEMV-style kernel (CUDA-core products per group,
 split-K) that quantizes the activations itself (the same numerics, one launch fewer) serves a tuned entry of
-`block_m <= 8`; it was the one-row default until it measured slower than the tiles (`default_config`). A kernel streaming whole weight rows like the BF16 skinny GEMM (`row_groups`) measured slower at one row
-on the H200 (see `default_config`) and is not a default.
+`block_m <= 8`; it was the one-row default until it measured slower than the tiles (`default_config`). A kernel
+streaming whole weight rows like the BF16 skinny GEMM (`row_groups`) measured slower still at one row on the H200
+and is not a default either.
 From 65 rows, where the weight's scale blocks are the whole 128x128 grid and the device passed a one-time check,
 the GEMM goes to cuBLASLt's block-scaled recipe instead (`fp8_scaled_mm.py`: Hopper, torch >= 2.9); partial
 blocks (SmolLM2, fused parts of odd sizes), other GPUs and CPU runs keep the Triton kernels.
