@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from infer_backend_cpu import CpuBackend
@@ -61,6 +62,21 @@ def test_a_device_backend_is_profiled_and_a_host_one_gets_the_byte_budget(tmp_pa
     budget = Config(block_size=4, max_model_len=128, cpu_kv_cache_bytes=50 * geometry.bytes_per_block)
     assert assemble(budget, host, model, tmp_path, 128, lines.append).num_blocks == 50
     assert "profiling memory with a worst-case forward" not in lines
+
+
+def test_the_ready_worker_reports_the_mixed_graph_buckets_it_captured(tmp_path: Path) -> None:
+    """The scheduler fits prompt chunks to what the worker captured (`Ready.graph_step_tokens`): the configured
+    buckets within the step budget where the backend captures graphs, none where it does not or graphs are off."""
+    from tests.worker.test_graph_runner import ReplayingCpuBackend
+
+    write_checkpoint(llama_config(), tmp_path)
+    config = Config(max_batch_tokens=96, max_batch_seqs=4, block_size=4, max_model_len=128, num_blocks=40,
+                    capture_sizes=[1, 2, 4], capture_tokens=[32, 8, 128, 64])
+    for backend, graphs, expected in ((ReplayingCpuBackend(), True, (8, 32, 64)), (ReplayingCpuBackend(), False, ()),
+                                      (CpuBackend(), True, ())):
+        model, _ = load_model(tmp_path, backend, DType.FLOAT32, "auto", 0)
+        cfg = msgspec.structs.replace(config, enable_cuda_graphs=graphs)
+        assert assemble(cfg, backend, model, tmp_path, 128, lambda _s: None).graph_step_tokens == expected
 
 
 def test_create_backend_constructs_the_configured_dtype() -> None:
