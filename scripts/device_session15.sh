@@ -9,6 +9,8 @@
 #           early): docs/benchmarks.md, "Fifteenth device session".
 #   CALL=quant: FP8 / AWQ / BF16 Qwen3-4B decode replays at 1, 2, 4 and 8 rows (context 279), with kernel profiles.
 #   CALL=fp8one: FP8's one row in the tensor-core tiles (GPU tests, replays at 1-2 rows); BF16 batch 1 in three processes.
+#   CALL=tilequant: FP8 decode tiles quantizing their own activations (`INFER_CUDA_FP8_TILE_QUANT`) against the
+#           quantization kernel: the GPU tests, then 1-8-row replays with it off / on, twice each, in turn.
 #   CALL=caps: the ~3k-token prompts at qps 4 with the caps CAPS (prompt tokens a step while decoding; a cap that is
 #           not a default bucket gets a graph bucket of its own: `RUSTINFER_CAPTURE_TOKENS`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=steps COMMIT=abc1234 bash scripts/device_session15.sh
@@ -54,6 +56,9 @@ case ${CALL:-steps} in
     gpu_tests fp8 150 tests/backend_cuda/test_quant_gemm.py -k "fp8_qwen3_4b or (replay and fp8) or fp8_decode_rows"
     roofline fp8_one qwen3-4b-fp8 1,2
     for i in 1 2 3; do roofline "bf16_one_$i" qwen3-4b 1; done ;;
+  tilequant)  # FP8 decode tiles quantizing their own activations (INFER_CUDA_FP8_TILE_QUANT) against the separate pass
+    gpu_tests tilequant 90 tests/backend_cuda/test_quant_gemm.py -k "tiles_quantizing or fp8_qwen3_4b"
+    for q in 0 1 0 1; do roofline "fp8_tq$q" qwen3-4b-fp8 1,2,4,8 INFER_CUDA_FP8_TILE_QUANT=$q; done ;;
   caps)
     for cap in ${CAPS:-0 512 1024}; do long_with_cap "$cap"; done ;;
   *) echo "unknown CALL ${CALL}" ;;
