@@ -10,7 +10,8 @@
 #   CALL=quant: FP8 / AWQ / BF16 Qwen3-4B decode replays at 1, 2, 4 and 8 rows (context 279), with kernel profiles.
 #   CALL=fp8one: FP8's one row in the tensor-core tiles (GPU tests, replays at 1-2 rows); BF16 batch 1 in three processes.
 #   CALL=tilequant: FP8 decode tiles quantizing their own activations (`INFER_CUDA_FP8_TILE_QUANT`) against the
-#           quantization kernel: the GPU tests, then 1-8-row replays with it off / on, twice each, in turn.
+#           quantization kernel: the GPU tests, then 1-8-row replays with it off / on, twice each, in turn. Ran at
+#           0145a7a (call 11): 2.4-2.6x slower, so the switch was removed; at later trees both runs are the same.
 #   CALL=caps: the ~3k-token prompts at qps 4 with the caps CAPS (prompt tokens a step while decoding; a cap that is
 #           not a default bucket gets a graph bucket of its own: `RUSTINFER_CAPTURE_TOKENS`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=steps COMMIT=abc1234 bash scripts/device_session15.sh

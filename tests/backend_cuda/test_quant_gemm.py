@@ -362,30 +362,6 @@ def test_fp8_decode_quantizes_its_own_activations_as_the_reference(m, splits, dt
     torch.testing.assert_close(y.cpu(), ref, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("m,splits", [(1, 1), (5, 2), (8, 4)])
-def test_fp8_decode_tiles_quantizing_their_own_activations_match_the_reference(m, splits, device, monkeypatch):
-    """`TILE_QUANT`: the tensor-core tiles at decode rows quantize x in their K loop (rows far apart in magnitude, a
-    zero row, a partial last group): the codes are the reference's, so the outputs agree to summation order, and
-    bit for bit with the tiles after the quantization kernel."""
-    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
-    x = _x(m, 200, torch.float32, device) * torch.logspace(-3, 3, m).reshape(m, 1).to(device)
-    x[m // 2, :] = 0
-    x[0, 64:128] *= 50
-    config = F8.Fp8Config(16, 16, 4, 1, splits)
-    apart = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, config=config)
-    monkeypatch.setattr(F8, "TILE_QUANT", True)
-
-    def separate_pass(*_args: object) -> None:
-        raise AssertionError("the tiles quantize their own activations: no quantization launch")
-
-    monkeypatch.setattr(F8, "fp8_quantize_activation", separate_pass)
-    out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
-    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, out=out, config=config)
-    ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 64, None)
-    torch.testing.assert_close(y.cpu(), ref, atol=1e-6, rtol=1e-5)
-    assert torch.equal(y, apart)
-
-
 @pytest.mark.parametrize("m,config", [(65, None), (130, None), (257, None),
                                       (65, F8.Fp8Config(64, 32, 4, 4, 3)), (130, F8.Fp8Config(64, 16, 4, 4, 2)),
                                       (257, F8.Fp8Config(128, 64, 8, 3, 4))])

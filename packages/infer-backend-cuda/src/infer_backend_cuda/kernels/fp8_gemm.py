@@ -20,7 +20,6 @@ precedence over both rules where the table has the shape.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -35,9 +34,6 @@ from infer_backend_cuda.kernels._common import (
 
 _E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
 SKINNY_MAX_M = 8
-# INFER_CUDA_FP8_TILE_QUANT=1: tensor-core tiles of decode rows (<= SKINNY_MAX_M) quantize their own activation
-# groups, as the CUDA-core kernel does, instead of after the quantization kernel: one launch fewer a GEMM (A/B).
-TILE_QUANT = os.environ.get("INFER_CUDA_FP8_TILE_QUANT", "0").strip() == "1"
 SMS = 132  # an H100 / H200
 MID_PROGRAMS = 2 * SMS  # programs a 65-1023-row launch aims for: two per SM hide each other's load latency
 PREFILL_M = 1024
@@ -369,10 +365,8 @@ def fp8_block_linear(
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
-    # The skinny kernel quantizes its own activation groups (the tiles too at decode rows with TILE_QUANT); else
-    # the tiles take them from one pass.
-    fuse = skinny or (TILE_QUANT and m <= SKINNY_MAX_M)
-    codes, x_scale = (x, x) if fuse else fp8_quantize_activation(x, group)
+    # The skinny kernel quantizes its own activation groups; the tensor-core tiles take them from one pass.
+    codes, x_scale = (x, x) if skinny else fp8_quantize_activation(x, group)
     per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
     p = split_k.partials(splits, m, n, out, grid[0] * grid[1])
@@ -381,7 +375,7 @@ def fp8_block_linear(
         p.counter_arg, m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0),
         out.stride(0), GROUP=group, HAS_BIAS=bias is not None, DOT_F32=dot_in_fp32(x.dtype), SKINNY=skinny,
         GROUPS_PER_SPLIT=per, PARTIAL=p.partial, FIXUP=p.fixup, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        FUSE_QUANT=fuse, ROUND_IN_FP32=interpreting(), W_SCALE_UNIFORM=_uniform_tiles(cfg.block_n, scale_row),
+        FUSE_QUANT=skinny, ROUND_IN_FP32=interpreting(), W_SCALE_UNIFORM=_uniform_tiles(cfg.block_n, scale_row),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)
