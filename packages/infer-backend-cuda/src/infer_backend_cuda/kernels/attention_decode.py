@@ -29,7 +29,7 @@ Two fusions, each saving a launch a layer in the decode step (`DecodeRope`, `mer
 - The split merge runs in pass 1 too: only the splits that hold keys take part (the first `cdiv(L_b, chunk)`, the
   others return at once); when that is one split it writes the output itself; else each stores its partial and
   counts its arrival on a per-(sequence, KV head) counter (the split-K fix-up's counters and memory order,
-  `split_k._fixup`), and the last one merges its group's heads (all partials loaded as one tile before any store)
+  `split_k.last_arrival`), and the last one merges its group's heads (all partials loaded as one tile before any store)
   and resets the counter.
 """
 
@@ -350,11 +350,9 @@ def _decode_split_kernel(
         lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
         tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + sp * mo_s2 + offs_d[None, :], out, mask=out_mask)
         tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + sp, lse, mask=h_mask)
-        if MERGE:  # the split-K fix-up's arrival pattern (`split_k._fixup` says why this order is safe)
+        if MERGE:  # the split-K fix-up's arrival pattern (`split_k.last_arrival` says why this order is safe)
             tile = b * tl.num_programs(1) + kvh
-            tl.debug_barrier()
-            arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-            if arrived == used - 1:
+            if split_k.last_arrival(counter_ptr + tile, used):
                 tl.debug_barrier()
                 group = tl.arange(0, GROUP_PAD)  # the group's heads only: not the 16-row tile of the dots
                 _merge_heads(mid_o_ptr, mid_lse_ptr, o_ptr, b, kvh * GROUP + group.to(tl.int64), group < GROUP, row,

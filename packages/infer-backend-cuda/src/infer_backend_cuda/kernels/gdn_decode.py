@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 from infer_backend_cuda.kernels.gdn_gates import gate_values, gated_rms_norm_tile
 from infer_backend_cuda.kernels.gdn_recurrent import delta_rule_step, l2_normalise, state_block_v
@@ -116,10 +117,8 @@ def _gdn_decode_kernel(
     tl.store(s_ptrs, state, mask=smask)
     o_row = out_ptr + row * o_st
     tl.store(o_row + h * DV + vv, o.to(out_ptr.dtype.element_ty), mask=vm)  # rounded, as `gdn_recurrent` stores it
-    # All of this program's stores before its arrival (the barrier; the atomic releases them at GPU scope).
-    tl.debug_barrier()
     counter = arrive_ptr + seq * HK + hk
-    if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == GROUP * NVB - 1:
+    if split_k.last_arrival(counter, GROUP * NVB):  # (its stores released first: `split_k.last_arrival`)
         # The group's last program: every other one has read the q / k conv state and stored its o slice.
         new_q = _shift_state(xq, c_base, q_ch, km, c_sc, K, KP)
         new_k = _shift_state(xk, c_base, k_ch, km, c_sc, K, KP)

@@ -62,22 +62,30 @@ def steps_per_split(k_steps: int, splits: int) -> tuple[int, int]:
 
 
 @triton.jit
+def last_arrival(counter_ptr, arrivals):
+    """Count this program's arrival on the counter at `counter_ptr`, after all of its stores: whether it is the last
+    of `arrivals` programs, which may then read every other one's stores and must set the counter back to 0 (the
+    split-K fix-up below, the decode attention's split merge, the GDN decode mixer's group norm).
+
+    Memory order (CUTLASS's split-K semaphore pattern): the barrier orders all of the CTA's stores before the
+    counter update, which one thread issues (Triton's scalar atomic) with release semantics at GPU scope, so the
+    stores are visible GPU-wide before the count; the last arriver's acquire then sees every other program's stores
+    (each released before its own increment, which the last one read through the counter's modification order).
+    Its threads learn the count through shared memory; a caller whose threads then read what other threads of its
+    own CTA stored puts a barrier first. Other programs' stores are read with `.cg` (L2 only): L1 is not coherent
+    across SMs. The reset is a plain store: the next launch that uses the counter starts after this grid ends
+    (stream order, or `gdc_wait` under PDL)."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == arrivals - 1
+
+
+@triton.jit
 def _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride, splits,
            tile, HAS_BIAS: tl.constexpr):
-    """After this program's partial is stored: count its arrival on the tile's counter; the last of the `splits`
-    programs of the tile sums every partial in split order (the reduce kernel's sum, bit for bit), adds the bias,
-    writes the output and sets the counter back to 0.
-
-    Memory order (CUTLASS's split-K semaphore pattern): the barrier orders all of the CTA's partial stores before
-    the counter update, which one thread issues (Triton's scalar atomic) with release semantics at GPU scope, so
-    the stores are visible GPU-wide before the count; the last arriver's acquire then sees every other program's
-    stores (each released before its own increment, which the last one read through the counter's
-    modification order), and its threads learn the count through shared memory after a barrier. The partials
-    are loaded with `.cg` (L2 only): L1 is not coherent across SMs. The reset is a plain store: the next launch
-    that uses the counter starts after this grid ends (stream order, or `gdc_wait` under PDL)."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    if arrived == splits - 1:
+    """After this program's partial is stored: the last of the tile's `splits` programs (`last_arrival`) sums every
+    partial in split order (the reduce kernel's sum, bit for bit), adds the bias, writes the output and sets the
+    counter back to 0. The partials are loaded with `.cg` (L2 only)."""
+    if last_arrival(counter_ptr + tile, splits):
         tl.debug_barrier()
         total = tl.zeros_like(acc)
         for s in range(0, splits):
