@@ -47,8 +47,8 @@ class FcfsPolicy:
     def prefill_budget(self, num_decodes: int, budget_left: int) -> int:
         """Prompt tokens this step may carry once its decodes are planned (Sarathi-Serve's stall-free batching):
         while anything decodes, at most `prefill_tokens_while_decoding` (0 = no cap), so that a long prompt is
-        spread over several steps instead of stretching one decode step by its whole chunk; with nothing
-        decoding, the whole step budget."""
+        spread over several steps instead of stretching one decode step by its whole chunk, fitted to a graph bucket
+        beside the decodes (`fit_to_graph`); with nothing decoding, the whole step budget."""
         cap = self.prefill_tokens_while_decoding
         if not num_decodes:
             return budget_left
