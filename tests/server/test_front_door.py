@@ -405,3 +405,22 @@ def test_prompt_that_cannot_fit_is_refused_before_tokenizing(smol_server: Callab
     # a prompt the bound cannot rule out is tokenized and counted exactly
     r = s.http.post("/v1/completions", json={"prompt": "a " * 3000, "max_tokens": 1})
     assert r.status_code == 400 and "3001 in the prompt" in _err(r)["message"]
+
+
+def test_prompts_past_a_few_thousand_characters_are_tokenized_off_the_event_loop() -> None:
+    """`off_loop` keeps a short text inline (a thread hop would cost more) and moves a longer one, which would hold
+    back every stream of the process for milliseconds, to a worker thread."""
+    import asyncio
+    import threading
+
+    from infer_server.prompts import OFF_LOOP_CHARS, off_loop
+
+    async def where(size: int) -> threading.Thread:
+        return await off_loop(size, threading.current_thread)
+
+    async def both() -> tuple[threading.Thread, threading.Thread, threading.Thread]:
+        return threading.current_thread(), await where(OFF_LOOP_CHARS - 1), await where(6_000)
+
+    loop_thread, short, long_ = asyncio.run(both())
+    assert short is loop_thread and long_ is not loop_thread
+    assert OFF_LOOP_CHARS <= 4_096  # a ~3,000-token prompt (~6,000 characters) leaves the loop
