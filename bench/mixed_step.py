@@ -132,7 +132,8 @@ def main() -> None:
             print_ranked(row["top_kernels"], total, "kernel")
         rows.append(row)
         print(json.dumps(row), flush=True)
-    report = {"gpu": torch.cuda.get_device_name(0) if args.backend == "cuda" else "cpu", "model": str(args.model_dir), "commit": commit(),
+    gpu = torch.cuda.get_device_name(0) if args.backend == "cuda" else "cpu"
+    report = {"gpu": gpu, "model": str(args.model_dir), "commit": commit(),
               "decodes": args.decodes, "context": args.context, "prompt": args.prompt, "params": params,
               "capture_tokens": capture_tokens, "capture_s": capture_s, "results": rows}
     args.out.write_text(json.dumps(report, indent=2))

@@ -21,6 +21,13 @@ def sampled(plan, token: int = 7) -> StepResult:
     return StepResult(step=plan.step, seq_ids=ids, token_ids=[token] * len(ids))
 
 
+def step_sizes(e, w: SimWorker) -> list[int]:
+    """Plan a step, let the simulated worker run it; the tokens each of its sequences computes, sorted."""
+    plan = e.plan_step()
+    e.apply_result(w.step(plan))
+    return sorted([c.num_tokens for c in plan.continuing] + [n.num_tokens for n in plan.new_seqs])
+
+
 def test_token_budget_splits_the_last_admission_into_a_chunk():
     e = make_engine(max_batch_tokens=16, chunked_prefill_size=100)
     for i in range(3):
@@ -43,12 +50,7 @@ def test_prefill_cap_while_decoding_spreads_a_long_prompt_and_lifts_when_nothing
     e.submit(make_submit([1, 2, 3], max_tokens=20))
     e.apply_result(w.step(e.plan_step()))
     e.submit(make_submit(list(range(100, 140)), max_tokens=2))
-    chunks = []
-    for _ in range(5):
-        plan = e.plan_step()
-        chunks.append(sorted([c.num_tokens for c in plan.continuing] + [n.num_tokens for n in plan.new_seqs]))
-        e.apply_result(w.step(plan))
-    assert chunks == [[1, 8], [1, 8], [1, 8], [1, 8], [1, 8]]
+    assert [step_sizes(e, w) for _ in range(5)] == [[1, 8], [1, 8], [1, 8], [1, 8], [1, 8]]
 
     alone = make_engine(num_blocks=256, max_batch_tokens=33, chunked_prefill_size=64, prefill_tokens_while_decoding=8)
     alone.submit(make_submit(list(range(100, 140)), max_tokens=2))
@@ -67,12 +69,7 @@ def test_capped_chunks_beside_decodes_end_at_a_graph_bucket():
             e.submit(make_submit([10 * i + 1, 10 * i + 2], max_tokens=30))
         e.apply_result(w.step(e.plan_step()))
         e.submit(make_submit(list(range(100, 140)), max_tokens=2))
-        out = []
-        for _ in range(4):
-            plan = e.plan_step()
-            out.append(sorted([c.num_tokens for c in plan.continuing] + [n.num_tokens for n in plan.new_seqs]))
-            e.apply_result(w.step(plan))
-        return out
+        return [step_sizes(e, w) for _ in range(4)]
 
     assert steps_of((8, 16, 32)) == [[1, 1, 1, 13], [1, 1, 1, 13], [1, 1, 1, 13], [1, 1, 1, 1]]
     assert steps_of(()) == [[1, 1, 1, 16], [1, 1, 1, 16], [1, 1, 1, 8], [1, 1, 1, 1]]
@@ -113,9 +110,7 @@ def test_a_lone_prompt_takes_the_whole_step_budget_only_while_nothing_decodes():
         for i in range(7):
             if i == 2:  # the first prompt's last chunk is done: it decodes from now on
                 e.submit(make_submit(list(range(200, 230)), max_tokens=2, rid="second"))
-            plan = e.plan_step()
-            out.append(sorted([c.num_tokens for c in plan.continuing] + [n.num_tokens for n in plan.new_seqs]))
-            e.apply_result(w.step(plan))
+            out.append(step_sizes(e, w))
         return out
 
     assert chunks_of(True) == [[33], [7], [1, 8], [1, 8], [1, 8], [1, 6], [1, 1]]

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
-from sass_census import _cuobjdump
+from sass_census import _cuobjdump, compile_sm90
 
 
 @triton.jit
@@ -87,9 +85,7 @@ def main() -> None:
     for name, (aligned, masks, ahead, strides, guard) in VARIANTS.items():
         ce = dict(PAGE=16, BLOCK_H=16, BLOCK_N=64, BLOCK_D=128, ALIGNED=aligned, MASKS=masks, AHEAD=ahead,
                   STRIDES=strides, GUARD=guard)
-        kernel = triton.compile(ASTSource(fn=_key_loop, signature=_SIGNATURE | dict.fromkeys(ce, "constexpr"),
-                                          constexprs=ce), target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": 4, "num_stages": 2})
+        kernel = compile_sm90(_key_loop, _SIGNATURE, ce, 4, 2)
         usage = next(line for line in _cuobjdump(kernel.asm["cubin"], "--dump-resource-usage").splitlines()
                      if "REG" in line)
         regs = int(usage.split("REG:")[1].split()[0])
