@@ -1,5 +1,7 @@
 """Offline throughput through the served engine (nano-vllm's workload): N sequences with input and output
-lengths uniform in [min_len, max_len], all submitted at once, ignore_eos; output tokens / wall time.
+lengths uniform in [min_len, max_len], all submitted at once, ignore_eos; output tokens / wall time. `--timeline` streams the answers instead and reports
+where the wall time went: when the first and the last sequence got their first token (the prompts' share), and each
+sequence's mean gap between tokens after its first (the decode steps' time at the batch the run reached).
 
     python bench/offline_throughput.py --url http://127.0.0.1:8000 --model qwen3-4b --num-seqs 256
 """
@@ -22,7 +24,7 @@ from host_budget import HostBudget  # noqa: E402
 
 
 async def run(url: str, model: str, num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int,
-              fixed_in: int | None, fixed_out: int | None, host_budget: bool = False) -> dict:
+              fixed_in: int | None, fixed_out: int | None, host_budget: bool = False, timeline: bool = False) -> dict:
     rng = random.Random(seed)
     jobs = []
     for _ in range(num_seqs):
@@ -32,11 +34,31 @@ async def run(url: str, model: str, num_seqs: int, min_len: int, max_len: int, v
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
 
+        marks: list[tuple[float, float, int]] = []  # with timeline: (first token, last token, chunks) a sequence
+
         async def one(prompt: list[int], n_out: int) -> int:
             body = {"model": model, "prompt": prompt, "max_tokens": n_out, "temperature": 0, "ignore_eos": True}
-            resp = await client.post(f"{url}/v1/completions", json=body)
-            resp.raise_for_status()
-            return int(resp.json()["usage"]["completion_tokens"])
+            if not timeline:
+                resp = await client.post(f"{url}/v1/completions", json=body)
+                resp.raise_for_status()
+                return int(resp.json()["usage"]["completion_tokens"])
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
+            first = last = 0.0
+            chunks = tokens = 0
+            async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
+                resp.raise_for_status()
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    if event.get("usage"):
+                        tokens = int(event["usage"]["completion_tokens"])
+                    if event.get("choices"):
+                        last = time.perf_counter() - start
+                        first = first or last
+                        chunks += 1
+            marks.append((first, last, chunks))
+            return tokens
 
         budget = HostBudget(url) if host_budget else contextlib.nullcontext()
         async with budget:
@@ -46,7 +68,18 @@ async def run(url: str, model: str, num_seqs: int, min_len: int, max_len: int, v
     total_in = sum(len(p) for p, _ in jobs)
     return {"num_seqs": num_seqs, "wall_s": wall, "input_tokens": total_in, "output_tokens": sum(outputs),
             "output_tok_per_s": sum(outputs) / wall, "total_tok_per_s": (sum(outputs) + total_in) / wall} | (
-        {"host_budget": budget.report} if isinstance(budget, HostBudget) else {})
+        {"host_budget": budget.report} if isinstance(budget, HostBudget) else {}) | (
+        {"timeline": describe_timeline(marks, wall)} if timeline else {})
+
+
+def describe_timeline(marks: list[tuple[float, float, int]], wall: float) -> dict:
+    """Where a streamed run's wall time went, from each sequence's (first token, last token, chunks) in seconds."""
+    firsts = sorted(m[0] for m in marks)
+    gaps = sorted((last - first) / (chunks - 1) * 1e3 for first, last, chunks in marks if chunks > 1)
+    return {"first_token_s": {"min": firsts[0], "p50": firsts[len(firsts) // 2], "max": firsts[-1]},
+            "last_token_s": max(m[1] for m in marks), "wall_s": wall,
+            "decode_gap_ms": {"p10": gaps[len(gaps) // 10], "p50": gaps[len(gaps) // 2], "p90": gaps[len(gaps) * 9 // 10]}
+            if gaps else {}}
 
 
 def main() -> None:
@@ -66,13 +99,14 @@ def main() -> None:
                          "kernels first met by these step shapes compile outside the timed run (0: none)")
     ap.add_argument("--host-budget", action="store_true",
                     help="also measure each process's CPU time per step (the engine must run on this machine)")
+    ap.add_argument("--timeline", action="store_true", help="stream the answers and report where the time went")
     args = ap.parse_args()
     if args.warmup_seqs:
         warm = asyncio.run(run(args.url, args.model, min(args.warmup_seqs, args.num_seqs), args.min_len, args.max_len,
                                args.vocab, args.seed + 1, args.input_len, 4))
         print(f"warm-up: {warm['num_seqs']} sequences in {warm['wall_s']:.2f} s", file=sys.stderr)
     result = asyncio.run(run(args.url, args.model, args.num_seqs, args.min_len, args.max_len, args.vocab, args.seed,
-                             args.input_len, args.output_len, args.host_budget))
+                             args.input_len, args.output_len, args.host_budget, args.timeline))
     print(json.dumps(result, indent=2))
     args.out.write_text(json.dumps(result, indent=2))
 

@@ -1,6 +1,7 @@
 """The decode attention's split rule at served shapes (Qwen3-4B: 32 query heads, 8 KV heads, head_dim 128, BF16
 pages of 16): GPU time per call (CUDA-graph replays, `graph_timing.py`) against the KV byte floor, for the split
-count of `choose_num_splits` at several wave targets.
+count of `choose_num_splits` at several wave targets. `--registers`: afterwards, the registers and spill of every
+variant the run compiled (what ptxas gave the loaded kernel, the figure that sets how many programs an SM holds).
 
     PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \\
         python3 packages/infer-backend-cuda/scripts/bench_decode_splits.py --json out.json
@@ -34,11 +35,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--waves", default="2,4,8")
     ap.add_argument("--json")
+    ap.add_argument("--registers", action="store_true", help="print each compiled variant's registers and spill")
+    ap.add_argument("--cases", help="BATCHxCONTEXT,... (default: the served shapes above)")
     args = ap.parse_args()
     waves = [int(w) for w in args.waves.split(",")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for batch, ctx in CASES:
+    cases = [tuple(map(int, c.split("x"))) for c in args.cases.split(",")] if args.cases else CASES
+    for batch, ctx in cases:
         kc, vc, bt = paged(batch, ctx)
         q = torch.randn((batch, HQ, D), device="cuda", dtype=torch.bfloat16)
         lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
@@ -52,9 +56,25 @@ def main() -> None:
         cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.startswith("w"))
         print(f"B={batch:>3} ctx={ctx:>5} floor={floor_us:7.1f} us | {cells}", flush=True)
         del kc, vc
+    if args.registers:
+        print(registers_report())
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
+
+
+def registers_report() -> str:
+    """One line per compiled variant of the split pass (in compile order): registers a thread, spill bytes, shared
+    memory, and the warps an SM holds at that register count (65,536 registers)."""
+    lines = []
+    for kernel_cache, *_ in A._decode_split_kernel.device_caches.values():
+        for compiled in kernel_cache.values():
+            compiled._init_handles()
+            warps = compiled.metadata.num_warps
+            resident = 65536 // (max(compiled.n_regs, 1) * 32 * warps) * warps
+            lines.append(f"split pass: {compiled.n_regs} registers, {compiled.n_spills} spill, {warps} warps, "
+                         f"{compiled.metadata.shared} B shared -> {resident} warps an SM")
+    return "\n".join(lines) or "no compiled variant"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The sixteenth session's device calls, each part bounded, the logs packed into $OUT/s16.tar.gz after every part.
+#   CALL=offline: where the offline run's wall time goes: the decode attention's registers as loaded (ptxas, at the
+#           served shapes), the offline 256 x (512, 256) run plain (with the host budget) and streamed (`--timeline`:
+#           the prompts' share and the decode steps' gap), then the batch-256 decode step at 640 tokens of context
+#           with its kernels ranked.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
+session_logs s16
+URL=http://127.0.0.1:8000
+DURATION=${DURATION:-15}
+
+offline() {  # offline TAG [offline_throughput.py args...]
+  timeout 150 python3 bench/offline_throughput.py --model qwen3-4b --input-len 512 --output-len 256 \
+    --out "$LOGS/offline_$1.json" "${@:2}" > "$LOGS/offline_$1.log" 2>&1
+  echo "offline $1 rc=$?"; grep -v "^ *[]{}]" "$LOGS/offline_$1.log" | tail -30; pack
+}
+
+case ${CALL:-offline} in
+  offline)
+    timeout 120 python3 $SCRIPTS/bench_decode_splits.py --waves 2 --cases 64x384,128x384,256x640 --registers \
+      > "$LOGS/decode_registers.log" 2>&1
+    echo "decode_registers rc=$?"; cat "$LOGS/decode_registers.log"; pack
+    engine_up offline || exit 1
+    offline plain --host-budget
+    offline timeline --timeline --warmup-seqs 0
+    offline plain2 --warmup-seqs 0
+    engine_down offline; pack
+    ROOFLINE_ARGS="--context 640" roofline b256_ctx640 qwen3-4b 256 ;;
+  *) echo "unknown CALL ${CALL}" ;;
+esac
+pack
