@@ -4,6 +4,9 @@
 #           served shapes), the offline 256 x (512, 256) run plain (with the host budget) and streamed (`--timeline`:
 #           the prompts' share and the decode steps' gap), then the batch-256 decode step at 640 tokens of context
 #           with its kernels ranked.
+#   CALL=spy: the offline run's processes sampled by py-spy (a wheel carried in .whl/): a cold run (new prompts, seed
+#           SEED), then the same prompts again (prefix-cached: decode steps only) streamed with `--timeline`, with the
+#           client, the HTTP servers, the scheduler and the worker each recorded (raw stacks, CPU-busy samples).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
@@ -28,6 +31,21 @@ case ${CALL:-offline} in
     offline plain2 --warmup-seqs 0
     engine_down offline; pack
     ROOFLINE_ARGS="--context 640" roofline b256_ctx640 qwen3-4b 256 ;;
+  spy)
+    engine_up spy || exit 1
+    offline cold --seed "${SEED:-7}" --warmup-seqs 0
+    for role in server scheduler worker; do
+      for pid in $(pgrep -f "rustinfer-$role"); do
+        timeout 40 py-spy record -p "$pid" -d "${SPY_S:-9}" -r 200 -f raw -o "$LOGS/spy_${role}_$pid.txt" \
+          > "$LOGS/spy_${role}_$pid.log" 2>&1 &
+      done
+    done
+    sleep 1
+    timeout 60 py-spy record -r 200 -f raw -o "$LOGS/spy_client.txt" -- python3 bench/offline_throughput.py \
+      --model qwen3-4b --input-len 512 --output-len 256 --seed "${SEED:-7}" --warmup-seqs 0 --timeline \
+      --out "$LOGS/offline_spy.json" > "$LOGS/offline_spy.log" 2>&1
+    echo "offline spy rc=$?"; grep -v "^ *[]{}]" "$LOGS/offline_spy.log" | tail -20
+    wait; engine_down spy; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
