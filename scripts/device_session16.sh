@@ -32,20 +32,23 @@ case ${CALL:-offline} in
     engine_down offline; pack
     ROOFLINE_ARGS="--context 640" roofline b256_ctx640 qwen3-4b 256 ;;
   spy)
+    python3 -m zipfile -e .whl/py_spy-*.whl /tmp/pyspy && SPY=$(ls /tmp/pyspy/py_spy-*.data/scripts/py-spy) \
+      && chmod +x "$SPY" && "$SPY" --version || exit 1
     engine_up spy || exit 1
     offline cold --seed "${SEED:-7}" --warmup-seqs 0
     for role in server scheduler worker; do
       for pid in $(pgrep -f "rustinfer-$role"); do
-        timeout 40 py-spy record -p "$pid" -d "${SPY_S:-9}" -r 200 -f raw -o "$LOGS/spy_${role}_$pid.txt" \
+        timeout 40 "$SPY" record -p "$pid" -d "${SPY_S:-9}" -r 200 -f raw -o "$LOGS/spy_${role}_$pid.txt" \
           > "$LOGS/spy_${role}_$pid.log" 2>&1 &
+        SPIES="${SPIES:-} $!"
       done
     done
     sleep 1
-    timeout 60 py-spy record -r 200 -f raw -o "$LOGS/spy_client.txt" -- python3 bench/offline_throughput.py \
+    timeout 60 "$SPY" record -r 200 -f raw -o "$LOGS/spy_client.txt" -- python3 bench/offline_throughput.py \
       --model qwen3-4b --input-len 512 --output-len 256 --seed "${SEED:-7}" --warmup-seqs 0 --timeline \
       --out "$LOGS/offline_spy.json" > "$LOGS/offline_spy.log" 2>&1
     echo "offline spy rc=$?"; grep -v "^ *[]{}]" "$LOGS/offline_spy.log" | tail -20
-    wait; engine_down spy; pack ;;
+    wait $SPIES; engine_down spy; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
