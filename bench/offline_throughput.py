@@ -1,7 +1,10 @@
 """Offline throughput through the served engine (nano-vllm's workload): N sequences with input and output
-lengths uniform in [min_len, max_len], all submitted at once, ignore_eos; output tokens / wall time. `--timeline` streams the answers instead and reports
-where the wall time went: when the first and the last sequence got their first token (the prompts' share), and each
-sequence's mean gap between tokens after its first (the decode steps' time at the batch the run reached).
+lengths uniform in [min_len, max_len], all submitted at once, ignore_eos; output tokens / wall time.
+
+`--clients N` submits from N processes: one Python client with hundreds of connections is CPU-bound (httpx's pool
+scans its connections on every request and close) and sets the pace itself. `--timeline` streams the answers and
+reports where the wall time went: when the first and the last sequence got their first token (the prompts' share),
+and each sequence's mean gap between tokens after its first (the decode steps at the batch the run reached).
 
     python bench/offline_throughput.py --url http://127.0.0.1:8000 --model qwen3-4b --num-seqs 256
 """
@@ -10,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import json
+import multiprocessing
 import random
 import sys
 import time
@@ -23,18 +28,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_bu
 from host_budget import HostBudget  # noqa: E402
 
 
-async def run(url: str, model: str, num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int,
-              fixed_in: int | None, fixed_out: int | None, host_budget: bool = False, timeline: bool = False) -> dict:
+Job = tuple[list[int], int]  # (prompt token ids, output tokens)
+Mark = tuple[float, float, int]  # a streamed sequence's (first token, last token, chunks), seconds after the start
+
+
+def make_jobs(num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int, fixed_in: int | None,
+              fixed_out: int | None) -> list[Job]:
     rng = random.Random(seed)
     jobs = []
     for _ in range(num_seqs):
         n_in = fixed_in or rng.randint(min_len, max_len)
         n_out = fixed_out or rng.randint(min_len, max_len)
         jobs.append(([rng.randrange(100, vocab) for _ in range(n_in)], n_out))
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+    return jobs
 
-        marks: list[tuple[float, float, int]] = []  # with timeline: (first token, last token, chunks) a sequence
+
+async def drive(url: str, model: str, jobs: list[Job], timeline: bool, start_at: float) -> tuple[list[int], list[Mark],
+                                                                                                  float]:
+    """Submits every job at wall-clock time `start_at`: (output tokens a job, the streamed marks, the wall-clock time
+    the last one ended)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    marks: list[Mark] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
 
         async def one(prompt: list[int], n_out: int) -> int:
             body = {"model": model, "prompt": prompt, "max_tokens": n_out, "temperature": 0, "ignore_eos": True}
@@ -54,22 +69,48 @@ async def run(url: str, model: str, num_seqs: int, min_len: int, max_len: int, v
                     if event.get("usage"):
                         tokens = int(event["usage"]["completion_tokens"])
                     if event.get("choices"):
-                        last = time.perf_counter() - start
+                        last = time.time() - start_at
                         first = first or last
                         chunks += 1
             marks.append((first, last, chunks))
             return tokens
 
-        budget = HostBudget(url) if host_budget else contextlib.nullcontext()
-        async with budget:
-            start = time.perf_counter()
-            outputs = await asyncio.gather(*(one(p, n) for p, n in jobs))
-            wall = time.perf_counter() - start
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        outputs = await asyncio.gather(*(one(p, n) for p, n in jobs))
+    return list(outputs), marks, time.time()
+
+
+def _client_process(url: str, model: str, jobs: list[Job], timeline: bool, start_at: float) -> tuple[list[int],
+                                                                                                      list[Mark], float]:
+    return asyncio.run(drive(url, model, jobs, timeline, start_at))
+
+
+async def run(url: str, model: str, jobs: list[Job], host_budget: bool = False, timeline: bool = False,
+              clients: int = 1) -> dict:
+    """All jobs at once; with `clients` > 1 from that many processes (every `clients`-th job each, started together),
+    so that one Python client process, busy with hundreds of connections, does not set the pace."""
+    budget = HostBudget(url) if host_budget else contextlib.nullcontext()
+    async with budget:
+        if clients == 1:
+            start_at = time.time()
+            outputs, marks, end = await drive(url, model, jobs, timeline, start_at)
+            parts = [(outputs, marks, end)]
+        else:
+            start_at = time.time() + 1.0  # the processes are spawned and import before it
+            loop = asyncio.get_running_loop()
+            ctx = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
+                parts = await asyncio.gather(*(
+                    loop.run_in_executor(pool, _client_process, url, model, jobs[i::clients], timeline, start_at)
+                    for i in range(clients)))
+    wall = max(end for _, _, end in parts) - start_at
+    output_tokens = sum(sum(outputs) for outputs, _, _ in parts)
     total_in = sum(len(p) for p, _ in jobs)
-    return {"num_seqs": num_seqs, "wall_s": wall, "input_tokens": total_in, "output_tokens": sum(outputs),
-            "output_tok_per_s": sum(outputs) / wall, "total_tok_per_s": (sum(outputs) + total_in) / wall} | (
+    return {"num_seqs": len(jobs), "clients": clients, "wall_s": wall, "input_tokens": total_in,
+            "output_tokens": output_tokens, "output_tok_per_s": output_tokens / wall,
+            "total_tok_per_s": (output_tokens + total_in) / wall} | (
         {"host_budget": budget.report} if isinstance(budget, HostBudget) else {}) | (
-        {"timeline": describe_timeline(marks, wall)} if timeline else {})
+        {"timeline": describe_timeline([m for _, marks, _ in parts for m in marks], wall)} if timeline else {})
 
 
 def describe_timeline(marks: list[tuple[float, float, int]], wall: float) -> dict:
@@ -100,13 +141,16 @@ def main() -> None:
     ap.add_argument("--host-budget", action="store_true",
                     help="also measure each process's CPU time per step (the engine must run on this machine)")
     ap.add_argument("--timeline", action="store_true", help="stream the answers and report where the time went")
+    ap.add_argument("--clients", type=int, default=1, help="client processes sharing the sequences (one Python "
+                    "process handling hundreds of connections can be the slowest part)")
     args = ap.parse_args()
     if args.warmup_seqs:
-        warm = asyncio.run(run(args.url, args.model, min(args.warmup_seqs, args.num_seqs), args.min_len, args.max_len,
-                               args.vocab, args.seed + 1, args.input_len, 4))
+        warm_jobs = make_jobs(min(args.warmup_seqs, args.num_seqs), args.min_len, args.max_len, args.vocab,
+                              args.seed + 1, args.input_len, 4)
+        warm = asyncio.run(run(args.url, args.model, warm_jobs))
         print(f"warm-up: {warm['num_seqs']} sequences in {warm['wall_s']:.2f} s", file=sys.stderr)
-    result = asyncio.run(run(args.url, args.model, args.num_seqs, args.min_len, args.max_len, args.vocab, args.seed,
-                             args.input_len, args.output_len, args.host_budget, args.timeline))
+    jobs = make_jobs(args.num_seqs, args.min_len, args.max_len, args.vocab, args.seed, args.input_len, args.output_len)
+    result = asyncio.run(run(args.url, args.model, jobs, args.host_budget, args.timeline, args.clients))
     print(json.dumps(result, indent=2))
     args.out.write_text(json.dumps(result, indent=2))
 

@@ -7,6 +7,9 @@
 #   CALL=spy: the offline run's processes sampled by py-spy (a wheel carried in .whl/): a cold run (new prompts, seed
 #           SEED), then the same prompts again (prefix-cached: decode steps only) streamed with `--timeline`, with the
 #           client, the HTTP servers, the scheduler and the worker each recorded (raw stacks, CPU-busy samples).
+#   CALL=clients: the offline run from one client process and from four (`--clients`), on new prompts each (seeds
+#           11-13: no prefix-cache hits), the last streamed (`--timeline`) with the engine's processes sampled by
+#           py-spy, then its prompts again (cached: decode steps only).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
@@ -37,7 +40,7 @@ case ${CALL:-offline} in
     engine_up spy || exit 1
     offline cold --seed "${SEED:-7}" --warmup-seqs 0
     for role in server scheduler worker; do
-      for pid in $(pgrep -f "rustinfer-$role"); do
+      for pid in $(pgrep -f "rustinfer-$role|infer_$role.cli|infer_$role "); do
         timeout 40 "$SPY" record -p "$pid" -d "${SPY_S:-9}" -r 200 -f raw -o "$LOGS/spy_${role}_$pid.txt" \
           > "$LOGS/spy_${role}_$pid.log" 2>&1 &
         SPIES="${SPIES:-} $!"
@@ -49,6 +52,25 @@ case ${CALL:-offline} in
       --out "$LOGS/offline_spy.json" > "$LOGS/offline_spy.log" 2>&1
     echo "offline spy rc=$?"; grep -v "^ *[]{}]" "$LOGS/offline_spy.log" | tail -20
     wait $SPIES; engine_down spy; pack ;;
+  clients)
+    python3 -m zipfile -e .whl/py_spy-*.whl /tmp/pyspy && SPY=$(ls /tmp/pyspy/py_spy-*.data/scripts/py-spy) \
+      && chmod +x "$SPY" || exit 1
+    engine_up clients || exit 1
+    offline c1 --seed 11
+    offline c4 --seed 12 --clients 4 --warmup-seqs 0
+    SPIES=""
+    for role in server scheduler worker; do
+      for pid in $(pgrep -f "infer_$role.cli|rustinfer-$role"); do
+        timeout 40 "$SPY" record -p "$pid" -d 12 -r 100 -f raw -o "$LOGS/spy_${role}_$pid.txt" \
+          > "$LOGS/spy_${role}_$pid.log" 2>&1 &
+        SPIES="$SPIES $!"
+      done
+    done
+    ps aux | grep -i infer_ | grep -v grep | cut -c1-200 > "$LOGS/ps.txt"
+    offline c4_timeline --seed 13 --clients 4 --warmup-seqs 0 --timeline
+    [ -n "$SPIES" ] && wait $SPIES
+    offline c4_cached --seed 13 --clients 4 --warmup-seqs 0 --timeline
+    engine_down clients; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
