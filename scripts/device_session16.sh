@@ -10,6 +10,9 @@
 #   CALL=clients: the offline run from one client process and from four (`--clients`), on new prompts each (seeds
 #           11-13: no prefix-cache hits), the last streamed (`--timeline`) with the engine's processes sampled by
 #           py-spy, then its prompts again (cached: decode steps only).
+#   CALL=final: the decode attention's key tile configs at served shapes (`bench_decode_splits.py --configs`, with
+#           each variant's registers), then the offline runs from four client processes: 512 x 256 three times on new
+#           prompts (seeds 21-23), nano-vllm's mixed lengths once.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
@@ -71,6 +74,17 @@ case ${CALL:-offline} in
     [ -n "$SPIES" ] && wait $SPIES
     offline c4_cached --seed 13 --clients 4 --warmup-seqs 0 --timeline
     engine_down clients; pack ;;
+  final)
+    timeout 200 python3 $SCRIPTS/bench_decode_splits.py --cases 64x384,128x384,256x640,12x3000,32x1000 --registers \
+      --configs 64:4:2,32:4:2,64:8:2,128:8:2,64:4:3,32:2:2,128:4:2 --json "$LOGS/decode_tiles.json" \
+      > "$LOGS/decode_tiles.log" 2>&1
+    echo "decode_tiles rc=$?"; cat "$LOGS/decode_tiles.log"; pack
+    engine_up final || exit 1
+    for seed in 21 22 23; do offline "c4_s$seed" --seed $seed --clients 4 --warmup-seqs $(( seed == 21 ? 64 : 0 )); done
+    timeout 150 python3 bench/offline_throughput.py --model qwen3-4b --clients 4 --warmup-seqs 0 --seed 24 \
+      --out "$LOGS/offline_nanovllm_c4.json" > "$LOGS/offline_nanovllm_c4.log" 2>&1
+    echo "nanovllm rc=$?"; grep -v "^ *[]{}]" "$LOGS/offline_nanovllm_c4.log" | tail -12
+    engine_down final; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack

@@ -2,6 +2,7 @@
 pages of 16): GPU time per call (CUDA-graph replays, `graph_timing.py`) against the KV byte floor, for the split
 count of `choose_num_splits` at several wave targets. `--registers`: afterwards, the registers and spill of every
 variant the run compiled (what ptxas gave the loaded kernel, the figure that sets how many programs an SM holds).
+`--configs BLOCK_N:WARPS:STAGES,...`: the default split count under each key tile config instead of the wave targets.
 
     PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \\
         python3 packages/infer-backend-cuda/scripts/bench_decode_splits.py --json out.json
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--waves", default="2,4,8")
     ap.add_argument("--json")
     ap.add_argument("--registers", action="store_true", help="print each compiled variant's registers and spill")
+    ap.add_argument("--configs", help="BLOCK_N:WARPS:STAGES,... tile configs to time (default: the kernel's own)")
     ap.add_argument("--cases", help="BATCHxCONTEXT,... (default: the served shapes above)")
     args = ap.parse_args()
     waves = [int(w) for w in args.waves.split(",")]
@@ -48,12 +50,17 @@ def main() -> None:
         lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
         floor_us = 2 * batch * ctx * HKV * D * 2 / BW * 1e6  # K and V read once, at the copy rate
         row = {"batch": batch, "ctx": ctx, "floor_us": floor_us}
-        for w in waves:
+        for w in waves if not args.configs else ():
             splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))
             row[f"w{w}_s{splits}"] = graph_replay_us(lambda _, s=splits: A.paged_attention_decode(
                 q, kc, vc, lens, bt, D**-0.5, num_splits=s), calls=5)
+        for config in args.configs.split(",") if args.configs else ():
+            bn, warps, stages = map(int, config.split(":"))
+            A._decode_config = lambda head_dim, c=(bn, warps, stages): c  # this process only: a bench override
+            row[f"c{bn}:{warps}:{stages}"] = graph_replay_us(lambda _: A.paged_attention_decode(
+                q, kc, vc, lens, bt, D**-0.5), calls=5)
         rows.append(row)
-        cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k.startswith("w"))
+        cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k[0] in "wc")
         print(f"B={batch:>3} ctx={ctx:>5} floor={floor_us:7.1f} us | {cells}", flush=True)
         del kc, vc
     if args.registers:
@@ -73,6 +80,7 @@ def registers_report() -> str:
             warps = compiled.metadata.num_warps
             resident = 65536 // (max(compiled.n_regs, 1) * 32 * warps) * warps
             lines.append(f"split pass: {compiled.n_regs} registers, {compiled.n_spills} spill, {warps} warps, "
+                         f"{compiled.metadata.num_stages} stages, "
                          f"{compiled.metadata.shared} B shared -> {resident} warps an SM")
     return "\n".join(lines) or "no compiled variant"
 

@@ -85,7 +85,7 @@ def main() -> None:
     for name, (aligned, masks, ahead, strides, guard) in VARIANTS.items():
         ce = dict(PAGE=16, BLOCK_H=16, BLOCK_N=64, BLOCK_D=128, ALIGNED=aligned, MASKS=masks, AHEAD=ahead,
                   STRIDES=strides, GUARD=guard)
-        kernel = compile_sm90(_key_loop, _SIGNATURE, ce, 4, 2)
+        kernel = compile_sm90(_key_loop, _SIGNATURE, ce, 4, 2, ("q_ptr", "k_ptr", "v_ptr", "bt_ptr", "o_ptr", "s0", "s1", "s2"))
         usage = next(line for line in _cuobjdump(kernel.asm["cubin"], "--dump-resource-usage").splitlines()
                      if "REG" in line)
         regs = int(usage.split("REG:")[1].split()[0])
