@@ -13,6 +13,9 @@
 #   CALL=final: the decode attention's key tile configs at served shapes (`bench_decode_splits.py --configs`, with
 #           each variant's registers), then the offline runs from four client processes: 512 x 256 three times on new
 #           prompts (seeds 21-23), nano-vllm's mixed lengths once.
+#   CALL=stages: the decode attention at three pipeline stages (the new default): its GPU tests, decode replays at 64,
+#           128 and 256 rows (512 tokens of context) with three stages and two (`INFER_CUDA_DECODE_STAGES`), then the
+#           offline 512 x 256 from four client processes, three times on new prompts (seeds 31-33).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
@@ -85,6 +88,14 @@ case ${CALL:-offline} in
       --out "$LOGS/offline_nanovllm_c4.json" > "$LOGS/offline_nanovllm_c4.log" 2>&1
     echo "nanovllm rc=$?"; grep -v "^ *[]{}]" "$LOGS/offline_nanovllm_c4.log" | tail -12
     engine_down final; pack ;;
+  stages)
+    gpu_tests stages 150 tests/backend_cuda/test_attention.py tests/backend_cuda/test_fused_decode_attention.py \
+      tests/backend_cuda/test_partial_rotary_attention.py tests/gpu/test_cuda_matches_cpu.py
+    ROOFLINE_TIMEOUT=150 ROOFLINE_ARGS="--context 512" roofline stages3 qwen3-4b 64,128,256
+    ROOFLINE_TIMEOUT=150 ROOFLINE_ARGS="--context 512" roofline stages2 qwen3-4b 64,128,256 INFER_CUDA_DECODE_STAGES=2
+    engine_up stages || exit 1
+    for seed in 31 32 33; do offline "c4_s$seed" --seed $seed --clients 4 --warmup-seqs $(( seed == 31 ? 64 : 0 )); done
+    engine_down stages; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
