@@ -43,10 +43,10 @@ def make_jobs(num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int, 
     return jobs
 
 
-async def drive(url: str, model: str, jobs: list[Job], timeline: bool, start_at: float) -> tuple[list[int], list[Mark],
-                                                                                                  float]:
+async def drive(url: str, model: str, jobs: list[Job], timeline: bool,
+                start_at: float) -> tuple[list[int], list[Mark], float, float]:
     """Submits every job at wall-clock time `start_at`: (output tokens a job, the streamed marks, the wall-clock time
-    the last one ended)."""
+    the jobs were submitted, the time the last one ended)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     marks: list[Mark] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
@@ -76,12 +76,13 @@ async def drive(url: str, model: str, jobs: list[Job], timeline: bool, start_at:
             return tokens
 
         await asyncio.sleep(max(0.0, start_at - time.time()))
+        submitted = time.time()
         outputs = await asyncio.gather(*(one(p, n) for p, n in jobs))
-    return list(outputs), marks, time.time()
+    return list(outputs), marks, submitted, time.time()
 
 
-def _client_process(url: str, model: str, jobs: list[Job], timeline: bool, start_at: float) -> tuple[list[int],
-                                                                                                      list[Mark], float]:
+def _client_process(url: str, model: str, jobs: list[Job], timeline: bool,
+                    start_at: float) -> tuple[list[int], list[Mark], float, float]:
     return asyncio.run(drive(url, model, jobs, timeline, start_at))
 
 
@@ -93,24 +94,25 @@ async def run(url: str, model: str, jobs: list[Job], host_budget: bool = False, 
     async with budget:
         if clients == 1:
             start_at = time.time()
-            outputs, marks, end = await drive(url, model, jobs, timeline, start_at)
-            parts = [(outputs, marks, end)]
+            parts = [await drive(url, model, jobs, timeline, start_at)]
         else:
-            start_at = time.time() + 1.0  # the processes are spawned and import before it
+            start_at = time.time() + 2.0  # the processes are spawned and import before it
             loop = asyncio.get_running_loop()
             ctx = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
                 parts = await asyncio.gather(*(
                     loop.run_in_executor(pool, _client_process, url, model, jobs[i::clients], timeline, start_at)
                     for i in range(clients)))
-    wall = max(end for _, _, end in parts) - start_at
-    output_tokens = sum(sum(outputs) for outputs, _, _ in parts)
+    wall = max(end for *_, end in parts) - start_at
+    output_tokens = sum(sum(outputs) for outputs, *_ in parts)
     total_in = sum(len(p) for p, _ in jobs)
-    return {"num_seqs": len(jobs), "clients": clients, "wall_s": wall, "input_tokens": total_in,
+    # how late the last client process submitted (a late one stretches the wall: it should be ~0)
+    late = max(submitted for *_, submitted, _ in parts) - start_at
+    return {"num_seqs": len(jobs), "clients": clients, "wall_s": wall, "late_start_s": late, "input_tokens": total_in,
             "output_tokens": output_tokens, "output_tok_per_s": output_tokens / wall,
             "total_tok_per_s": (output_tokens + total_in) / wall} | (
         {"host_budget": budget.report} if isinstance(budget, HostBudget) else {}) | (
-        {"timeline": describe_timeline([m for _, marks, _ in parts for m in marks], wall)} if timeline else {})
+        {"timeline": describe_timeline([m for _, marks, *_ in parts for m in marks], wall)} if timeline else {})
 
 
 def describe_timeline(marks: list[tuple[float, float, int]], wall: float) -> dict:

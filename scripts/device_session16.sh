@@ -16,6 +16,8 @@
 #   CALL=stages: the decode attention at three pipeline stages (the new default): its GPU tests, decode replays at 64,
 #           128 and 256 rows (512 tokens of context) with three stages and two (`INFER_CUDA_DECODE_STAGES`), then the
 #           offline 512 x 256 from four client processes, three times on new prompts (seeds 31-33).
+#   CALL=repeat: the offline 512 x 256 from four client processes five times on new prompts (seeds 41-45), each
+#           reporting how late its last client process submitted.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
@@ -96,6 +98,10 @@ case ${CALL:-offline} in
     engine_up stages || exit 1
     for seed in 31 32 33; do offline "c4_s$seed" --seed $seed --clients 4 --warmup-seqs $(( seed == 31 ? 64 : 0 )); done
     engine_down stages; pack ;;
+  repeat)
+    engine_up repeat || exit 1
+    for seed in 41 42 43 44 45; do offline "c4_s$seed" --seed $seed --clients 4 --warmup-seqs $(( seed == 41 ? 64 : 0 )); done
+    engine_down repeat; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
