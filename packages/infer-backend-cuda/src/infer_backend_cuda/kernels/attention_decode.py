@@ -69,11 +69,6 @@ FUSED_MERGE = _FUSED in ("1", "merge")
 # aims at (`choose_num_splits`; A/B runs at large batches, where one split per sequence is a long serial walk).
 SPLIT_WAVES_ENV = "INFER_CUDA_DECODE_SPLIT_WAVES"
 SPLIT_WAVES = max(1, int(os.environ.get(SPLIT_WAVES_ENV, "2")))
-# INFER_CUDA_DECODE_STAGES: the key loop's pipeline depth at head_dim <= 128 (A/B runs). Three stages hold a third
-# key / value tile in flight: 7-15 % faster than two from 12 x 3,000 to 256 x 640 (docs/benchmarks.md, sixteenth
-# session), for 72 KB of shared memory a program (three programs an SM).
-STAGES_ENV = "INFER_CUDA_DECODE_STAGES"
-STAGES = max(1, int(os.environ.get(STAGES_ENV, "3")))
 
 
 class DecodeRope(NamedTuple):
@@ -424,7 +419,7 @@ def _decode_config(head_dim: int) -> tuple[int, int, int]:
     if interpreting():
         return 16, 4, 1
     if head_dim <= 128:
-        return 64, 4, STAGES
+        return 64, 4, 2
     return 32, 4, 2
 
 
