@@ -4,7 +4,9 @@ A stand-alone copy of `attention_decode._decode_split_kernel`'s key loop (16 que
 paged keys a step, fp32 online softmax) with each of the kernel's constructs behind a switch: the masked key /
 value loads (`n < end`), the page ids loaded a tile ahead, run-time cache strides, the empty-row guard, and a loop
 start the compiler cannot see is a multiple of `BLOCK_N`. The register count sets how many programs an SM holds
-(65,536 registers: 255 a thread at 4 warps is two programs, 8 warps of 64), which bounds the loads in flight.
+(65,536 registers: 128 a thread at 4 warps is four programs, 16 warps of 64), which bounds the loads in flight.
+Compiled with the divisibility hints a launch gives (16-byte aligned pointers and strides): without them loads are
+not vectorised and the counts (254-255 in the fifteenth session) say nothing about the launched kernel.
 
     python3 packages/infer-backend-cuda/scripts/decode_loop_registers.py
 """
