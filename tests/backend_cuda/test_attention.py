@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from infer_backend_cuda import kernels as K
+from infer_backend_cuda.kernels import attention_decode as D
 from infer_backend_cuda.kernels import attention_prefill as A
 from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
 from infer_core.ports.fused_ops import AttentionBatch
@@ -290,3 +291,25 @@ def test_default_prefill_tiles_fit_shared_memory(monkeypatch, head_dim: int, ele
     bm, bn, _warps, stages = A._prefill_config(head_dim, element_size)
     staged = (2 * stages * bn + bm) * head_dim * element_size
     assert staged <= HOPPER_SHARED_MEMORY, (bm, bn, stages)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", None), ("32:4:2", (32, 4, 2)), (" 128:8:3 ", (128, 8, 3))])
+def test_decode_tile_override_parses(monkeypatch, raw: str, expected) -> None:  # noqa: ANN001
+    monkeypatch.setenv(D.TILE_ENV, raw)
+    assert D._tile_override() == expected
+
+
+@pytest.mark.parametrize("raw", ["32:4", "a:b:c", "48:4:2", "32:3:2", "32:4:0", "8:4:2"])
+def test_decode_tile_override_rejects_bad_values(monkeypatch, raw: str) -> None:  # noqa: ANN001
+    monkeypatch.setenv(D.TILE_ENV, raw)
+    with pytest.raises(ValueError, match=D.TILE_ENV):
+        D._tile_override()
+
+
+def test_decode_tile_override_sets_the_gpu_config_at_head_dim_128_only(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(D, "interpreting", lambda: False)
+    assert D._decode_config(128) == (64, 4, 2)
+    monkeypatch.setattr(D, "TILE", (32, 2, 2))
+    assert D._decode_config(128) == (32, 2, 2)
+    assert D._decode_config(64) == (32, 2, 2)
+    assert D._decode_config(256) == (32, 4, 2)  # a 256-dim head keeps its own tile

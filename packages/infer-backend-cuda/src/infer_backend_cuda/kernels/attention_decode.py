@@ -69,6 +69,25 @@ FUSED_MERGE = _FUSED in ("1", "merge")
 # aims at (`choose_num_splits`; A/B runs at large batches, where one split per sequence is a long serial walk).
 SPLIT_WAVES_ENV = "INFER_CUDA_DECODE_SPLIT_WAVES"
 SPLIT_WAVES = max(1, int(os.environ.get(SPLIT_WAVES_ENV, "2")))
+# INFER_CUDA_DECODE_TILE: "BLOCK_N:WARPS:STAGES" of the key loop at head_dim <= 128 instead of 64:4:2 (in-model A/B
+# runs of the configs that `bench_decode_splits.py --configs` found faster in the plain kernel at some shapes).
+TILE_ENV = "INFER_CUDA_DECODE_TILE"
+
+
+def _tile_override() -> tuple[int, int, int] | None:
+    raw = os.environ.get(TILE_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        block_n, warps, stages = (int(x) for x in raw.split(":"))
+    except ValueError:
+        raise ValueError(f"{TILE_ENV}={raw!r}: expected BLOCK_N:WARPS:STAGES, e.g. 32:4:2") from None
+    if block_n < 16 or block_n & (block_n - 1) or warps not in (1, 2, 4, 8) or stages < 1:
+        raise ValueError(f"{TILE_ENV}={raw!r}: BLOCK_N a power of two >= 16, WARPS 1/2/4/8, STAGES >= 1")
+    return block_n, warps, stages
+
+
+TILE = _tile_override()
 
 
 class DecodeRope(NamedTuple):
@@ -419,7 +438,7 @@ def _decode_config(head_dim: int) -> tuple[int, int, int]:
     if interpreting():
         return 16, 4, 1
     if head_dim <= 128:
-        return 64, 4, 2
+        return TILE or (64, 4, 2)
     return 32, 4, 2
 
 
