@@ -165,9 +165,13 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, messages:
                     rec.error = str(chunk["error"])
                     return rec
                 choice = chunk["choices"][0] if chunk.get("choices") else {}
-                content = choice.get("delta", {}).get("content") or choice.get("text")  # chat / completion chunk
+                delta = choice.get("delta", {})
+                content = delta.get("content") if "delta" in choice else choice.get("text")  # chat / completion
                 rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
-                if content:
+                # A token's chunk, as vLLM's benchmark counts them: content, even empty (a token whose text the
+                # server holds back, e.g. a partial UTF-8 character, streams as an empty delta); not the role
+                # chunk, nor a finish chunk of its own without text.
+                if content is not None and "role" not in delta and (content or choice.get("finish_reason") is None):
                     rec.text += content
                     now = time.perf_counter()
                     if rec.ttft == 0.0:

@@ -177,7 +177,9 @@ async def _events(shape: ResponseShape, gens: list[Generation], fmt: LogprobsFor
                         for chunk in _tool_chunks(shape, readers[i], delta, lp):
                             yield sse_event(shape.counted(chunk, _tokens(gens), _cached(gens)))
                         continue
-                    if delta.text:
+                    if delta.text or (delta.num_tokens and delta.finish_reason is None):
+                        # A token whose text is held back (an incomplete UTF-8 character, a possible stop string)
+                        # still gets its chunk, with empty text: as vLLM streams, one chunk a generated token.
                         chunk = shape.text_chunk(i, delta.text, lp)
                         yield sse_event(shape.counted(chunk, _tokens(gens), _cached(gens)))
                         lp = None

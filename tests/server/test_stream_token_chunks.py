@@ -1,0 +1,34 @@
+"""One streamed chunk a generated token, as vLLM streams, and the serve sweep's client counting them as vLLM's
+benchmark does: a token whose text is held back (the answer's emoji spans several byte tokens) still arrives as a
+chunk of its own, so the inter-token latency sees one gap a token, not a double gap where a character completes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from infer_server.tokenizer import Tokenizer
+from tests.bench.scripts import load_bench_script
+from tests.server.conftest import ANSWER, ServerHarness
+
+serve_sweep = load_bench_script("serve_sweep")
+
+
+async def _one(url: str, prompt_ids: list[int] | None) -> object:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return await serve_sweep.one_request(client, url, "tiny-chat", [{"role": "user", "content": "Hi"}], 32,
+                                             extra={}, prompt_ids=prompt_ids)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_sweep_client_counts_a_chunk_a_token(server: ServerHarness, tokenizer: Tokenizer, endpoint: str) -> None:
+    answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    held = [k for k in range(1, len(answer_ids) + 1) if tokenizer.decode(answer_ids[:k]).endswith("\ufffd")]
+    assert held  # the answer has tokens whose text waits for the next one
+    rec = asyncio.run(_one(server.url, None if endpoint == "chat" else tokenizer.encode("q")))
+    assert rec.ok and rec.text == ANSWER and rec.finish_reason == "stop"
+    assert rec.output_tokens == len(answer_ids) + 1  # the EOS counted, not shown
+    assert len(rec.itl) == len(answer_ids) - 1  # the first token is the TTFT; every later one a gap
+    assert rec.ttft > 0 and all(gap >= 0 for gap in rec.itl)
