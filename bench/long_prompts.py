@@ -20,8 +20,9 @@ import httpx
 
 
 def stream_completion(client: httpx.Client, url: str, body: dict) -> tuple[float, int, str]:
-    """(TTFT seconds, completion tokens from the usage chunk, error or ''). Tokens, not chunks: the server holds
-    back a partial UTF-8 character and sends it with the next token, so a random model's chunks can be fewer."""
+    """(TTFT seconds, completion tokens from the usage chunk, error or ''). The TTFT is the first token's chunk: one
+    with `text`, even empty (a token whose text the server holds back, e.g. a partial UTF-8 character), not a finish
+    chunk without text."""
     start = time.perf_counter()
     ttft, chunks, tokens = 0.0, 0, 0
     body = body | {"stream": True, "stream_options": {"include_usage": True}}
@@ -36,7 +37,8 @@ def stream_completion(client: httpx.Client, url: str, body: dict) -> tuple[float
                 return ttft, tokens, str(event["error"])[:200]
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
-            if event.get("choices") and event["choices"][0].get("text"):
+            choice = event["choices"][0] if event.get("choices") else {}
+            if "text" in choice and (choice["text"] or choice.get("finish_reason") is None):
                 chunks += 1
                 if chunks == 1:
                     ttft = time.perf_counter() - start

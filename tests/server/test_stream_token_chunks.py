@@ -32,3 +32,11 @@ def test_sweep_client_counts_a_chunk_a_token(server: ServerHarness, tokenizer: T
     assert rec.output_tokens == len(answer_ids) + 1  # the EOS counted, not shown
     assert len(rec.itl) == len(answer_ids) - 1  # the first token is the TTFT; every later one a gap
     assert rec.ttft > 0 and all(gap >= 0 for gap in rec.itl)
+
+
+def test_long_prompts_ttft_is_the_first_token_chunk(server: ServerHarness, tokenizer: Tokenizer) -> None:
+    long_prompts = load_bench_script("long_prompts")
+    answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    with httpx.Client(timeout=10) as client:
+        ttft, tokens, error = long_prompts.stream_completion(client, server.url, {"model": "tiny-chat", "prompt": "q"})
+    assert error == "" and ttft > 0 and tokens == len(answer_ids) + 1
