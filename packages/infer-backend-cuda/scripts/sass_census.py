@@ -30,10 +30,15 @@ _OP = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)")
 
 
 def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int, num_stages: int,  # noqa: ANN001
-                 divisible: tuple[str, ...] = ()):
+                 divisible: tuple[str, ...] | None = None):
     """`divisible`: arguments marked divisible by 16, as Triton marks them at launch when they are (pointers,
-    strides and sizes of the real shapes); without it loads are not vectorised and addresses cost more."""
+    strides and sizes of the real shapes); without it loads are not vectorised and addresses cost more, and the
+    register and instruction counts say little about the launched kernel (the fifteenth session's 254-register
+    decode attention was such a compile: 128-152 launched). None: every pointer argument (a torch tensor's data
+    is 16-byte aligned); name the strides and sizes that are multiples of 16 at the real shapes too."""
     signature = dict(types) | {name: "constexpr" for name in constexprs}
+    if divisible is None:
+        divisible = tuple(name for name, kind in types.items() if kind.startswith("*"))
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in divisible}
     source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32),
