@@ -15,14 +15,17 @@ import random
 import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds sse_tokens, also when loaded by path
+from sse_tokens import token_text  # noqa: E402
+
 
 def stream_completion(client: httpx.Client, url: str, body: dict) -> tuple[float, int, str]:
-    """(TTFT seconds, completion tokens from the usage chunk, error or ''). The TTFT is the first token's chunk: one
-    with `text`, even empty (a token whose text the server holds back, e.g. a partial UTF-8 character), not a finish
-    chunk without text."""
+    """(TTFT seconds, completion tokens from the usage chunk, error or ''). The TTFT is the first token's chunk
+    (`sse_tokens.token_text`: an empty one included)."""
     start = time.perf_counter()
     ttft, chunks, tokens = 0.0, 0, 0
     body = body | {"stream": True, "stream_options": {"include_usage": True}}
@@ -37,8 +40,7 @@ def stream_completion(client: httpx.Client, url: str, body: dict) -> tuple[float
                 return ttft, tokens, str(event["error"])[:200]
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
-            choice = event["choices"][0] if event.get("choices") else {}
-            if "text" in choice and (choice["text"] or choice.get("finish_reason") is None):
+            if token_text(event) is not None:
                 chunks += 1
                 if chunks == 1:
                     ttft = time.perf_counter() - start

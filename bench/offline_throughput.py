@@ -26,10 +26,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
 from host_budget import HostBudget  # noqa: E402
+from sse_tokens import token_text  # noqa: E402
 
 
 Job = tuple[list[int], int]  # (prompt token ids, output tokens)
-Mark = tuple[float, float, int]  # a streamed sequence's (first token, last token, chunks), seconds after the start
+Mark = tuple[float, float, int]  # a streamed sequence's (first token, last token, token chunks), seconds from start
 
 
 def make_jobs(num_seqs: int, min_len: int, max_len: int, vocab: int, seed: int, fixed_in: int | None,
@@ -68,7 +69,7 @@ async def drive(url: str, model: str, jobs: list[Job], timeline: bool,
                     event = json.loads(line[6:])
                     if event.get("usage"):
                         tokens = int(event["usage"]["completion_tokens"])
-                    if event.get("choices"):
+                    if token_text(event) is not None:
                         last = time.time() - start_at
                         first = first or last
                         chunks += 1
@@ -115,14 +116,13 @@ async def run(url: str, model: str, jobs: list[Job], host_budget: bool = False, 
         {"timeline": describe_timeline([m for _, marks, *_ in parts for m in marks], wall)} if timeline else {})
 
 
-def describe_timeline(marks: list[tuple[float, float, int]], wall: float) -> dict:
-    """Where a streamed run's wall time went, from each sequence's (first token, last token, chunks) in seconds."""
+def describe_timeline(marks: list[Mark], wall: float) -> dict:
+    """Where a streamed run's wall time went, from each sequence's (first token, last token, token chunks)."""
     firsts = sorted(m[0] for m in marks)
     gaps = sorted((last - first) / (chunks - 1) * 1e3 for first, last, chunks in marks if chunks > 1)
+    decode = {f"p{p}": gaps[len(gaps) * p // 100] for p in (10, 50, 90)} if gaps else {}
     return {"first_token_s": {"min": firsts[0], "p50": firsts[len(firsts) // 2], "max": firsts[-1]},
-            "last_token_s": max(m[1] for m in marks), "wall_s": wall,
-            "decode_gap_ms": {"p10": gaps[len(gaps) // 10], "p50": gaps[len(gaps) // 2], "p90": gaps[len(gaps) * 9 // 10]}
-            if gaps else {}}
+            "last_token_s": max(m[1] for m in marks), "wall_s": wall, "decode_gap_ms": decode}
 
 
 def main() -> None:

@@ -45,6 +45,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
 from host_budget import HostBudget, describe  # noqa: E402
+from sse_tokens import token_text  # noqa: E402
 
 
 
@@ -165,13 +166,9 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, messages:
                     rec.error = str(chunk["error"])
                     return rec
                 choice = chunk["choices"][0] if chunk.get("choices") else {}
-                delta = choice.get("delta", {})
-                content = delta.get("content") if "delta" in choice else choice.get("text")  # chat / completion
                 rec.finish_reason = choice.get("finish_reason") or rec.finish_reason
-                # A token's chunk, as vLLM's benchmark counts them: content, even empty (a token whose text the
-                # server holds back, e.g. a partial UTF-8 character, streams as an empty delta); not the role
-                # chunk, nor a finish chunk of its own without text.
-                if content is not None and "role" not in delta and (content or choice.get("finish_reason") is None):
+                content = token_text(chunk)
+                if content is not None:
                     rec.text += content
                     now = time.perf_counter()
                     if rec.ttft == 0.0:
