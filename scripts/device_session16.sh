@@ -19,8 +19,10 @@
 #   CALL=repeat: the offline 512 x 256 from four client processes five times on new prompts (seeds 41-45), each
 #           reporting how late its last client process submitted.
 #   CALL=tiles (prepared for the next session): the decode attention's key tile configs in the model
-#           (`INFER_CUDA_DECODE_TILE`, the plain kernel's winners in call 5): decode replays at 32-256 rows, context 512.
-# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
+#           (`INFER_CUDA_DECODE_TILE`, the plain kernel's winners in call 5): decode replays at 32-256 rows,
+#           context 512.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
+#   CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
 session_logs s16
@@ -102,7 +104,9 @@ case ${CALL:-offline} in
     engine_down stages; pack ;;
   repeat)
     engine_up repeat || exit 1
-    for seed in 41 42 43 44 45; do offline "c4_s$seed" --seed $seed --clients 4 --warmup-seqs $(( seed == 41 ? 64 : 0 )); done
+    for seed in 41 42 43 44 45; do
+      offline "c4_s$seed" --seed $seed --clients 4 --warmup-seqs $(( seed == 41 ? 64 : 0 ))
+    done
     engine_down repeat; pack ;;
   tiles)
     for tile in ${TILES:-64:4:2 32:4:2 128:8:2 32:2:2}; do
