@@ -124,8 +124,8 @@ def gdn_chunk(
     grid = (triton.cdiv(q.shape[0], CHUNK) + n_seq, hv)
     # bf16 dots on the raw rows only where those are bf16 (the models); fp32 / fp16 inputs take tf32x3.
     lowp = q.dtype == k.dtype == v.dtype == torch.bfloat16
-    # Warps from the offline sm_90 compile (Triton 3.9 ptxas, Qwen3.5-4B tiles): gram spills 304 B per thread at
-    # 8 warps (1.4 KB at 4), solve 176 B at 4 (464 B at 8); the old single chunk-local kernel spilled 4.4 KB.
+    # Warps from offline sm_90 compiles at Qwen3.5-4B tiles with the launch's divisibility hints (Triton 3.6, as on
+    # the device): gram 142 registers at 8 warps (255 at 4), solve 255 at 4; neither spills (docs/kernels.md).
     common = dict(CH=CHUNK, BK=bk, BDV=bdv, BLOCK_B=ragged_block_b(n_seq), LOWP=lowp, INTERP=interpreting(), **pdl)
     _gdn_chunk_gram_kernel[grid](
         q, k, g, beta, mt, scr, cu_seqlens,
