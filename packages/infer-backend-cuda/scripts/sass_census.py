@@ -35,7 +35,9 @@ def compile_sm90(fn, types: dict[str, str], constexprs: dict, num_warps: int, nu
     strides and sizes of the real shapes); without it loads are not vectorised and addresses cost more, and the
     register and instruction counts say little about the launched kernel (the fifteenth session's 254-register
     decode attention was such a compile: 128-152 launched). None: every pointer argument (a torch tensor's data
-    is 16-byte aligned); name the strides and sizes that are multiples of 16 at the real shapes too."""
+    is 16-byte aligned). Name the strides and sizes that are multiples of 16 at the real shapes too: they matter
+    as much (the GDN Gram kernel: 255 registers and 336 B of spill with the pointers hinted, 142 and none with its
+    strides as well)."""
     signature = dict(types) | {name: "constexpr" for name in constexprs}
     if divisible is None:
         divisible = tuple(name for name, kind in types.items() if kind.startswith("*"))
