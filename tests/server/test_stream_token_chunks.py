@@ -1,6 +1,7 @@
-"""One streamed chunk a generated token, as vLLM streams, and the serve sweep's client counting them as vLLM's
-benchmark does: a token whose text is held back (the answer's emoji spans several byte tokens) still arrives as a
-chunk of its own, so the inter-token latency sees one gap a token, not a double gap where a character completes."""
+"""One streamed chunk a generated token, as vLLM streams, and the benches that time a stream (serve_sweep,
+long_prompts, offline_throughput's timeline) counting them as vLLM's benchmark does: a token whose text is held back
+(the answer's emoji spans several byte tokens) still arrives as a chunk of its own, so the inter-token latency sees
+one gap a token, not a double gap where a character completes."""
 
 from __future__ import annotations
 
@@ -40,3 +41,16 @@ def test_long_prompts_ttft_is_the_first_token_chunk(server: ServerHarness, token
     with httpx.Client(timeout=10) as client:
         ttft, tokens, error = long_prompts.stream_completion(client, server.url, {"model": "tiny-chat", "prompt": "q"})
     assert error == "" and ttft > 0 and tokens == len(answer_ids) + 1
+
+
+def test_offline_bench_timeline_counts_token_chunks(server: ServerHarness, tokenizer: Tokenizer) -> None:
+    offline = load_bench_script("offline_throughput")
+    jobs = offline.make_jobs(3, 0, 0, tokenizer.vocab_size, 0, 4, 64)  # ignore_eos: 64 tokens each
+    plain = asyncio.run(offline.run(server.url, "tiny-chat", jobs))
+    streamed = asyncio.run(offline.run(server.url, "tiny-chat", jobs, timeline=True))
+    for result in (plain, streamed):
+        assert result["num_seqs"] == 3 and result["output_tokens"] == 3 * 64
+        assert result["late_start_s"] < 1.0 and result["wall_s"] > 0
+    timeline = streamed["timeline"]
+    assert 0 < timeline["first_token_s"]["min"] <= timeline["first_token_s"]["max"] <= timeline["last_token_s"]
+    assert timeline["last_token_s"] <= streamed["wall_s"] and timeline["decode_gap_ms"]["p50"] > 0
