@@ -21,6 +21,8 @@
 #   CALL=tiles (prepared for the next session): the decode attention's key tile configs in the model
 #           (`INFER_CUDA_DECODE_TILE`, the plain kernel's winners in call 5): decode replays at 32-256 rows,
 #           context 512.
+#   CALL=rope_tiles (prepared): the same configs in the served form alone (`bench_decode_splits.py --rope`: the fused
+#           q/k norm + RoPE + store), at the served shapes, with each variant's registers (~1 min).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=offline COMMIT=abc1234 bash scripts/device_session16.sh
 set -u
@@ -108,6 +110,11 @@ case ${CALL:-offline} in
       offline "c4_s$seed" --seed $seed --clients 4 --warmup-seqs $(( seed == 41 ? 64 : 0 ))
     done
     engine_down repeat; pack ;;
+  rope_tiles)
+    timeout 240 python3 $SCRIPTS/bench_decode_splits.py --rope --registers \
+      --cases 32x1000,64x384,96x350,128x384,256x640,12x3000 \
+      --configs 64:4:2,32:4:2,128:8:2,32:2:2,64:8:2,64:4:3 --json "$LOGS/rope_tiles.json" > "$LOGS/rope_tiles.log" 2>&1
+    echo "rope_tiles rc=$?"; cat "$LOGS/rope_tiles.log"; pack ;;
   tiles)
     for tile in ${TILES:-64:4:2 32:4:2 128:8:2 32:2:2}; do
       ROOFLINE_TIMEOUT=150 ROOFLINE_ARGS="--context 512" roofline "tile_${tile//:/_}" qwen3-4b 32,64,128,256 \

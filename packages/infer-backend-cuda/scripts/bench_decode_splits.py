@@ -3,6 +3,8 @@ pages of 16): GPU time per call (CUDA-graph replays, `graph_timing.py`) against 
 count of `choose_num_splits` at several wave targets. `--registers`: afterwards, the registers and spill of every
 variant the run compiled (what ptxas gave the loaded kernel, the figure that sets how many programs an SM holds).
 `--configs BLOCK_N:WARPS:STAGES,...`: the default split count under each key tile config instead of the wave targets.
+`--rope`: the served form instead of the plain kernel: q, k and v from a raw qkv projection row with the q / k norms,
+RoPE and the new token's store in the split pass (`DecodeRope`), as the model launches it.
 
     PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \\
         python3 packages/infer-backend-cuda/scripts/bench_decode_splits.py --json out.json
@@ -32,12 +34,28 @@ def paged(batch: int, ctx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return kc, torch.randn_like(kc), bt
 
 
+def served_rope(batch: int, ctx: int, bt: torch.Tensor, device: str = "cuda") -> tuple[torch.Tensor, A.DecodeRope]:
+    """The served form's inputs: q / k / v as views of one `[batch, (HQ + 2 HKV) D]` projection row, the q / k
+    norm weights, a full-width rotary table, and the new token (position ctx - 1) stored at its cache slot."""
+    qkv = torch.randn((batch, (HQ + 2 * HKV) * D), device=device, dtype=torch.bfloat16)
+    q = qkv[:, : HQ * D].view(batch, HQ, D)
+    k = qkv[:, HQ * D : (HQ + HKV) * D].view(batch, HKV, D)
+    v = qkv[:, (HQ + HKV) * D :].view(batch, HKV, D)
+    positions = torch.full((batch,), ctx - 1, dtype=torch.int64, device=device)
+    cos_sin = torch.randn((ctx, D), device=device, dtype=torch.float32)
+    norm = torch.ones(D, device=device, dtype=torch.bfloat16)
+    page = bt[:, (ctx - 1) // BS].to(torch.int64)
+    slots = page * BS + (ctx - 1) % BS
+    return q, A.DecodeRope(k, v, positions, cos_sin, norm, norm, 1e-6, slots)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--waves", default="2,4,8")
     ap.add_argument("--json")
     ap.add_argument("--registers", action="store_true", help="print each compiled variant's registers and spill")
     ap.add_argument("--configs", help="BLOCK_N:WARPS:STAGES,... tile configs to time (default: the kernel's own)")
+    ap.add_argument("--rope", action="store_true", help="time the served form (fused q/k norm, RoPE and store)")
     ap.add_argument("--cases", help="BATCHxCONTEXT,... (default: the served shapes above)")
     args = ap.parse_args()
     waves = [int(w) for w in args.waves.split(",")]
@@ -46,19 +64,20 @@ def main() -> None:
     cases = [tuple(map(int, c.split("x"))) for c in args.cases.split(",")] if args.cases else CASES
     for batch, ctx in cases:
         kc, vc, bt = paged(batch, ctx)
-        q = torch.randn((batch, HQ, D), device="cuda", dtype=torch.bfloat16)
+        q, rope = served_rope(batch, ctx, bt) if args.rope else (
+            torch.randn((batch, HQ, D), device="cuda", dtype=torch.bfloat16), None)
         lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
         floor_us = 2 * batch * ctx * HKV * D * 2 / BW * 1e6  # K and V read once, at the copy rate
         row = {"batch": batch, "ctx": ctx, "floor_us": floor_us}
         for w in waves if not args.configs else ():
             splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))
             row[f"w{w}_s{splits}"] = graph_replay_us(lambda _, s=splits: A.paged_attention_decode(
-                q, kc, vc, lens, bt, D**-0.5, num_splits=s), calls=5)
+                q, kc, vc, lens, bt, D**-0.5, num_splits=s, rope=rope), calls=5)
         for config in args.configs.split(",") if args.configs else ():
             bn, warps, stages = map(int, config.split(":"))
             A._decode_config = lambda head_dim, c=(bn, warps, stages): c  # this process only: a bench override
             row[f"c{bn}:{warps}:{stages}"] = graph_replay_us(lambda _: A.paged_attention_decode(
-                q, kc, vc, lens, bt, D**-0.5), calls=5)
+                q, kc, vc, lens, bt, D**-0.5, rope=rope), calls=5)
         rows.append(row)
         cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k[0] in "wc")
         print(f"B={batch:>3} ctx={ctx:>5} floor={floor_us:7.1f} us | {cells}", flush=True)
