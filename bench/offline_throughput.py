@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import contextlib
 import json
-import multiprocessing
 import random
 import sys
 import time
@@ -25,6 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
+from client_processes import run_in_processes, start_time  # noqa: E402
 from host_budget import HostBudget  # noqa: E402
 from sse_tokens import token_text  # noqa: E402
 
@@ -93,17 +92,12 @@ async def run(url: str, model: str, jobs: list[Job], host_budget: bool = False, 
     so that one Python client process, busy with hundreds of connections, does not set the pace."""
     budget = HostBudget(url) if host_budget else contextlib.nullcontext()
     async with budget:
+        start_at = start_time(clients)
         if clients == 1:
-            start_at = time.time()
             parts = [await drive(url, model, jobs, timeline, start_at)]
-        else:
-            start_at = time.time() + 2.0  # the processes are spawned and import before it
-            loop = asyncio.get_running_loop()
-            ctx = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
-                parts = await asyncio.gather(*(
-                    loop.run_in_executor(pool, _client_process, url, model, jobs[i::clients], timeline, start_at)
-                    for i in range(clients)))
+        else:  # a thread waits on the processes: the host budget's polling goes on meanwhile
+            parts = await asyncio.to_thread(run_in_processes, _client_process, [
+                (url, model, jobs[i::clients], timeline, start_at) for i in range(clients)])
     wall = max(end for *_, end in parts) - start_at
     output_tokens = sum(sum(outputs) for outputs, *_ in parts)
     total_in = sum(len(p) for p, _ in jobs)

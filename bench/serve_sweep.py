@@ -25,12 +25,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import concurrent.futures
 import contextlib
 import functools
 import io
 import json
-import multiprocessing
 import random
 import statistics
 import string
@@ -44,6 +42,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
+from client_processes import run_in_processes, start_time  # noqa: E402
 from host_budget import HostBudget, describe  # noqa: E402
 from sse_tokens import token_text  # noqa: E402
 
@@ -231,16 +230,13 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
     qps / clients (their sum is a Poisson stream of qps), so one Python client process never limits the server."""
     budget = HostBudget(url) if host_budget else contextlib.nullcontext()
     async with budget:
-        start_at = time.time() + (1.0 if clients > 1 else 0.0)  # the processes start together
+        start_at = start_time(clients)
         if clients == 1:
             records, wall = await drive(url, model, qps, duration, max_tokens, seed, start_at, extra, workload)
-        else:
-            loop = asyncio.get_running_loop()
-            ctx = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
-                parts = await asyncio.gather(*(
-                    loop.run_in_executor(pool, _client_process, url, model, qps / clients, duration, max_tokens,
-                                         seed * 1000 + i, start_at, extra, workload) for i in range(clients)))
+        else:  # a thread waits on the processes: the host budget's polling goes on meanwhile
+            parts = await asyncio.to_thread(run_in_processes, _client_process, [
+                (url, model, qps / clients, duration, max_tokens, seed * 1000 + i, start_at, extra, workload)
+                for i in range(clients)])
             records = [r for part, _ in parts for r in part]
             wall = max(w for _, w in parts)
     ok = [r for r in records if r.ok]

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import json
-import multiprocessing
 import statistics
 import sys
 import time
@@ -38,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds serve_sweep, also when loaded by path
+from client_processes import run_in_processes, start_time  # noqa: E402
 from serve_sweep import IGNORE_EOS, RequestRecord, commit, one_request, summarize  # noqa: E402
 
 try:  # not on the device image unless its wheel travels (scripts/device_*.sh fetch it)
@@ -147,13 +146,11 @@ def run_batch(url: str, model: str, batch: int, constrained: int, max_tokens: in
     clients = max(1, min(clients, batch))
     shares = [(batch // clients + (i < batch % clients), constrained // clients + (i < constrained % clients))
               for i in range(clients)]
-    start_at = time.time() + (1.0 if clients > 1 else 0.0)  # the processes start together
+    start_at = start_time(clients)
     if clients == 1:
         return asyncio.run(run_phase(url, model, batch - constrained, constrained, max_tokens, start_at))
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(clients, mp_context=ctx) as pool:
-        parts = list(pool.map(_client_process, *zip(*[
-            (url, model, rows - bound, bound, max_tokens, start_at, i * batch) for i, (rows, bound) in enumerate(shares)])))
+    parts = run_in_processes(_client_process, [
+        (url, model, rows - bound, bound, max_tokens, start_at, i * batch) for i, (rows, bound) in enumerate(shares)])
     return [r for free, _ in parts for r in free], [r for _, bound in parts for r in bound]
 
 

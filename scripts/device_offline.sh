@@ -9,8 +9,8 @@ timeout 150 python3 bench/offline_throughput.py --model qwen3-4b --input-len 512
   --clients "${CLIENTS:-4}" \
   --out "$OUT/offline_512_256.json" | tail -22
 if [ "${NANOVLLM:-1}" = 1 ]; then
-  timeout 150 python3 bench/offline_throughput.py --model qwen3-4b --host-budget --clients "${CLIENTS:-4}" --out "$OUT/offline_nanovllm.json" \
-    | tail -22
+  timeout 150 python3 bench/offline_throughput.py --model qwen3-4b --host-budget --clients "${CLIENTS:-4}" \
+    --out "$OUT/offline_nanovllm.json" | tail -22
 fi
 kill -TERM $ENGINE_PID; wait $ENGINE_PID; echo "serve rc=$?"
 tail -5 "$OUT/serve.log"
