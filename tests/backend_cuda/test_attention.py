@@ -12,6 +12,7 @@ import torch
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import attention_decode as D
 from infer_backend_cuda.kernels import attention_prefill as A
+from infer_backend_cuda.kernels._common import resident_programs
 from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
 from infer_core.ports.fused_ops import AttentionBatch
 from tests.backend_cuda.conftest import gpu, poison, tol
@@ -313,3 +314,42 @@ def test_decode_tile_override_sets_the_gpu_config_at_head_dim_128_only(monkeypat
     assert D._decode_config(128) == (32, 2, 2)
     assert D._decode_config(64) == (32, 2, 2)
     assert D._decode_config(256) == (32, 4, 2)  # a 256-dim head keeps its own tile
+
+
+H200 = dict(regs_per_sm=65536, shared_per_sm=233472, threads_per_sm=2048)
+
+
+@pytest.mark.parametrize(("n_regs", "warps", "shared", "programs"), [
+    (128, 4, 38912, 4),  # the split pass's 64:4:2, fused rope form (ptxas on the H200, sixteenth session)
+    (166, 2, 21504, 6),  # the narrow 32:2:2: 5,376 registers a warp -> 12 warps
+    (96, 4, 21504, 5),  # 32:4:2
+    (80, 8, 38912, 3),  # 64:8:2: 25 warps' registers hold three programs of 8 warps
+    (152, 4, 38912, 3),  # 4,864 registers a warp -> 13 warps -> 3 programs
+    (32, 4, 0, 16),  # the thread limit: 2,048 threads
+    (16, 1, 0, 32),  # the program limit
+    (32, 4, 120000, 1),  # shared memory
+])
+def test_resident_programs_takes_the_tightest_resource(n_regs, warps, shared, programs) -> None:  # noqa: ANN001
+    assert resident_programs(n_regs, warps, shared, **H200) == programs
+
+
+def test_wave_fit_takes_the_narrow_tile_only_where_it_saves_a_wave() -> None:
+    default_slots, narrow_slots = 4 * 132, 6 * 132  # the H200's split pass: 64:4:2 and 32:2:2
+    fits = [p for p in range(1, 3000) if D.wave_fit(p, default_slots, narrow_slots)]
+    assert fits == list(range(default_slots + 1, narrow_slots + 1))
+    assert 80 * 8 in fits and 96 * 8 in fits  # Qwen3-4B's 80- and 96-row decode graphs, one split
+    assert 64 * 8 not in fits and 128 * 8 not in fits
+
+
+def test_wave_fit_is_off_under_the_interpreter_a_tile_override_and_wide_heads(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(D, "interpreting", lambda: False)
+    assert D._wave_fit_applies(128) is D.WAVE_FIT
+    assert not D._wave_fit_applies(256)
+    monkeypatch.setattr(D, "TILE", (32, 4, 2))
+    assert not D._wave_fit_applies(128)
+    monkeypatch.setattr(D, "TILE", None)
+    monkeypatch.setattr(D, "WAVE_FIT", False)
+    assert not D._wave_fit_applies(128)
+    monkeypatch.setattr(D, "WAVE_FIT", True)
+    monkeypatch.setattr(D, "interpreting", lambda: True)
+    assert not D._wave_fit_applies(128)

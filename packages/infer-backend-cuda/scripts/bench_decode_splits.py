@@ -20,6 +20,7 @@ import triton
 
 from graph_timing import graph_replay_us
 from infer_backend_cuda.kernels import attention_decode as A
+from infer_backend_cuda.kernels._common import resident_programs
 
 HQ, HKV, D, BS = 32, 8, 128, 16
 BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
@@ -91,16 +92,18 @@ def main() -> None:
 
 def registers_report() -> str:
     """One line per compiled variant of the split pass (in compile order): registers a thread, spill bytes, shared
-    memory, and the warps an SM holds at that register count (65,536 registers)."""
+    memory, and the programs an SM holds at once (`resident_programs`: registers, shared memory, threads)."""
     lines = []
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
     for kernel_cache, *_ in A._decode_split_kernel.device_caches.values():
         for compiled in kernel_cache.values():
             compiled._init_handles()
-            warps = compiled.metadata.num_warps
-            resident = 65536 // (max(compiled.n_regs, 1) * 32 * warps) * warps
+            warps, shared = compiled.metadata.num_warps, compiled.metadata.shared
+            resident = resident_programs(compiled.n_regs, warps, shared, props.regs_per_multiprocessor,
+                                         props.shared_memory_per_multiprocessor, props.max_threads_per_multi_processor)
             lines.append(f"split pass: {compiled.n_regs} registers, {compiled.n_spills} spill, {warps} warps, "
-                         f"{compiled.metadata.num_stages} stages, "
-                         f"{compiled.metadata.shared} B shared -> {resident} warps an SM")
+                         f"{compiled.metadata.num_stages} stages, {shared} B shared -> {resident} programs "
+                         f"({resident * warps} warps) an SM")
     return "\n".join(lines) or "no compiled variant"
 
 

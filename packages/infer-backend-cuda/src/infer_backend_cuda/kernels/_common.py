@@ -79,3 +79,21 @@ def pdl_launch(device: torch.device) -> dict[str, bool]:
     if _PDL_WANTED and device.type == "cuda" and not interpreting() and _pdl_supported(device.index or 0):
         return {"USE_PDL": True, "launch_pdl": True}
     return {"USE_PDL": False}
+
+
+# What one program of a kernel holds on an SM besides its registers and shared memory (sm_80-sm_90): registers are
+# given to a warp in units of 256, each resident program also keeps 1 KB of shared memory for the runtime, and an
+# SM holds at most 32 programs.
+REG_UNIT, SHARED_RESERVED, MAX_PROGRAMS_PER_SM = 256, 1024, 32
+
+
+def resident_programs(n_regs: int, num_warps: int, shared_bytes: int, regs_per_sm: int, shared_per_sm: int,
+                      threads_per_sm: int) -> int:
+    """How many programs of a compiled kernel one SM runs at once (its occupancy), the least of what its registers,
+    shared memory, threads and the program limit allow: a grid of more than `SMs x this` programs runs in more
+    than one wave."""
+    regs_per_warp = -(-max(n_regs, 1) * 32 // REG_UNIT) * REG_UNIT
+    by_regs = regs_per_sm // regs_per_warp // num_warps
+    by_shared = shared_per_sm // (shared_bytes + SHARED_RESERVED)
+    by_threads = threads_per_sm // (32 * num_warps)
+    return max(0, min(by_regs, by_shared, by_threads, MAX_PROGRAMS_PER_SM))

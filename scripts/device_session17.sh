@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The seventeenth session's device calls, each part bounded, the logs packed into $OUT/s17.tar.gz after every part.
+#   CALL=fit: the decode attention's wave fit (`attention_decode.wave_fit`: the narrow 32:2:2 tile where it runs
+#           the grid in one wave and 64:4:2 needs two): its GPU tests, decode replays at 64-128 rows (context 400)
+#           with the fit and without (INFER_CUDA_DECODE_WAVE_FIT=0), then chat at qps 32 on an engine with it and
+#           on one without.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=fit COMMIT=abc1234 bash scripts/device_session17.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests
+session_logs s17
+URL=http://127.0.0.1:8000
+DURATION=${DURATION:-15}
+
+case ${CALL:-fit} in
+  fit)
+    gpu_tests fit 150 tests/backend_cuda/test_fused_decode_attention.py tests/backend_cuda/test_attention.py \
+      -k "narrow or large or wave or resident"
+    ROOFLINE_TIMEOUT=120 ROOFLINE_ARGS="--context 400" roofline fit_on qwen3-4b 64,80,96,128
+    ROOFLINE_TIMEOUT=120 ROOFLINE_ARGS="--context 400" roofline fit_off qwen3-4b 64,80,96,128 \
+      INFER_CUDA_DECODE_WAVE_FIT=0
+    for fit in 1 0; do
+      engine_up "fit$fit" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_DECODE_WAVE_FIT=$fit || continue
+      sweep "fit${fit}_chat" 32
+      engine_down "fit$fit"; pack
+    done ;;
+  *) echo "unknown CALL ${CALL}" ;;
+esac
+pack
