@@ -4,6 +4,7 @@
 #           the grid in one wave and 64:4:2 needs two): its GPU tests, decode replays at 64-128 rows (context 400)
 #           with the fit and without (INFER_CUDA_DECODE_WAVE_FIT=0), then chat at qps 32 on an engine with it and
 #           on one without.
+#   CALL=fit2: that served A/B at qps 24 and 32 (DURATION s a level) with the host budget (`--host-budget`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=fit COMMIT=abc1234 bash scripts/device_session17.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests
@@ -22,6 +23,12 @@ case ${CALL:-fit} in
       engine_up "fit$fit" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_DECODE_WAVE_FIT=$fit || continue
       sweep "fit${fit}_chat" 32
       engine_down "fit$fit"; pack
+    done ;;
+  fit2)  # the served A/B again, levels where the batch sits in the 80- and 96-row graphs, with the host budget
+    for fit in 1 0; do
+      engine_up "fit2_$fit" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_DECODE_WAVE_FIT=$fit || continue
+      sweep "fit2_${fit}_chat" 24,32 --host-budget
+      engine_down "fit2_$fit"; pack
     done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac

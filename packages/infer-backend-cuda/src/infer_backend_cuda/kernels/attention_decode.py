@@ -621,7 +621,10 @@ def paged_attention_decode(
         **pdl_launch(q.device),
     )
     config = _decode_config(head_dim)
-    if block_n is None and _wave_fit_applies(head_dim):
+    # Decode batches only: their sizes are the captured graphs' (each decided, and its tile compiled, at capture).
+    # An eager mixed step's sequence count changes from step to step, and a new count would compile and query
+    # occupancy while serving (the mixed graphs' power-of-two sequence buckets would take the default anyway).
+    if block_n is None and not ragged and _wave_fit_applies(head_dim):
         key = (n_seq * num_kv_heads * splits, q.device.index, q.dtype, k_cache.dtype, *constexprs.values())
         config = _fitted_config(key, config, args, constexprs, q.device)
     bn, num_warps, num_stages = config
