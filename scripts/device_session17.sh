@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # The seventeenth session's device calls, each part bounded, the logs packed into $OUT/s17.tar.gz after every part.
+# CALL=fit and fit2 ran at 89452a9 and dde778e: the wave fit was dropped after them (docs/benchmarks.md,
+# seventeenth session), so INFER_CUDA_DECODE_WAVE_FIT no longer exists and both now run the default twice.
 #   CALL=fit: the decode attention's wave fit (`attention_decode.wave_fit`: the narrow 32:2:2 tile where it runs
 #           the grid in one wave and 64:4:2 needs two): its GPU tests, decode replays at 64-128 rows (context 400)
 #           with the fit and without (INFER_CUDA_DECODE_WAVE_FIT=0), then chat at qps 32 on an engine with it and

@@ -332,24 +332,3 @@ H200 = dict(regs_per_sm=65536, shared_per_sm=233472, threads_per_sm=2048)
 def test_resident_programs_takes_the_tightest_resource(n_regs, warps, shared, programs) -> None:  # noqa: ANN001
     assert resident_programs(n_regs, warps, shared, **H200) == programs
 
-
-def test_wave_fit_takes_the_narrow_tile_only_where_it_saves_a_wave() -> None:
-    default_slots, narrow_slots = 4 * 132, 6 * 132  # the H200's split pass: 64:4:2 and 32:2:2
-    fits = [p for p in range(1, 3000) if D.wave_fit(p, default_slots, narrow_slots)]
-    assert fits == list(range(default_slots + 1, narrow_slots + 1))
-    assert 80 * 8 in fits and 96 * 8 in fits  # Qwen3-4B's 80- and 96-row decode graphs, one split
-    assert 64 * 8 not in fits and 128 * 8 not in fits
-
-
-def test_wave_fit_is_off_under_the_interpreter_a_tile_override_and_wide_heads(monkeypatch) -> None:  # noqa: ANN001
-    monkeypatch.setattr(D, "interpreting", lambda: False)
-    assert D._wave_fit_applies(128) is D.WAVE_FIT
-    assert not D._wave_fit_applies(256)
-    monkeypatch.setattr(D, "TILE", (32, 4, 2))
-    assert not D._wave_fit_applies(128)
-    monkeypatch.setattr(D, "TILE", None)
-    monkeypatch.setattr(D, "WAVE_FIT", False)
-    assert not D._wave_fit_applies(128)
-    monkeypatch.setattr(D, "WAVE_FIT", True)
-    monkeypatch.setattr(D, "interpreting", lambda: True)
-    assert not D._wave_fit_applies(128)

@@ -217,17 +217,3 @@ def test_port_op_applies_the_output_gate_as_the_cpu_reference(device):
     got = TritonFusedOps(CudaMathOps()).qk_norm_rope_attention(q, rope.k, rope.v, *args, pb.k_cache, pb.v_cache,
                                                               batch, 0.3, gate)
     torch.testing.assert_close(got.cpu(), expected, **tol(torch.float32))
-
-
-@gpu
-def test_a_grid_past_one_default_wave_takes_the_narrow_tile(device):
-    """96 Qwen3-4B rows at ~350-640 tokens (768 one-split programs: past the default tile's one wave on an H200,
-    within the narrow tile's): the launch takes the narrow tile, and the rows, the stored tokens and the output
-    are the reference's."""
-    case = ([350 + 3 * i for i in range(96)], 32, 8, 128, 128, 16, None, True)
-    _check(case, torch.bfloat16, device)
-    programs = 96 * 8
-    chosen = {cfg for key, cfg in A._FITTED.items() if key[0] == programs and key[2] == torch.bfloat16}
-    assert chosen, "the launch did not go through the wave fit"
-    if torch.cuda.get_device_properties(device).multi_processor_count == 132:  # the H200's 4 and 6 programs an SM
-        assert chosen == {A.NARROW_TILE}

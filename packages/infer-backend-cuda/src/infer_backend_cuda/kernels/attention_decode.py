@@ -51,7 +51,6 @@ from infer_backend_cuda.kernels._common import (
     interpreting,
     next_pow2,
     pdl_launch,
-    resident_programs,
 )
 
 MAX_SPLITS = 32
@@ -89,13 +88,6 @@ def _tile_override() -> tuple[int, int, int] | None:
 
 
 TILE = _tile_override()
-# INFER_CUDA_DECODE_WAVE_FIT=0: the key tile stays 64:4:2 at every batch size (A/B runs of `wave_fit`).
-WAVE_FIT_ENV = "INFER_CUDA_DECODE_WAVE_FIT"
-WAVE_FIT = os.environ.get(WAVE_FIT_ENV, "1").strip() != "0"
-# Half the key tile on half the warps: slower a program than 64:4:2, but ~21 KB of shared memory and six resident
-# programs an SM where 64:4:2 holds four (sm_90, the fused rope form): one wave up to 99 rows at 8 KV heads
-# against 66 (H200, 96 rows at 350 tokens: 39.6 against 50.3 us; docs/benchmarks.md, seventeenth session).
-NARROW_TILE = (32, 2, 2)
 
 
 class DecodeRope(NamedTuple):
@@ -450,46 +442,6 @@ def _decode_config(head_dim: int) -> tuple[int, int, int]:
     return 32, 4, 2
 
 
-def wave_fit(programs: int, default_slots: int, narrow_slots: int) -> bool:
-    """Whether a grid of `programs` takes the narrow tile: it runs in one wave on it where the default tile needs a
-    second (`*_slots`: SMs x resident programs). Where both need several, the default's longer key tile is the
-    faster (H200, 256 rows at 640 tokens: 173.6 against 179.4 us)."""
-    return default_slots < programs <= narrow_slots
-
-
-def _wave_fit_applies(head_dim: int) -> bool:
-    return WAVE_FIT and TILE is None and head_dim <= 128 and not interpreting()
-
-
-_FITTED: dict[tuple, tuple[int, int, int]] = {}
-
-
-def _fitted_config(key: tuple, default: tuple[int, int, int], args: tuple, constexprs: dict,
-                   device: torch.device) -> tuple[int, int, int]:
-    """The split pass's (BLOCK_N, warps, stages) for this launch's shapes (`wave_fit`), decided once per `key`:
-    both tiles are compiled (no launch) for their register and shared-memory counts."""
-    config = _FITTED.get(key)
-    if config is None:
-        programs = key[0]
-        slots = [_wave_slots(c, args, constexprs, device) for c in (default, NARROW_TILE)]
-        config = _FITTED[key] = NARROW_TILE if wave_fit(programs, *slots) else default
-    return config
-
-
-def _wave_slots(config: tuple[int, int, int], args: tuple, constexprs: dict, device: torch.device) -> int:
-    """SMs x the programs of the split pass compiled at `config` that one SM holds at once."""
-    bn, warps, stages = config
-    compiled = _decode_split_kernel.warmup(*args, grid=(1,), BLOCK_N=bn, num_warps=warps, num_stages=stages,
-                                           **constexprs)
-    if hasattr(compiled, "result"):  # an asynchronous compile's future
-        compiled = compiled.result()
-    compiled._init_handles()  # loads the binary, which sets its register count
-    props = torch.cuda.get_device_properties(device)
-    return props.multi_processor_count * resident_programs(
-        compiled.n_regs, warps, compiled.metadata.shared, props.regs_per_multiprocessor,
-        props.shared_memory_per_multiprocessor, props.max_threads_per_multi_processor)
-
-
 def _merge_counters(device: torch.device, n_seq: int, num_kv_heads: int) -> torch.Tensor | None:
     """The arrival counters for an in-kernel merge (the split-K fix-up's, shared: launches on the one stream never
     overlap), or None: the reduce kernel merges (the merge fusion off, or `split_k.counters_for`'s reasons)."""
@@ -565,6 +517,8 @@ def paged_attention_decode(
     group = num_q_heads // num_kv_heads
     splits = int(num_splits or choose_num_splits(n_seq, num_kv_heads, q.device))
     splits = max(1, min(splits, MAX_SPLITS))
+    bn, num_warps, num_stages = _decode_config(head_dim)
+    bn = block_n or bn
     block_d = max(16, next_pow2(head_dim))
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     direct = splits == 1
@@ -580,7 +534,7 @@ def paged_attention_decode(
     if r is not None:
         positions = r.positions if r.positions.is_contiguous() else r.positions.contiguous()
         slots = r.slot_mapping if r.slot_mapping.is_contiguous() else r.slot_mapping.contiguous()
-    args = (
+    _decode_split_kernel[(n_seq, num_kv_heads, splits)](
         q, k_cache, v_cache, mid_o, mid_lse, out, seq_lens, block_tables,
         query_start_loc if ragged else seq_lens,  # unread unless RAGGED
         counters if counters is not None else seq_lens,  # unread unless MERGE
@@ -601,11 +555,10 @@ def paged_attention_decode(
         float(r.eps) if r is not None else 0.0,
         block_size,
         splits,
-    )
-    constexprs = dict(
         GROUP=group,
         HEAD_DIM=head_dim,
         BLOCK_H=max(16, next_pow2(group)),
+        BLOCK_N=bn,
         BLOCK_D=block_d,
         DOT_F32=dot_in_fp32(q.dtype),
         RAGGED=ragged,
@@ -618,18 +571,9 @@ def paged_attention_decode(
         SPLITS_PAD=splits_pad,
         GROUP_PAD=max(2, next_pow2(group)),
         GATED=output_gate is not None,
+        num_warps=num_warps,
+        num_stages=num_stages,
         **pdl_launch(q.device),
-    )
-    config = _decode_config(head_dim)
-    # Decode batches only: their sizes are the captured graphs' (each decided, and its tile compiled, at capture).
-    # An eager mixed step's sequence count changes from step to step, and a new count would compile and query
-    # occupancy while serving (the mixed graphs' power-of-two sequence buckets would take the default anyway).
-    if block_n is None and not ragged and _wave_fit_applies(head_dim):
-        key = (n_seq * num_kv_heads * splits, q.device.index, q.dtype, k_cache.dtype, *constexprs.values())
-        config = _fitted_config(key, config, args, constexprs, q.device)
-    bn, num_warps, num_stages = config
-    _decode_split_kernel[(n_seq, num_kv_heads, splits)](
-        *args, BLOCK_N=block_n or bn, num_warps=num_warps, num_stages=num_stages, **constexprs
     )
     if direct or counters is not None:
         return out
