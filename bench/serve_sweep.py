@@ -43,6 +43,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
 from client_processes import run_in_processes, start_time  # noqa: E402
+import itl_gaps  # noqa: E402
 from host_budget import HostBudget, describe  # noqa: E402
 from sse_tokens import token_text  # noqa: E402
 
@@ -60,6 +61,7 @@ class RequestRecord:
     image: bool = False  # the request carried an image
     text: str = ""  # the streamed content, joined
     finish_reason: str = ""
+    sent: float = 0.0  # wall-clock send time (comparable across client processes)
 
 
 def make_prompt(rng: random.Random, target: int = 0) -> str:
@@ -147,7 +149,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, messages:
     endpoint = "chat/completions" if prompt_ids is None else "completions"
     start = time.perf_counter()
     last = start
-    rec = RequestRecord(ok=False, image=any(isinstance(m["content"], list) for m in messages))
+    rec = RequestRecord(ok=False, image=any(isinstance(m["content"], list) for m in messages), sent=time.time())
     try:
         async with client.stream("POST", f"{url}/v1/{endpoint}", json=body) as resp:
             if resp.status_code != 200:
@@ -225,9 +227,11 @@ def _client_process(url: str, model: str, qps: float, duration: float, max_token
 
 async def run_level(url: str, model: str, qps: float, duration: float, max_tokens: int, seed: int,
                     host_budget: bool = False, clients: int = 1, extra: dict[str, object] | None = None,
-                    workload: Workload = Workload()) -> dict:
+                    workload: Workload = Workload(), timeline: bool = False) -> dict:
     """One QPS level. With `clients` > 1 the load comes from that many processes, each a Poisson stream of
-    qps / clients (their sum is a Poisson stream of qps), so one Python client process never limits the server."""
+    qps / clients (their sum is a Poisson stream of qps), so one Python client process never limits the server.
+    With `timeline` the level also holds each request's send time and gaps, and the long gaps' causes
+    (`itl_gaps.classify`)."""
     budget = HostBudget(url) if host_budget else contextlib.nullcontext()
     async with budget:
         start_at = start_time(clients)
@@ -257,7 +261,14 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
         "tpot_ms": {k: v * ms for k, v in summarize(tpot).items()},
         "itl_ms": {k: v * ms for k, v in summarize([g for r in ok for g in r.itl]).items()},
         "e2e_ms": {k: v * ms for k, v in summarize([r.e2e for r in ok]).items()},
-    } | ({"host_budget": budget.report} if isinstance(budget, HostBudget) else {}) | _image_stats(records)
+    } | ({"host_budget": budget.report} if isinstance(budget, HostBudget) else {}) | _image_stats(records) | (
+        _timelines(ok) if timeline else {})
+
+
+def _timelines(ok: list[RequestRecord]) -> dict[str, object]:
+    timelines = [itl_gaps.Timeline(sent=r.sent, ttft=r.ttft, itl=r.itl) for r in ok]
+    return {"long_gaps": itl_gaps.classify(timelines), "timeline": [
+        {"sent": t["sent"], "ttft": t["ttft"], "itl": [round(g, 6) for g in t["itl"]]} for t in timelines]}
 
 
 def _image_stats(records: list[RequestRecord]) -> dict[str, object]:
@@ -349,6 +360,9 @@ def main() -> None:
                     "it, e.g. HF transformers serve; a random model rarely stops early anyway)")
     ap.add_argument("--clients", type=int, default=1, help="client processes sharing the load (one Python "
                     "process streams ~10k chunks/s at most)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="keep each request's send time and gaps in the JSON, and class the long gaps by cause "
+                    "(bench/itl_gaps.py: beside another request's prefill, shared with other streams, alone)")
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default="chat")
     ap.add_argument("--image-fraction", type=float, default=0.0,
                     help="share of the requests with an image before the question (a vision model), e.g. 0.25")
@@ -386,7 +400,7 @@ def main() -> None:
     for qps in (float(q) for q in args.qps.split(",")):
         level = asyncio.run(run_level(args.url, args.model, qps, args.duration, args.max_tokens, args.seed,
                                       args.host_budget, args.clients, {} if args.no_ignore_eos else IGNORE_EOS,
-                                      workload))
+                                      workload, args.timeline))
         levels.append(level)
         print(f"qps {qps:>5}: ITL p50 {level['itl_ms']['p50']:.2f} p99 {level['itl_ms']['p99']:.2f} ms | "
               f"TPOT p50 {level['tpot_ms']['p50']:.2f} | TTFT p50 {level['ttft_ms']['p50']:.1f} "
@@ -398,6 +412,8 @@ def main() -> None:
                   f"p99 {level['ttft_image_ms']['p99']:.1f} ms", flush=True)
         if "host_budget" in level:
             print(f"           {describe(level['host_budget'])}", flush=True)
+        if "long_gaps" in level:
+            print(f"           {itl_gaps.describe(level['long_gaps'])}", flush=True)
     args.out.write_text(json.dumps({"label": args.label, "commit": args.commit or commit(), "model": args.model,
                                     "max_tokens": args.max_tokens, "workload": args.workload,
                                     "prompt_tokens": tokens, "image_fraction": args.image_fraction,

@@ -6,6 +6,7 @@
 #           the grid in one wave and 64:4:2 needs two): its GPU tests, decode replays at 64-128 rows (context 400)
 #           with the fit and without (INFER_CUDA_DECODE_WAVE_FIT=0), then chat at qps 32 on an engine with it and
 #           on one without.
+#   CALL=gaps: chat at qps 1 (40 s) and 32 (20 s) with each request's timeline, the long gaps classed by cause.
 #   CALL=fit2: that served A/B at qps 24 and 32 (DURATION s a level) with the host budget (`--host-budget`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=fit COMMIT=abc1234 bash scripts/device_session17.sh
 set -u
@@ -32,6 +33,13 @@ case ${CALL:-fit} in
       sweep "fit2_${fit}_chat" 24,32 --host-budget
       engine_down "fit2_$fit"; pack
     done ;;
+  gaps)  # where the long inter-token gaps come from (`serve_sweep.py --timeline`, bench/itl_gaps.py): chat at
+    # qps 1 for 40 s, then qps 32 for 20 s
+    engine_up gaps RUSTINFER_MAX_MODEL_LEN=32768 || exit 1
+    DURATION=40 sweep gaps_qps1 1 --timeline
+    DURATION=20 sweep gaps_qps32 32 --timeline
+    grep -h "gaps above" "$LOGS"/sweep_gaps_*.log
+    engine_down gaps; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack

@@ -54,3 +54,23 @@ def test_offline_bench_timeline_counts_token_chunks(server: ServerHarness, token
     timeline = streamed["timeline"]
     assert 0 < timeline["first_token_s"]["min"] <= timeline["first_token_s"]["max"] <= timeline["last_token_s"]
     assert timeline["last_token_s"] <= streamed["wall_s"] and timeline["decode_gap_ms"]["p50"] > 0
+
+
+def test_sweep_level_timeline_holds_every_gap_and_classes_the_long_ones(server: ServerHarness,
+                                                                        tokenizer: Tokenizer) -> None:
+    import time
+
+    answer_ids = tokenizer.encode(ANSWER, add_special_tokens=False)
+    before = time.time()
+    short = serve_sweep.Workload("long", 60)  # ~60 characters: within the fake engine's 128-token context
+    level = asyncio.run(serve_sweep.run_level(server.url, "tiny-chat", 20.0, 0.3, 32, seed=1, extra={},
+                                              workload=short, timeline=True))
+    timeline = level["timeline"]
+    assert level["failed"] == 0, level["errors"]
+    assert len(timeline) == level["num_requests"] >= 1
+    for t in timeline:
+        assert before <= t["sent"] <= time.time() and t["ttft"] > 0
+        assert len(t["itl"]) == len(answer_ids) - 1
+    report = level["long_gaps"]
+    assert report["gaps"] == sum(len(t["itl"]) for t in timeline)
+    assert report["long"] == report["beside_prefill"] + report["shared"] + report["alone"]
