@@ -7,6 +7,7 @@
 #           with the fit and without (INFER_CUDA_DECODE_WAVE_FIT=0), then chat at qps 32 on an engine with it and
 #           on one without.
 #   CALL=gaps: chat at qps 1 (40 s) and 32 (20 s) with each request's timeline, the long gaps classed by cause.
+#   CALL=gc: chat at qps 1 (40 s, timelines) with the worker's collector tuned and with Python's settings.
 #   CALL=fit2: that served A/B at qps 24 and 32 (DURATION s a level) with the host budget (`--host-budget`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=fit COMMIT=abc1234 bash scripts/device_session17.sh
 set -u
@@ -40,6 +41,14 @@ case ${CALL:-fit} in
     DURATION=20 sweep gaps_qps32 32 --timeline
     grep -h "gaps above" "$LOGS"/sweep_gaps_*.log
     engine_down gaps; pack ;;
+  gc)  # the worker's collector tuned (the default now) against Python's settings (INFER_WORKER_GC=default): chat
+    # at qps 1 for 40 s with the long gaps classed
+    for gc in tuned default; do
+      engine_up "gc_$gc" RUSTINFER_MAX_MODEL_LEN=32768 INFER_WORKER_GC=$gc || continue
+      DURATION=40 sweep "gc_${gc}_qps1" 1 --timeline
+      grep -h "gaps above" "$LOGS/sweep_gc_${gc}_qps1.log"
+      engine_down "gc_$gc"; pack
+    done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack

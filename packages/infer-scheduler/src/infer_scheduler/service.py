@@ -21,7 +21,6 @@ steps are in flight.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import time
@@ -33,6 +32,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from infer_protocol import codec
 from infer_protocol.config import Config, ipc_listener
+from infer_protocol.process_gc import tune_gc
 from infer_protocol.messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -67,18 +67,6 @@ _PEER_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_H
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _COUNTERS = ("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "num_preemptions", "num_steps")
-# A step allocates a few hundred short-lived objects (outputs, plan entries); the default gen-0 threshold (700)
-# would collect almost every step and a full collection walks every token list. Collect rarely instead, and
-# freeze what start-up allocated so collections never walk it.
-GC_THRESHOLDS = (20_000, 50, 100)
-
-
-def tune_gc() -> None:
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
-
-
 def _unlink_ipc(address: str) -> None:
     if address.startswith("ipc://"):
         path = address[len("ipc://"):]

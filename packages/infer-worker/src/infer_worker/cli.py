@@ -16,12 +16,15 @@ import traceback
 from infer_protocol.config import Config, ConfigError
 from infer_protocol.config_cli import add_config_arguments, load_config_from_args
 from infer_protocol.messages import Progress, Ready, Shutdown, StepPlan, WorkerError
+from infer_protocol.process_gc import tune_gc
 
 from infer_worker.application.worker_service import WorkerService
 from infer_worker.infrastructure.rank_group import RankGroup
 from infer_worker.infrastructure.transport import WorkerTransport
 
 log = logging.getLogger("rustinfer.worker")
+# INFER_WORKER_GC=default: the worker keeps Python's collector settings (A/B runs of `tune_gc`, as the scheduler).
+GC_ENV = "INFER_WORKER_GC"
 
 
 def serve(config: Config, stop: threading.Event) -> int:
@@ -48,6 +51,8 @@ def serve(config: Config, stop: threading.Event) -> int:
         return 1
     transport.send(Ready(num_blocks=ready.num_blocks, block_size=ready.block_size, model=ready.model,
                          num_state_slots=ready.num_state_slots, graph_step_tokens=list(ready.graph_step_tokens)))
+    if os.environ.get(GC_ENV, "tuned").strip() != "default":
+        tune_gc()
     code = 0
     try:
         run_steps(ready.service, transport, stop, group)
