@@ -43,7 +43,7 @@ case ${CALL:-fit} in
     engine_down gaps; pack ;;
   gc)  # the worker's collector tuned (the default now) against Python's settings (INFER_WORKER_GC=default): chat
     # at qps 1 for 40 s with the long gaps classed
-    for gc in tuned default; do
+    for gc in ${GCS:-tuned default}; do
       engine_up "gc_$gc" RUSTINFER_MAX_MODEL_LEN=32768 INFER_WORKER_GC=$gc || continue
       DURATION=40 sweep "gc_${gc}_qps1" 1 --timeline
       grep -h "gaps above" "$LOGS/sweep_gc_${gc}_qps1.log"
