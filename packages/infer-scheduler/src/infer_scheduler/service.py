@@ -32,7 +32,6 @@ from zmq.utils.monitor import parse_monitor_message
 
 from infer_protocol import codec
 from infer_protocol.config import Config, ipc_listener
-from infer_protocol.process_gc import tune_gc
 from infer_protocol.messages import (
     PROTOCOL_VERSION,
     Abort,
@@ -53,6 +52,7 @@ from infer_protocol.messages import (
     TokenOutput,
     WorkerError,
 )
+from infer_protocol.process_gc import tune_gc
 
 from infer_scheduler.engine import Engine, EngineError, ResultMismatch
 from infer_scheduler.step_timings import StepTimings
@@ -67,6 +67,8 @@ _PEER_EVENTS = (zmq.EVENT_ACCEPTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_H
 _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                      | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 _COUNTERS = ("prefix_cache_queries_tokens", "prefix_cache_hits_tokens", "num_preemptions", "num_steps")
+
+
 def _unlink_ipc(address: str) -> None:
     if address.startswith("ipc://"):
         path = address[len("ipc://"):]

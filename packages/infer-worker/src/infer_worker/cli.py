@@ -23,8 +23,14 @@ from infer_worker.infrastructure.rank_group import RankGroup
 from infer_worker.infrastructure.transport import WorkerTransport
 
 log = logging.getLogger("rustinfer.worker")
-# INFER_WORKER_GC=default: the worker keeps Python's collector settings (A/B runs of `tune_gc`, as the scheduler).
+# INFER_WORKER_GC=default keeps Python's collector settings in the worker (A/B runs); otherwise it collects as the
+# scheduler does (`process_gc.tune_gc`).
 GC_ENV = "INFER_WORKER_GC"
+
+
+def _tune_gc() -> None:
+    if os.environ.get(GC_ENV, "tuned").strip() != "default":
+        tune_gc()
 
 
 def serve(config: Config, stop: threading.Event) -> int:
@@ -49,10 +55,9 @@ def serve(config: Config, stop: threading.Event) -> int:
             group.close(clean=False)
         transport.close()
         return 1
+    _tune_gc()  # before Ready: its full collection never delays a step
     transport.send(Ready(num_blocks=ready.num_blocks, block_size=ready.block_size, model=ready.model,
                          num_state_slots=ready.num_state_slots, graph_step_tokens=list(ready.graph_step_tokens)))
-    if os.environ.get(GC_ENV, "tuned").strip() != "default":
-        tune_gc()
     code = 0
     try:
         run_steps(ready.service, transport, stop, group)
@@ -81,6 +86,7 @@ def follow(group: RankGroup) -> int:
         from infer_worker.infrastructure.bootstrap import bootstrap
 
         service = bootstrap(group.config, lambda status: log.debug("%s", status), group).service
+        _tune_gc()
         while True:
             msg = group.recv()
             if isinstance(msg, Shutdown):
