@@ -8,6 +8,7 @@
 #           on one without.
 #   CALL=gaps: chat at qps 1 (40 s) and 32 (20 s) with each request's timeline, the long gaps classed by cause.
 #   CALL=gc: chat at qps 1 (40 s, timelines) with the worker's collector tuned and with Python's settings.
+#   CALL=compiles: chat at qps 1 and 32 on a fresh machine, the worker's log of Triton compiles while serving.
 #   CALL=fit2: that served A/B at qps 24 and 32 (DURATION s a level) with the host budget (`--host-budget`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=fit COMMIT=abc1234 bash scripts/device_session17.sh
 set -u
@@ -49,6 +50,11 @@ case ${CALL:-fit} in
       grep -h "gaps above" "$LOGS/sweep_gc_${gc}_qps1.log"
       engine_down "gc_$gc"; pack
     done ;;
+  compiles)  # Triton compiles while serving (`compile_watch`: the worker logs each): chat at qps 1 then 32, 15 s
+    engine_up compiles RUSTINFER_MAX_MODEL_LEN=32768 || exit 1
+    sweep compiles_qps1 1; grep -c "compiled while serving" "$LOGS/serve_compiles.log"
+    sweep compiles_qps32 32; grep "compiled while serving" "$LOGS/serve_compiles.log" | cut -c1-300 | head -30
+    engine_down compiles; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack

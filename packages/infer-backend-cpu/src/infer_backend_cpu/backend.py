@@ -101,6 +101,9 @@ class CpuBackend:
     def eager_variant_batch_sizes(self, max_batch_seqs: int) -> list[int]:
         return []  # torch ops on the CPU: nothing compiles per batch size
 
+    def serving_started(self) -> None:
+        pass  # torch ops on the CPU: nothing compiles on first use
+
     def is_fatal_error(self, exc: BaseException) -> bool:
         return False  # host memory only: an exception never leaves state behind that later steps would trip on
 

@@ -158,6 +158,11 @@ class CudaBackend:
 
         return ragged_variant_batch_sizes(max_batch_seqs)
 
+    def serving_started(self) -> None:
+        from infer_backend_cuda import compile_watch  # triton loads with a backend
+
+        compile_watch.watch()
+
     def is_fatal_error(self, exc: BaseException) -> bool:
         """A CUDA error (a device-side assert, an illegal address, a launch failure) is sticky: the context is
         unusable and every later call fails with it. torch raises it as `torch.AcceleratorError` (2.9+), a

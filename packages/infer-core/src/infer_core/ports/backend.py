@@ -93,6 +93,11 @@ class LlmBackend(Protocol):
         step of each at start-up, so that no compile of seconds stalls serving. Empty when nothing compiles."""
         ...
 
+    def serving_started(self) -> None:
+        """Start-up is done: from here a compile stalls the steps of running requests. A backend that compiles
+        kernels on first use reports each later compile (the CUDA backend logs Triton's, with the kernel's name)."""
+        ...
+
     def is_fatal_error(self, exc: BaseException) -> bool:
         """Whether `exc`, raised while a step was prepared or ran, leaves the device unusable (a device-side assert,
         an illegal address: every later call fails too), so the process must end; otherwise only that step failed."""

@@ -253,6 +253,7 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     )
     log.info("ready: %s, %d KV blocks x %d, %d state slots, max_model_len %d", info, num_blocks, config.block_size,
              slots, max_model_len)
+    backend.serving_started()
     if fault:
         log.warning("test-only fault injection is on: a step fails when a prompt holds token %s (%s)", fault, FAULT_ENV)
     try:
