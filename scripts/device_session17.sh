@@ -9,6 +9,7 @@
 #   CALL=gaps: chat at qps 1 (40 s) and 32 (20 s) with each request's timeline, the long gaps classed by cause.
 #   CALL=gc: chat at qps 1 (40 s, timelines) with the worker's collector tuned and with Python's settings.
 #   CALL=compiles: chat at qps 1 and 32 on a fresh machine, the worker's log of Triton compiles while serving.
+#   CALL=next (prepared): CALL=compiles, then chat at qps 1 twice (40 s, timelines) and the offline run three times.
 #   CALL=fit2: that served A/B at qps 24 and 32 (DURATION s a level) with the host budget (`--host-budget`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=fit COMMIT=abc1234 bash scripts/device_session17.sh
 set -u
@@ -55,6 +56,18 @@ case ${CALL:-fit} in
     sweep compiles_qps1 1; grep -c "compiled while serving" "$LOGS/serve_compiles.log"
     sweep compiles_qps32 32; grep "compiled while serving" "$LOGS/serve_compiles.log" | cut -c1-300 | head -30
     engine_down compiles; pack ;;
+  next)  # prepared for the next session: the compile watch's log on a fresh machine (CALL=compiles), then on a
+    # second engine chat at qps 1 twice (40 s, timelines: the qps-1 p99 with the worker's collector tuned, repeated)
+    # and the offline 256 x (512, 256) from four client processes on new prompts three times
+    CALL=compiles bash "$0"
+    engine_up next RUSTINFER_MAX_MODEL_LEN=32768 || exit 1
+    for i in 1 2; do DURATION=40 sweep "next_qps1_$i" 1 --timeline; grep -h "gaps above" "$LOGS/sweep_next_qps1_$i.log"; done
+    for seed in 51 52 53; do
+      timeout 150 python3 bench/offline_throughput.py --model qwen3-4b --input-len 512 --output-len 256 --clients 4 \
+        --seed $seed --warmup-seqs $(( seed == 51 ? 64 : 0 )) --out "$LOGS/offline_s$seed.json" > "$LOGS/offline_s$seed.log" 2>&1
+      echo "offline s$seed rc=$?"; grep -v "^ *[]{}]" "$LOGS/offline_s$seed.log" | tail -4
+    done
+    engine_down next; pack ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
