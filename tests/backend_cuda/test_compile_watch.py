@@ -63,3 +63,11 @@ def test_a_new_variant_compiled_on_the_gpu_is_seen(fresh_watch) -> None:  # noqa
     _add_one[(2,)](x, 100, BLOCK=64)
     assert torch.equal(x.cpu(), torch.full((100,), 2.0))
     assert [name for name, _ in fresh_watch.compiles_while_serving()] == ["_add_one"]
+
+
+@gpu
+def test_the_backend_starts_watching_when_serving_starts(fresh_watch) -> None:  # noqa: ANN001
+    from infer_backend_cuda import CudaBackend
+
+    CudaBackend(device="").serving_started()
+    assert knobs.runtime.jit_post_compile_hook == compile_watch.watch().after
