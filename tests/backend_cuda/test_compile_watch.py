@@ -1,9 +1,8 @@
-"""A Triton compile after start-up is logged with the kernel's name and how long running requests waited."""
+"""A Triton compile after start-up is logged with the kernel's name, its time and whether the disk cache had it."""
 
 from __future__ import annotations
 
 import logging
-import types
 
 import pytest
 import torch
@@ -17,35 +16,39 @@ from tests.backend_cuda.conftest import gpu
 
 @pytest.fixture
 def fresh_watch(monkeypatch):  # noqa: ANN001, ANN201
-    """`watch` as in a new worker: no watch yet, Triton's hooks unset; both restored afterwards."""
+    """`watch` as in a new worker: no watch yet, no listener; both restored afterwards."""
     monkeypatch.setattr(compile_watch, "_WATCH", None)
-    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
-    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
+    monkeypatch.setattr(knobs.compilation, "listener", None)
     return compile_watch
 
 
-def test_a_compile_seen_between_the_hooks_is_logged_and_counted(fresh_watch, caplog) -> None:  # noqa: ANN001
+def _times(ir_us: int, stages_us: list[int], store_us: int) -> knobs.CompileTimes:
+    return knobs.CompileTimes(ir_initialization=ir_us, lowering_stages=[(f"s{i}", d) for i, d in enumerate(stages_us)],
+                              store_results=store_us)
+
+
+def test_a_compile_heard_of_is_logged_and_counted(fresh_watch, caplog) -> None:  # noqa: ANN001
     watch = fresh_watch.watch()
-    assert knobs.runtime.jit_cache_hook == watch.before and knobs.runtime.jit_post_compile_hook == watch.after
-    assert fresh_watch.watch() is watch  # once
-    fn = types.SimpleNamespace(name="_decode_split_kernel")  # what Triton passes: JitFunctionInfo(module, name, fn)
+    assert knobs.compilation.listener is watch and fresh_watch.watch() is watch  # installed once
     with caplog.at_level(logging.WARNING, logger=compile_watch.log.name):
-        assert watch.before(fn=fn, key=None, repr="r", compile={}, is_manual_warmup=False,
-                            already_compiled=False) is False  # the compile goes ahead
-        watch.after(fn=fn, key=None, repr="_decode_split_kernel[num_warps=4](...)", compile={},
-                    is_manual_warmup=False, already_compiled=False)
-    [(name, seconds)] = fresh_watch.compiles_while_serving()
-    assert name == "_decode_split_kernel" and 0 <= seconds < 5
-    assert "compiled while serving" in caplog.text and "_decode_split_kernel[num_warps=4]" in caplog.text
+        # Triton's call: listener(src=..., metadata=..., metadata_group=..., times=..., cache_hit=...)
+        watch(src=None, metadata={"name": "_decode_split_kernel"}, metadata_group={},
+              times=_times(200_000, [900_000, 400_000], 100_000), cache_hit=False)
+        watch(src=None, metadata={"name": "_merge_kernel"}, metadata_group={}, times=_times(3_000, [], 0),
+              cache_hit=True)
+    assert fresh_watch.compiles_while_serving() == [
+        compile_watch.Compile("_decode_split_kernel", 1.6, False), compile_watch.Compile("_merge_kernel", 0.003, True)]
+    assert "compiled while serving (1.600 s" in caplog.text and "_decode_split_kernel" in caplog.text
+    assert "loaded from the disk cache while serving (0.003 s" in caplog.text
 
 
-def test_hooks_someone_else_set_are_left_in_place(fresh_watch, monkeypatch) -> None:  # noqa: ANN001
+def test_a_listener_someone_else_set_is_left_in_place(fresh_watch, monkeypatch) -> None:  # noqa: ANN001
     def theirs(**_: object) -> None:
         return None
 
-    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", theirs)
+    monkeypatch.setattr(knobs.compilation, "listener", theirs)
     fresh_watch.watch()
-    assert knobs.runtime.jit_post_compile_hook is theirs and knobs.runtime.jit_cache_hook is None
+    assert knobs.compilation.listener is theirs
     assert fresh_watch.compiles_while_serving() == []
 
 
@@ -56,13 +59,14 @@ def _add_one(x_ptr, n, BLOCK: tl.constexpr):
 
 
 @gpu
-def test_a_new_variant_compiled_on_the_gpu_is_seen(fresh_watch) -> None:  # noqa: ANN001
+def test_a_new_variant_compiled_on_the_gpu_is_heard_of(fresh_watch) -> None:  # noqa: ANN001
     fresh_watch.watch()
     x = torch.zeros(100, device="cuda")
     _add_one[(2,)](x, 100, BLOCK=64)  # first met here: compiled (or loaded from Triton's disk cache)
     _add_one[(2,)](x, 100, BLOCK=64)
     assert torch.equal(x.cpu(), torch.full((100,), 2.0))
-    assert [name for name, _ in fresh_watch.compiles_while_serving()] == ["_add_one"]
+    [event] = fresh_watch.compiles_while_serving()
+    assert event.kernel == "_add_one" and event.seconds >= 0
 
 
 @gpu
@@ -70,4 +74,4 @@ def test_the_backend_starts_watching_when_serving_starts(fresh_watch) -> None:  
     from infer_backend_cuda import CudaBackend
 
     CudaBackend(device="").serving_started()
-    assert knobs.runtime.jit_post_compile_hook == compile_watch.watch().after
+    assert knobs.compilation.listener is compile_watch.watch()
