@@ -253,7 +253,6 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
     )
     log.info("ready: %s, %d KV blocks x %d, %d state slots, max_model_len %d", info, num_blocks, config.block_size,
              slots, max_model_len)
-    backend.serving_started()
     if fault:
         log.warning("test-only fault injection is on: a step fails when a prompt holds token %s (%s)", fault, FAULT_ENV)
     try:
@@ -265,4 +264,5 @@ def assemble(config: Config, backend: LlmBackend, model: CausalLM, model_dir: Pa
         runner.images = ImageInputs(model.visual, multimodal_rope=bool(spec.mrope_section))
     is_fatal = backend.is_fatal_error if world == 1 else _always_fatal
     service = WorkerService(executor, is_fatal=is_fatal, grammars=runner.grammars, images=runner.images)
+    backend.serving_started()  # nothing more compiles at start-up: from here a compile stalls running requests
     return ReadyWorker(service, num_blocks, config.block_size, info, slots, runner.graph_step_tokens)
