@@ -42,6 +42,13 @@ def test_a_compile_heard_of_is_logged_and_counted(fresh_watch, caplog) -> None: 
     assert "loaded from the disk cache while serving (0.003 s" in caplog.text
 
 
+def test_timings_of_another_form_never_fail_the_compile(fresh_watch) -> None:  # noqa: ANN001
+    watch = fresh_watch.watch()
+    watch(src=None, metadata={"name": "k"}, metadata_group={}, times=object(), cache_hit=False)
+    [event] = fresh_watch.compiles_while_serving()
+    assert event.kernel == "k" and event.seconds != event.seconds  # nan: unknown, still logged
+
+
 def test_a_listener_someone_else_set_is_left_in_place(fresh_watch, monkeypatch) -> None:  # noqa: ANN001
     def theirs(**_: object) -> None:
         return None

@@ -30,7 +30,10 @@ class CompileWatch:
         self._lock = threading.Lock()
 
     def __call__(self, *, metadata: dict[str, Any], times: Any, cache_hit: bool, **_: Any) -> None:
-        seconds = (times.ir_initialization + sum(d for _, d in times.lowering_stages) + times.store_results) / 1e6
+        try:
+            seconds = (times.ir_initialization + sum(d for _, d in times.lowering_stages) + times.store_results) / 1e6
+        except (AttributeError, TypeError, ValueError):  # another Triton's timing fields: the compile must go on
+            seconds = float("nan")
         event = Compile(str(metadata.get("name", "?")), seconds, bool(cache_hit))
         with self._lock:
             self.events.append(event)
