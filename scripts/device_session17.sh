@@ -10,6 +10,7 @@
 #   CALL=gc: chat at qps 1 (40 s, timelines) with the worker's collector tuned and with Python's settings.
 #   CALL=compiles: chat at qps 1 and 32 on a fresh machine, the worker's log of Triton compiles while serving.
 #   CALL=next (prepared): CALL=compiles, then chat at qps 1 twice (40 s, timelines) and the offline run three times.
+#   CALL=rows2 (prepared): replays at 1-4 rows with the 2-row step on the 4-row skinny configs and without.
 #   CALL=fit2: that served A/B at qps 24 and 32 (DURATION s a level) with the host budget (`--host-budget`).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=fit COMMIT=abc1234 bash scripts/device_session17.sh
 set -u
@@ -68,6 +69,11 @@ case ${CALL:-fit} in
       echo "offline s$seed rc=$?"; grep -v "^ *[]{}]" "$LOGS/offline_s$seed.log" | tail -4
     done
     engine_down next; pack ;;
+  rows2)  # the two-row step on the 4-row bucket's skinny configs (INFER_CUDA_SKINNY_ROW_BUCKETS=2:4) against the
+    # table's, decode replays at 1-4 rows (context 400), the remapped run between two plain ones
+    ROOFLINE_ARGS="--context 400" roofline rows_plain qwen3-4b 1,2,3,4
+    ROOFLINE_ARGS="--context 400" roofline rows_2as4 qwen3-4b 1,2,3,4 INFER_CUDA_SKINNY_ROW_BUCKETS=2:4
+    ROOFLINE_ARGS="--context 400" roofline rows_plain2 qwen3-4b 1,2,3,4 ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack

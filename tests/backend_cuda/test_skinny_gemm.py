@@ -292,3 +292,27 @@ def test_dense_linear_ops_apply_the_silu_in_the_gate_up_epilogue(gated, device, 
     torch.testing.assert_close(h.float(), stream.float(), **tol(torch.bfloat16))  # the interpreter truncates
     torch.testing.assert_close(act.float(), ref, **_fused_tol(torch.bfloat16, ref))
     assert len(launches) == (1 if gated else 0)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("", {}), ("2:4", {2: 4}), (" 1:2, 2:4 ", {1: 2, 2: 4})])
+def test_row_bucket_remap_parses(raw, expected) -> None:  # noqa: ANN001
+    assert S.parse_row_buckets(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["2", "2:3", "a:b", "16:4"])
+def test_row_bucket_remap_refuses_bad_values(raw) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=S.ROW_BUCKETS_ENV):
+        S.parse_row_buckets(raw)
+
+
+def test_rows_of_a_remapped_bucket_take_the_other_buckets_entry(monkeypatch) -> None:  # noqa: ANN001
+    two, four = S.SkinnyConfig(64, 128, 4, 2), S.SkinnyConfig(32, 256, 4, 3, use_dot=True)
+    table = {("linear", 2, 6144, 2560): two, ("linear", 4, 6144, 2560): four, ("linear", 4, 2560, 4096): None}
+    monkeypatch.setattr(S, "_tuned_table", lambda name: table)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    cuda = torch.device("cuda", 0)
+    assert S.choose_config("linear", 2, 6144, 2560, cuda) == two
+    monkeypatch.setattr(S, "ROW_BUCKETS", {2: 4})
+    assert S.choose_config("linear", 2, 6144, 2560, cuda) == four
+    assert S.choose_config("linear", 2, 2560, 4096, cuda) is None  # cuBLAS, as the 4-row bucket says
+    assert S.choose_config("linear", 1, 6144, 2560, cuda) == S.heuristic_config(1, 6144, 2560)  # other rows as before

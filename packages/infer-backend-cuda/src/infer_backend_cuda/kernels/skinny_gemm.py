@@ -34,6 +34,27 @@ MAX_M = 8
 GATED_ENV = "INFER_CUDA_GATED_GEMM"
 GATED = os.environ.get(GATED_ENV, "1").strip() != "0"
 _TABLE = tuned_table.CONFIGS / "skinny_gemm.json"
+# INFER_CUDA_SKINNY_ROW_BUCKETS="2:4": the rows of a tuned-table bucket take another bucket's entries (A/B runs;
+# served on the H200 a two-row step took 2.97 ms where three and four rows, on the 4-row bucket, took 2.88-2.91:
+# docs/benchmarks.md, seventeenth session). Read once at import, like the other INFER_CUDA_ switches.
+ROW_BUCKETS_ENV = "INFER_CUDA_SKINNY_ROW_BUCKETS"
+
+
+def parse_row_buckets(raw: str) -> dict[int, int]:
+    """`"2:4"` or `"1:2,2:4"` -> {from bucket: to bucket}; buckets are 1, 2, 4 or 8."""
+    remap: dict[int, int] = {}
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        try:
+            src, dst = (int(v) for v in part.split(":"))
+        except ValueError:
+            raise ValueError(f"{ROW_BUCKETS_ENV}={raw!r}: expected FROM:TO row buckets, e.g. 2:4") from None
+        if src not in (1, 2, 4, 8) or dst not in (1, 2, 4, 8):
+            raise ValueError(f"{ROW_BUCKETS_ENV}={raw!r}: row buckets are 1, 2, 4 or 8")
+        remap[src] = dst
+    return remap
+
+
+ROW_BUCKETS = parse_row_buckets(os.environ.get(ROW_BUCKETS_ENV, ""))
 
 
 class SkinnyConfig(NamedTuple):
@@ -226,7 +247,7 @@ def choose_config(op: str, m: int, n: int, k: int, device: torch.device) -> Skin
     than the weight stream saves)."""
     if op not in OPS:
         raise ValueError(f"unknown skinny op {op!r}")
-    key = (op, m_bucket(m), n, k)
+    key = (op, ROW_BUCKETS.get(m_bucket(m), m_bucket(m)), n, k)
     if device.type == "cuda":
         table = _tuned_table(torch.cuda.get_device_name(device))
         if key in table:
