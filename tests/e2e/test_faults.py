@@ -358,7 +358,8 @@ def test_metrics_cover_the_request_lifecycle(tiny_cluster: ServedCluster) -> Non
     grew("rustinfer_prompt_tokens_total", 2 * len(prompt))
     grew("rustinfer_generation_tokens_total", 6)
     for histogram in ("time_to_first_token_seconds", "time_per_output_token_seconds",
-                      "e2e_request_latency_seconds", "request_queue_time_seconds"):
+                      "e2e_request_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
+                      "request_decode_time_seconds", "request_inference_time_seconds"):
         grew(f"rustinfer_{histogram}_count")
         assert after[f'rustinfer_{histogram}_bucket{{le="+Inf"}}'] == after[f"rustinfer_{histogram}_count"]
     assert after["rustinfer_scheduler_ready"] == 1

@@ -327,7 +327,7 @@ def test_draining_pong_and_final_outputs_reach_a_slow_immediate_server(config, s
         srv.close()
 
 
-def test_queue_time_comes_with_the_first_output(config, servers, workers):
+def test_queue_and_prefill_time_come_with_the_first_output(config, servers, workers):
     cfg = msgspec.structs.replace(config, max_batch_seqs=1)
     svc = Service(cfg)
     t = threading.Thread(target=svc.run, daemon=True)
@@ -341,10 +341,13 @@ def test_queue_time_comes_with_the_first_output(config, servers, workers):
         outs, errors = collect(srv, {"first", "second"})
         assert not errors
         for rid in ("first", "second"):
-            assert outs[rid][0].queue_time is not None
-            assert all(o.queue_time is None for o in outs[rid][1:])
+            assert outs[rid][0].queue_time is not None and outs[rid][0].prefill_time is not None
+            assert all(o.queue_time is None and o.prefill_time is None for o in outs[rid][1:])
+            assert outs[rid][0].prefill_time >= 0.03  # at least its own prefill step
         assert outs["first"][0].queue_time < 0.15
         assert outs["second"][0].queue_time >= 5 * 0.03  # behind the first request's 6 steps
+        # its wait is the queue's, not the prefill's: scheduled once the first request left, with no step ahead
+        assert outs["second"][0].prefill_time < outs["second"][0].queue_time
         assert not svc._arrived and not svc._unscheduled and not svc._queue_time
     finally:
         svc.stop()

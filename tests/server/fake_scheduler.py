@@ -8,7 +8,8 @@ IPC path, speaking the real wire messages with the real codecs.
   token repeats. With `sampling.logprobs` each token carries `fake_logprob(i)` and `sampling.top_logprobs`
   alternatives, the sampled token first; with `sampling.prompt_logprobs` the first output carries
   `fake_prompt_logprob(position)` for prompt tokens 1.., alternatives alike. Every output reports
-  `fake_cached_tokens(prompt length)` prompt tokens served by the prefix cache.
+  `fake_cached_tokens(prompt length)` prompt tokens served by the prefix cache; the first one the scheduler's
+  `FAKE_QUEUE_TIME` and `FAKE_PREFILL_TIME`.
 - Abort -> the request is dropped; every Submit and Abort is recorded for the tests to inspect.
 """
 
@@ -45,6 +46,11 @@ def fake_cached_tokens(num_prompt_tokens: int) -> int:
 def fake_prompt_logprob(position: int) -> float:
     """The fake logprob of the prompt token at `position` (>= 1), when the sampling asks for prompt logprobs."""
     return -position / 16
+
+
+# The scheduler's timings on every request's first output (binary fractions: sums stay exact in the tests)
+FAKE_QUEUE_TIME = 0.25
+FAKE_PREFILL_TIME = 0.125
 
 
 def fake_logprob(i: int) -> float:
@@ -212,7 +218,9 @@ class FakeScheduler:
                     tops = [[((token + j) % self.vocab_size, lp - j) for j in range(sub.sampling.top_logprobs)]]
                 out = TokenOutput(rid, [token], lps, finish, num_prompt_tokens=len(sub.prompt_token_ids),
                                   num_cached_tokens=fake_cached_tokens(len(sub.prompt_token_ids)), top_logprobs=tops,
-                                  prompt_logprobs=self._prompt_logprobs(sub) if i == 0 else None)
+                                  prompt_logprobs=self._prompt_logprobs(sub) if i == 0 else None,
+                                  queue_time=FAKE_QUEUE_TIME if i == 0 else None,
+                                  prefill_time=FAKE_PREFILL_TIME if i == 0 else None)
                 by_identity.setdefault(run.identity, []).append(out)
                 if finish is not None:
                     del self._running[rid]

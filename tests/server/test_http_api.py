@@ -11,7 +11,7 @@ import pytest
 
 from infer_server.tokenizer import Tokenizer
 from tests.server.conftest import ANSWER, MAX_MODEL_LEN, ServerHarness
-from tests.server.fake_scheduler import fake_cached_tokens
+from tests.server.fake_scheduler import FAKE_PREFILL_TIME, FAKE_QUEUE_TIME, fake_cached_tokens
 from tests.server.sse_util import chat_text, completion_text, parse_sse
 
 USER = [{"role": "user", "content": "What is the capital of France?"}]
@@ -506,6 +506,34 @@ def test_request_id_echo(server: ServerHarness) -> None:
     with server.http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": True},
                             headers={"x-request-id": "s-1"}) as resp:
         assert resp.headers["x-request-id"] == "s-1"
+
+
+def _histograms(text: str) -> dict[str, float]:
+    """`name_sum` / `name_count` of every histogram in a /metrics text."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {sample.name: sample.value for family in text_string_to_metric_families(text) if family.type == "histogram"
+            for sample in family.samples if sample.name.endswith(("_sum", "_count"))}
+
+
+def test_request_phase_histograms_take_the_schedulers_timings(server: ServerHarness) -> None:
+    before = _histograms(server.http.get("/metrics").text)
+    r = server.http.post("/v1/completions", json={"prompt": "x", "max_tokens": 4, "n": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
+    after = _histograms(server.http.get("/metrics").text)
+
+    def grew(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    for phase in ("queue", "prefill", "decode", "inference"):
+        assert grew(f"rustinfer_request_{phase}_time_seconds_count") == 2, phase  # one per choice
+    assert grew("rustinfer_request_queue_time_seconds_sum") == 2 * FAKE_QUEUE_TIME
+    assert grew("rustinfer_request_prefill_time_seconds_sum") == 2 * FAKE_PREFILL_TIME
+    decode = grew("rustinfer_request_decode_time_seconds_sum")
+    assert decode > 0  # three more tokens a choice, each a step of the fake scheduler later
+    assert grew("rustinfer_request_inference_time_seconds_sum") == pytest.approx(2 * FAKE_PREFILL_TIME + decode)
+    # the TPOT is the decode time over the tokens after the first
+    assert grew("rustinfer_time_per_output_token_seconds_sum") == pytest.approx(decode / 3)
 
 
 def test_metrics_text(server: ServerHarness) -> None:

@@ -27,7 +27,8 @@ from infer_core.plan import penalises_repeats
 # 12: ImageInput carries uint8 patches and their value table (patches, value_table) instead of float32 pixel_values
 # 13: grammar readiness (StepResult.grammars_ready, GrammarStatus): the scheduler holds a constrained sequence's first
 #     sample until its grammar is compiled
-PROTOCOL_VERSION = 13
+# 14: TokenOutput.prefill_time (first scheduled step -> first output, with the queue time on a request's first output)
+PROTOCOL_VERSION = 14
 
 
 class _Msg(msgspec.Struct, frozen=True, tag_field="type", forbid_unknown_fields=True, array_like=False):
@@ -132,6 +133,9 @@ class TokenOutput(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     top_logprobs: list[list[tuple[int, float]]] | None = None
     # on a request's first output only: seconds from its arrival at the scheduler to its first scheduled step
     queue_time: float | None = None
+    # on a request's first output only: seconds from its first scheduled step (planned) to this output, at the
+    # scheduler: the steps ahead of it still in flight, its prefill steps and the result's way back
+    prefill_time: float | None = None
     # on a request's first output only, when sampling.prompt_logprobs: prompt tokens 1.. (seq_id -1, start 1)
     prompt_logprobs: PromptLogprobs | None = None
 

@@ -116,7 +116,8 @@ class Service:
         # queue time (arrival -> first scheduled step), sent with a request's first output
         self._arrived: dict[str, tuple[float, int]] = {}  # not yet scheduled: request id -> (arrival, seq id or -1)
         self._unscheduled: dict[int, str] = {}  # seq id -> request id, for those in the engine
-        self._queue_time: dict[str, float] = {}  # scheduled, first output not sent yet
+        # scheduled, first output with tokens not sent yet: request id -> (queue time, when first scheduled)
+        self._queue_time: dict[str, tuple[float, float]] = {}
         self._out: dict[bytes, list[TokenOutput]] = defaultdict(list)
         self._draining_since: float | None = None
         self._unsent: bytes | None = None  # an encoded plan the PUSH socket could not take yet
@@ -325,15 +326,17 @@ class Service:
             if ident is None:
                 continue
             if self._queue_time and out.token_ids:
-                queue_time = self._queue_time.pop(out.request_id, None)
-                if queue_time is not None:
-                    out = msgspec.structs.replace(out, queue_time=queue_time)
+                timing = self._queue_time.pop(out.request_id, None)
+                if timing is not None:
+                    queue_time, scheduled_at = timing
+                    out = msgspec.structs.replace(out, queue_time=queue_time,
+                                                  prefill_time=time.monotonic() - scheduled_at)
             self._out[ident].append(out)
             if out.finish_reason is not None:
                 del owner[out.request_id]
                 self._forget_timing(out.request_id)
 
-    # ------------------------------------------------------------------ queue time
+    # ------------------------------------------------------------------ queue and prefill time
 
     def _track(self, rid: str) -> None:
         """Note the engine's sequence id of a request that just entered the engine."""
@@ -350,7 +353,7 @@ class Service:
             if rid is not None:
                 entry = self._arrived.pop(rid, None)
                 if entry is not None:
-                    self._queue_time[rid] = now - entry[0]
+                    self._queue_time[rid] = (now - entry[0], now)
 
     def _forget_timing(self, rid: str) -> None:
         entry = self._arrived.pop(rid, None)

@@ -69,6 +69,7 @@ class Generation:
         self.submitted_at = time.monotonic()
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
+        self.prefill_time: float | None = None  # the scheduler's, from the first output (first scheduled -> token)
         self._stop_ids = frozenset(params.stop_token_ids)
         self._detok = tokenizer.detokenizer(params.prompt_token_ids, skip_special_tokens=params.skip_special_tokens)
         self._stops = StopStringMatcher(params.stop, params.include_stop)
@@ -98,6 +99,8 @@ class Generation:
             raise ApiError(500, "The engine failed while generating this request.", code="engine_error")
         if event.prompt_logprobs is not None:
             self.prompt_logprobs = event.prompt_logprobs
+        if event.prefill_time is not None:
+            self.prefill_time = event.prefill_time
         self.num_cached_tokens = event.num_cached_tokens
         if self.params.score_only:  # max_tokens 0: the one token generated to score the prompt is not shown
             self._finish("length")

@@ -89,16 +89,21 @@ class ServerMetrics:
                                       ["endpoint", "code"], registry=r)
         self.prompt_tokens = Counter("rustinfer_prompt_tokens", "Prompt tokens submitted", registry=r)
         self.generation_tokens = Counter("rustinfer_generation_tokens", "Tokens generated", registry=r)
-        self.ttft = Histogram("rustinfer_time_to_first_token_seconds", "Time to the first generated token",
-                              buckets=_LATENCY_BUCKETS, registry=r)
+        def latency(name: str, doc: str) -> Histogram:
+            return Histogram(f"rustinfer_{name}_seconds", doc, buckets=_LATENCY_BUCKETS, registry=r)
+
+        self.ttft = latency("time_to_first_token", "Time to the first generated token")
         self.tpot = Histogram("rustinfer_time_per_output_token_seconds", "Mean time per output token after the first",
                               buckets=_TPOT_BUCKETS, registry=r)
-        self.e2e = Histogram("rustinfer_e2e_request_latency_seconds", "Submit to last token",
-                             buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_time = Histogram("rustinfer_request_queue_time_seconds",
-                                    "Time a sequence waited in the scheduler's queue before its first step",
-                                    buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = latency("e2e_request_latency", "Submit to last token")
+        self.queue_time = latency("request_queue_time",
+                                  "Time a sequence waited in the scheduler's queue before its first step")
         client.add_queue_time_listener(self.queue_time.observe)
+        # vLLM's request phases: TTFT = the server's hops + queue + prefill; e2e = TTFT + decode
+        self.prefill_time = latency("request_prefill_time", "First scheduled step to the first token, at the scheduler")
+        self.decode_time = latency("request_decode_time", "First token to the last")
+        self.inference_time = latency("request_inference_time",
+                                      "First scheduled step to the last token (prefill + decode)")
         self.inflight = Gauge("rustinfer_num_requests_inflight", "Generation requests open in this server", registry=r,
                               multiprocess_mode="livesum")
         if os.environ.get(MULTIPROC_ENV):

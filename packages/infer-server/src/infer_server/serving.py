@@ -50,12 +50,18 @@ def _record(metrics: ServerMetrics, kind: Kind, gens: Sequence[Generation], erro
         metrics.generation_tokens.inc(g.num_tokens)
         reason = g.finish_reason or "abort"
         metrics.request_finished.labels(endpoint, reason).inc()
+        if g.prefill_time is not None:
+            metrics.prefill_time.observe(g.prefill_time)
         if g.first_token_at is not None:
             metrics.ttft.observe(g.first_token_at - g.submitted_at)
             if g.finished_at is not None:
+                decode_time = g.finished_at - g.first_token_at
                 metrics.e2e.observe(g.finished_at - g.submitted_at)
+                metrics.decode_time.observe(decode_time)
+                if g.prefill_time is not None:
+                    metrics.inference_time.observe(g.prefill_time + decode_time)
                 if g.num_tokens > 1:
-                    metrics.tpot.observe((g.finished_at - g.first_token_at) / (g.num_tokens - 1))
+                    metrics.tpot.observe(decode_time / (g.num_tokens - 1))
 
 
 def _tokens(gens: Sequence[Generation]) -> int:
