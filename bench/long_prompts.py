@@ -5,6 +5,8 @@ streamed, while a background decode stream runs, then TTFT per length and whethe
 
 Every request must succeed (exit 1 otherwise): prompts up to max_model_len - max_tokens must be served.
 TTFT of a prompt alone (no background stream) is the 16k-prompt probe of docs/benchmarks.md: use --no-background.
+Against this project's server each length also reports the server's mean TTFT split into the scheduler's queue and
+prefill times (bench/request_phases.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds sse_tokens, also when loaded by path
+import request_phases  # noqa: E402
 from sse_tokens import token_text  # noqa: E402
 
 
@@ -93,6 +96,7 @@ def main() -> int:
     base = [rng.randrange(args.vocab) for _ in range(max(lengths))]
     for length in lengths:
         ttfts, error = [], ""
+        phases_before = request_phases.scrape(args.url)
         for _ in range(args.repeats):
             prompt = base[:length] if args.shared_prefix else [rng.randrange(args.vocab) for _ in range(length)]
             body = {"model": args.model, "prompt": prompt,
@@ -104,9 +108,14 @@ def main() -> int:
             ttfts.append(ttft)
         ttfts.sort()
         row = {"prompt_tokens": length, "ttft_s": ttfts[len(ttfts) // 2] if ttfts else None, "error": error}
+        phases = request_phases.means_ms(phases_before, request_phases.scrape(args.url))
+        if phases:
+            row["server_phases_ms"] = phases
         failed += bool(error)
         results.append(row)
         print(f"{length:>7} tokens  TTFT {row['ttft_s'] or 0:8.3f} s  {error or 'ok'}", flush=True)
+        if phases:
+            print(f"               {request_phases.describe(phases)}", flush=True)
     stop.set()
     if thread is not None:
         alive = not background["error"]

@@ -15,7 +15,9 @@ lengths beside a decode stream).
 
 Metrics use vLLM's definitions: TTFT = time to the first content chunk; ITL = gaps between successive content
 chunks; TPOT = (E2E - TTFT) / (output tokens - 1); E2E = request latency. Reported as mean/p50/p90/p99 with
-request and output-token throughput and failures, per QPS level, as JSON (plot with bench/plot_sweep.py).
+request and output-token throughput and failures, per QPS level, as JSON (plot with bench/plot_sweep.py). Against
+this project's server a level also holds the server's mean TTFT split into the scheduler's queue and prefill times
+(`server_phases_ms`, bench/request_phases.py).
 
     python bench/serve_sweep.py --url http://127.0.0.1:8000 --model NAME --qps 1,2,4,8,16,32 --duration 60
 """
@@ -45,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_bu
 from client_processes import run_in_processes, start_time  # noqa: E402
 import itl_gaps  # noqa: E402
 from host_budget import HostBudget, describe  # noqa: E402
+import request_phases  # noqa: E402
 from sse_tokens import token_text  # noqa: E402
 
 
@@ -233,6 +236,7 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
     With `timeline` the level also holds each request's send time and gaps, and the long gaps' causes
     (`itl_gaps.classify`)."""
     budget = HostBudget(url) if host_budget else contextlib.nullcontext()
+    phases_before = await asyncio.to_thread(request_phases.scrape, url)
     async with budget:
         start_at = start_time(clients)
         if clients == 1:
@@ -243,6 +247,7 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
                 for i in range(clients)])
             records = [r for part, _ in parts for r in part]
             wall = max(w for _, w in parts)
+    phases = request_phases.means_ms(phases_before, await asyncio.to_thread(request_phases.scrape, url))
     ok = [r for r in records if r.ok]
     ms = 1e3
     tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
@@ -261,7 +266,8 @@ async def run_level(url: str, model: str, qps: float, duration: float, max_token
         "tpot_ms": {k: v * ms for k, v in summarize(tpot).items()},
         "itl_ms": {k: v * ms for k, v in summarize([g for r in ok for g in r.itl]).items()},
         "e2e_ms": {k: v * ms for k, v in summarize([r.e2e for r in ok]).items()},
-    } | ({"host_budget": budget.report} if isinstance(budget, HostBudget) else {}) | _image_stats(records) | (
+    } | ({"server_phases_ms": phases} if phases else {}) | (
+        {"host_budget": budget.report} if isinstance(budget, HostBudget) else {}) | _image_stats(records) | (
         _timelines(ok) if timeline else {})
 
 
@@ -410,6 +416,8 @@ def main() -> None:
         if "ttft_image_ms" in level:
             print(f"           {level['image_requests']} with an image: TTFT p50 {level['ttft_image_ms']['p50']:.1f} "
                   f"p99 {level['ttft_image_ms']['p99']:.1f} ms", flush=True)
+        if "server_phases_ms" in level:
+            print(f"           {request_phases.describe(level['server_phases_ms'])}", flush=True)
         if "host_budget" in level:
             print(f"           {describe(level['host_budget'])}", flush=True)
         if "long_gaps" in level:

@@ -13,6 +13,7 @@ import pytest
 from infer_server.tokenizer import Tokenizer
 from tests.bench.scripts import load_bench_script
 from tests.server.conftest import ANSWER, ServerHarness
+from tests.server.fake_scheduler import FAKE_PREFILL_TIME, FAKE_QUEUE_TIME
 
 serve_sweep = load_bench_script("serve_sweep")
 
@@ -73,4 +74,9 @@ def test_sweep_level_timeline_holds_every_gap_and_classes_the_long_ones(server: 
         assert len(t["itl"]) == len(answer_ids) - 1
     report = level["long_gaps"]
     assert report["gaps"] == sum(len(t["itl"]) for t in timeline)
+    # the server's phases over the level: the fake scheduler's timings on every request's first output
+    phases = level["server_phases_ms"]
+    assert phases["queue"] == 1e3 * FAKE_QUEUE_TIME and phases["prefill"] == 1e3 * FAKE_PREFILL_TIME
+    assert phases["hops"] == pytest.approx(phases["ttft"] - phases["queue"] - phases["prefill"])
+    assert phases["ttft"] > 0 and phases["decode"] > 0
     assert report["long"] == report["beside_prefill"] + report["shared"] + report["alone"]
