@@ -609,3 +609,126 @@ def test_quantized_gemms_replay_in_a_cuda_graph(fmt, m):
     expected = run()
     torch.cuda.synchronize()
     assert torch.equal(captured, expected) and not torch.equal(captured, eager)
+
+
+# ------------------------------------------------------------------ the RMSNorm done by the quantization pass
+
+def _norm_inputs(m: int, k: int, dtype: torch.dtype, device: str):
+    x = _x(m, k, dtype, device) * torch.logspace(-2, 2, m).reshape(m, 1).to(device=device, dtype=dtype)
+    residual = _x(m, k, dtype, device, seed=3)
+    weight = (1 + 0.1 * _x(1, k, torch.float32, device, seed=4)).reshape(k).to(dtype)
+    return x, residual, weight
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k,group,with_residual", [(200, 64, True), (576, 128, True), (256, 128, False),
+                                                   (96, 128, True)])  # partial last groups; one under a group
+def test_fp8_norm_quantize_equals_the_norm_kernel_then_the_quantization_bit_for_bit(k, group, with_residual, dtype,
+                                                                                   device):
+    from infer_backend_cuda.kernels import add_rms_norm, rms_norm
+
+    x, residual, weight = _norm_inputs(5, k, dtype, device)
+    x[1] = 0
+    if with_residual:
+        residual[1] = 0  # a zero row: rstd of eps alone, codes 0 and scale 1
+        normed, ref_stream = add_rms_norm(x, residual, weight, 1e-6)
+    else:
+        normed, ref_stream = rms_norm(x, weight, 1e-6), None
+    ref_codes, ref_scales = F8.fp8_quantize_activation(normed, group)
+    stream = poison(torch.empty_like(x)) if with_residual else None
+    norm = F8.NormPrologue(residual if with_residual else None, weight, 1e-6, stream)
+    codes, scales = F8.fp8_norm_quantize(x, norm, group)
+    assert torch.equal(scales, ref_scales)
+    assert torch.equal(codes.view(torch.uint8), ref_codes.view(torch.uint8))
+    if with_residual:
+        assert torch.equal(stream, ref_stream)
+
+
+def test_fp8_norm_quantize_pads_rows_with_zeros_in_the_cublas_layout(device):
+    x, residual, weight = _norm_inputs(5, 200, torch.bfloat16, device)
+    stream = torch.empty_like(x)
+    codes = torch.full((8, 200), 1.0, device=device).to(torch.float8_e4m3fn)
+    scales_t = torch.full((4, 8), float("nan"), device=device)
+    F8.fp8_norm_quantize(x, F8.NormPrologue(residual, weight, 1e-6, stream), 64, codes, scales_t.t())
+    from infer_backend_cuda.kernels import add_rms_norm
+
+    ref_codes, ref_scales = F8.fp8_quantize_activation(add_rms_norm(x, residual, weight, 1e-6)[0], 64)
+    assert torch.equal(codes[:5].view(torch.uint8), ref_codes.view(torch.uint8))
+    assert torch.equal(scales_t.t()[:5], ref_scales)
+    assert not codes[5:].view(torch.uint8).any() and bool((scales_t.t()[5:] == 1).all())
+
+
+def test_fp8_norm_quantize_refuses_a_residual_without_its_output(device):
+    x, residual, weight = _norm_inputs(2, 128, torch.float32, device)
+    with pytest.raises(ValueError, match="residual_out"):
+        F8.fp8_norm_quantize(x, F8.NormPrologue(residual, weight, 1e-6, None), 64)
+    assert not F8.norm_quant_fits(256, 96)  # groups are powers of two
+
+
+@pytest.mark.parametrize("m,config", [(3, None), (20, F8.Fp8Config(16, 32, 4, 1, 3)), (70, None),
+                                      (2, F8.Fp8Config(2, 16, 2, 1, 1, 1)),  # the row-streaming kernel
+                                      (4, F8.Fp8Config(4, 16, 2, 1, 2))])  # CUDA-core: it takes the normed rows
+def test_fp8_gemm_with_the_norm_prologue_equals_the_norm_then_the_gemm_bit_for_bit(m, config, device):
+    from infer_backend_cuda.kernels import add_rms_norm
+
+    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
+    bias = _x(64, 1, torch.float32, device, 7).reshape(64).to(torch.bfloat16)
+    x, residual, weight = _norm_inputs(m, 200, torch.bfloat16, device)
+    normed, ref_stream = add_rms_norm(x, residual, weight, 1e-5)
+    ref = F8.fp8_block_linear(normed, codes, scale_inv, scale_row, 64, bias, config=config)
+    stream = poison(torch.empty_like(x))
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, config=config,
+                            norm=F8.NormPrologue(residual, weight, 1e-5, stream))
+    assert torch.equal(y, ref) and torch.equal(stream, ref_stream)
+
+
+@pytest.mark.parametrize("rows", [1, 9, 66])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_fp8_linear_ops_fold_the_norm_into_the_quantization_with_the_switch(rows, with_residual, device,
+                                                                            monkeypatch):
+    """`Fp8BlockLinearOps.add_rms_norm_linear` with INFER_CUDA_FP8_NORM_QUANT on gives the bits of the default
+    (the norm kernel, then the GEMM), the new residual too, on `[T, H]` activations."""
+    from infer_backend_cuda import linear_ops
+    from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
+    from infer_core.quant import QuantScheme
+
+    scheme = QuantScheme.fp8_block(16, 64)
+    fp8 = linear_ops.CudaLinears(CudaMathOps(), TritonFusedOps(CudaMathOps())).bind(scheme)
+    weight = _fp8([40, 24], 200, (16, 64), device)
+    x, residual, norm_weight = _norm_inputs(rows, 200, torch.bfloat16, device)
+    res = residual if with_residual else None
+    monkeypatch.setattr(linear_ops, "FP8_NORM_QUANT", False)
+    ref, ref_stream = fp8.add_rms_norm_linear(x, res, norm_weight, 1e-6, weight, None)
+    monkeypatch.setattr(linear_ops, "FP8_NORM_QUANT", True)
+    y, stream = fp8.add_rms_norm_linear(x, res, norm_weight, 1e-6, weight, None)
+    assert torch.equal(y, ref) and torch.equal(stream, ref_stream)
+    assert (stream is x) == (not with_residual)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("m", [1, 8, 40, 96, 257])
+def test_fp8_norm_prologue_on_qwen3_4b_shapes_equals_the_norm_then_the_gemm_and_replays_in_a_graph(m):
+    """The qkv and gate / up GEMMs of Qwen3-4B (their inputs are normed) through every route on the GPU (tiles,
+    split-K, cuBLASLt from 65 rows): the same bits as the norm kernel then the GEMM, eagerly and replayed."""
+    from infer_backend_cuda.kernels import add_rms_norm
+
+    for n in (6144, 19456):
+        operands = _fp8([n], 2560, (128, 128), "cuda", seed=n)
+        x, residual, weight = _norm_inputs(m, 2560, torch.bfloat16, "cuda")
+        normed, ref_stream = add_rms_norm(x, residual, weight, 1e-6)
+        ref = F8.fp8_block_linear(normed, *operands, 128)
+        stream = torch.empty_like(x)
+        norm = F8.NormPrologue(residual, weight, 1e-6, stream)
+        y = F8.fp8_block_linear(x, *operands, 128, norm=norm)
+        assert torch.equal(y, ref) and torch.equal(stream, ref_stream)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = F8.fp8_block_linear(x, *operands, 128, norm=norm)
+        x.copy_(_x(m, 2560, torch.bfloat16, "cuda", seed=5))
+        graph.replay()
+        normed, ref_stream = add_rms_norm(x, residual, weight, 1e-6)
+        expected = F8.fp8_block_linear(normed, *operands, 128)
+        torch.cuda.synchronize()
+        assert torch.equal(captured, expected) and torch.equal(stream, ref_stream)

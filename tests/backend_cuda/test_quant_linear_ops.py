@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from infer_backend_cpu import CpuBackend
+from infer_backend_cuda import linear_ops
 from infer_backend_cuda.linear_ops import CudaLinears
 from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
 from infer_core.ports.op_ports import OpPorts
@@ -28,8 +29,13 @@ def _cuda_ops_on_this_device() -> OpPorts:
                    linears=CudaLinears(math, fused), gdn=cpu.gdn)
 
 
-@pytest.mark.parametrize("quant", [awq_config(32), fp8_config((32, 32))], ids=["awq", "fp8"])
-def test_quantized_layers_match_the_cpu_reference(quant: dict, tmp_path: Path, device: str) -> None:
+@pytest.mark.parametrize("quant,norm_quant", [(awq_config(32), False), (fp8_config((32, 32)), False),
+                                              (fp8_config((32, 32)), True)], ids=["awq", "fp8", "fp8-norm-quant"])
+def test_quantized_layers_match_the_cpu_reference(quant: dict, norm_quant: bool, tmp_path: Path, device: str,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8-norm-quant: the norms before qkv and gate / up done by the GEMMs' quantization pass
+    (INFER_CUDA_FP8_NORM_QUANT=1)."""
+    monkeypatch.setattr(linear_ops, "FP8_NORM_QUANT", norm_quant)
     config = llama_config(num_hidden_layers=1)
     write_quantized(random_hf_model(config, seed=4).state_dict(), config.to_dict(), tmp_path, quant, torch.float32)
     spec = ModelSpec.from_hf_config(read_config(tmp_path))

@@ -8,6 +8,7 @@ the unfused norm kernel, and the SiLU-and-mul kernel after the gate / up GEMM. E
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import torch
@@ -20,6 +21,11 @@ from infer_core.ports.linear_ops import LinearOps, UnfusedLinearOps
 from infer_core.quant import QuantMethod, QuantScheme
 
 Operands = Sequence[torch.Tensor]
+# INFER_CUDA_FP8_NORM_QUANT=1: the RMSNorm before an FP8 GEMM done by its activation quantization pass, one launch
+# fewer a GEMM (72 a Qwen3-4B step), the same bits; off until the H200 has measured it (docs/benchmarks.md). Read
+# once at import, like the other INFER_CUDA_ switches.
+FP8_NORM_QUANT_ENV = "INFER_CUDA_FP8_NORM_QUANT"
+FP8_NORM_QUANT = os.environ.get(FP8_NORM_QUANT_ENV, "0").strip() == "1"
 
 
 class DenseLinearOps:
@@ -78,9 +84,29 @@ class AwqLinearOps(_QuantizedLinearOps):
 
 
 class Fp8BlockLinearOps(_QuantizedLinearOps):
-    def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+    """The block-FP8 GEMMs. With `INFER_CUDA_FP8_NORM_QUANT=1` the (add +) RMSNorm before one is done by its
+    activation quantization pass (`fp8_gemm.NormPrologue`: one launch and the normed activation's round trip fewer a
+    GEMM); by default the norm kernel runs, then the GEMM."""
+
+    def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None,
+             norm: fp8_gemm.NormPrologue | None = None) -> torch.Tensor:
         codes, scale_inv, scale_row = weight
-        return fp8_gemm.fp8_block_linear(x, codes, scale_inv, scale_row, self.scheme.block[1], bias)
+        return fp8_gemm.fp8_block_linear(x, codes, scale_inv, scale_row, self.scheme.block[1], bias, norm=norm)
+
+    def add_rms_norm_linear(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+        weight: Operands, bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = x.shape[-1]
+        if not (FP8_NORM_QUANT and fp8_gemm.norm_quant_fits(hidden, self.scheme.block[1])):
+            return super().add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+        rows = x.reshape(-1, hidden)
+        if rows.stride(-1) != 1:
+            rows = rows.contiguous()
+        stream = x if residual is None else torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
+        norm = fp8_gemm.NormPrologue(residual, norm_weight, eps, stream if residual is not None else None)
+        out = self.gemm(rows, weight, bias, norm)
+        return out.reshape(*x.shape[:-1], -1), stream
 
 
 class CudaLinears:

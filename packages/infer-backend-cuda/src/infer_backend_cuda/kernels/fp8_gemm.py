@@ -29,8 +29,9 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels import fp8_scaled_mm, split_k, tuned_table
 from infer_backend_cuda.kernels._common import (
-    check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2, pdl_launch,
+    check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2, norm_num_warps, pdl_launch, rows_view,
 )
+from infer_backend_cuda.kernels.rms_norm import add_rms_norm, add_rms_norm_row, rms_norm
 
 _E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
 SKINNY_MAX_M = 8
@@ -243,11 +244,9 @@ def _fp8_rows_kernel(
              mask=m_mask[:, None] & n_mask[None, :])
 
 
-def fp8_quantize_activation(
-    x: torch.Tensor, group: int, codes: torch.Tensor | None = None, scales: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x [M, K]` -> (e4m3 codes `[M, K]`, fp32 scales `[M, ceil(K / group)]`). Given `codes [R, K]` and `scales
-    [R, groups]` (any strides; R >= M) rows M..R are filled as zero rows."""
+def _quant_outputs(x: torch.Tensor, group: int, codes: torch.Tensor | None, scales: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The quantization's codes `[R, K]` and scales `[R, groups]` (fresh `[M, ...]` ones where not given), checked."""
     check_last_dim_contiguous("input", x)
     m, k = x.shape
     groups = triton.cdiv(k, group)
@@ -255,15 +254,108 @@ def fp8_quantize_activation(
         codes = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
     if scales is None:
         scales = torch.empty((codes.shape[0], groups), dtype=torch.float32, device=x.device)
-    rows = codes.shape[0]
-    if rows < m or scales.shape != (rows, groups):
+    if codes.shape[0] < m or scales.shape != (codes.shape[0], groups):
         raise ValueError(f"FP8 quantization: codes {tuple(codes.shape)} / scales {tuple(scales.shape)} for input "
                          f"{tuple(x.shape)} in groups of {group}")
+    return codes, scales
+
+
+def fp8_quantize_activation(
+    x: torch.Tensor, group: int, codes: torch.Tensor | None = None, scales: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x [M, K]` -> (e4m3 codes `[M, K]`, fp32 scales `[M, ceil(K / group)]`). Given `codes [R, K]` and `scales
+    [R, groups]` (any strides; R >= M) rows M..R are filled as zero rows."""
+    m, k = x.shape
+    codes, scales = _quant_outputs(x, group, codes, scales)
+    rows, groups = scales.shape
     if rows:
         _act_quant_kernel[(rows, groups)](
             x, codes, scales, m, k, x.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
             GROUP=group, ROUND_IN_FP32=interpreting(), num_warps=1 if group <= 128 else 2, **pdl_launch(x.device))
     return codes, scales
+
+
+@triton.jit
+def _norm_quant_kernel(
+    x_ptr, res_ptr, w_ptr, res_out_ptr, q_ptr, s_ptr, M, H, eps, x_stride, res_stride, res_out_stride, q_stride,
+    s_row_stride, s_group_stride,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """One row: (residual add +) RMSNorm, rounded to x's dtype as the norm kernel stores it, then quantized in
+    `GROUP`-column groups as `_act_quant_kernel` does; rows at or past M (padding) give codes 0 and scale 1."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0).to(tl.int64)
+    y = add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, M, x_stride, res_stride, res_out_stride, H,
+                         eps, HAS_RESIDUAL, BLOCK, USE_PDL)
+    y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
+    codes, scale = _quantize_groups(tl.reshape(y, (BLOCK // GROUP, GROUP)), ROUND_IN_FP32)
+    g = tl.arange(0, BLOCK // GROUP)
+    cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    tl.store(q_ptr + row * q_stride + cols, codes.to(q_ptr.dtype.element_ty), mask=cols < H)
+    tl.store(s_ptr + row * s_row_stride + g * s_group_stride, scale, mask=g * GROUP < H)
+
+
+class NormPrologue(NamedTuple):
+    """The (residual add +) RMSNorm before an FP8 GEMM, done by the pass that quantizes the GEMM's activations
+    (`fp8_norm_quantize`): the norm's own launch and its output's round trip saved. `residual_out` receives the new
+    residual (unused without a residual)."""
+
+    residual: torch.Tensor | None
+    weight: torch.Tensor
+    eps: float
+    residual_out: torch.Tensor | None
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm's output itself, for a GEMM that quantizes its own activations."""
+        if self.residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        return add_rms_norm(x, self.residual, self.weight, self.eps, residual_out=self.residual_out)[0]
+
+    def quantize(self, x: torch.Tensor, group: int, codes: torch.Tensor | None = None,
+                 scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return fp8_norm_quantize(x, self, group, codes, scales)
+
+
+def norm_quant_fits(hidden: int, group: int) -> bool:
+    """Whether one program can quantize a normed row: power-of-two groups (whole or a partial last one)."""
+    return group == next_pow2(group) and max(next_pow2(hidden), group) <= 16384
+
+
+def fp8_norm_quantize(
+    x: torch.Tensor, norm: NormPrologue, group: int, codes: torch.Tensor | None = None,
+    scales: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fp8_quantize_activation(rms_norm(x (+ residual)), group, codes, scales)` in one launch, equal to the two
+    kernels bit for bit; the new residual goes to `norm.residual_out`."""
+    m, k = x.shape
+    if not norm_quant_fits(k, group):
+        raise ValueError(f"FP8 norm + quantization: groups of {group} over rows of {k}")
+    codes, scales = _quant_outputs(x, group, codes, scales)
+    rows = codes.shape[0]
+    has_res = norm.residual is not None
+    if has_res and norm.residual_out is None:
+        raise ValueError("FP8 norm + quantization: a residual needs its residual_out")
+    res = rows_view(norm.residual) if has_res else x
+    res_out = norm.residual_out.view(-1, k) if has_res and norm.residual_out is not None else x
+    if has_res and (res.shape != x.shape or res_out.shape != x.shape):
+        raise ValueError(f"FP8 norm + quantization: residual {tuple(res.shape)} for input {tuple(x.shape)}")
+    block = max(next_pow2(k), group)
+    if rows:
+        _norm_quant_kernel[(rows,)](
+            x, res, norm.weight, res_out, codes, scales, m, k, float(norm.eps), x.stride(0), res.stride(0),
+            res_out.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
+            HAS_RESIDUAL=has_res, BLOCK=block, GROUP=group, ROUND_IN_FP32=interpreting(),
+            num_warps=norm_num_warps(block), **pdl_launch(x.device))
+    return codes, scales
+
+
+def _quantize(x: torch.Tensor, group: int, norm: NormPrologue | None, codes: torch.Tensor | None = None,
+              scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    if norm is None:
+        return fp8_quantize_activation(x, group, codes, scales)
+    return norm.quantize(x, group, codes, scales)
 
 
 def default_config(m: int, n: int, k: int, group: int) -> Fp8Config:
@@ -328,8 +420,11 @@ def fp8_block_linear(
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     config: Fp8Config | None = None,
+    norm: NormPrologue | None = None,
 ) -> torch.Tensor:
-    """W8A8 `x [M, K] @ dequant(weight [N, K]).T (+ bias)` -> `[M, N]` in x's dtype."""
+    """W8A8 `x [M, K] @ dequant(weight [N, K]).T (+ bias)` -> `[M, N]` in x's dtype. With `norm`, of
+    `rms_norm(x (+ residual))`, the norm done by the activation quantization (the new residual in
+    `norm.residual_out`)."""
     if x.dim() != 2 or weight.shape[1] != x.shape[1] or scale_row.shape[0] != weight.shape[0]:
         raise ValueError(f"FP8 GEMM: input {tuple(x.shape)}, weight {tuple(weight.shape)} and scale_row "
                          f"{tuple(scale_row.shape)} do not match")
@@ -344,11 +439,11 @@ def fp8_block_linear(
         if config is not None and config.scaled_mm and not usable:
             config = None  # a tuned cuBLASLt entry for operands it cannot take (partial blocks): the default rules
         if usable and (config is None or config.scaled_mm):
-            return _scaled_mm_linear(x, weight, scale_inv, group, bias, out)
+            return _scaled_mm_linear(x, weight, scale_inv, group, bias, out, norm)
     if config is not None and config.scaled_mm:
         if not fp8_scaled_mm.shape_fits(x, weight, scale_inv, group, bias):
             raise ValueError("FP8 GEMM: these operands do not have torch._scaled_mm's block-scaled layout")
-        return _scaled_mm_linear(x, weight, scale_inv, group, bias, out)
+        return _scaled_mm_linear(x, weight, scale_inv, group, bias, out, norm)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     cfg = config or default_config(m, n, k, group)
@@ -356,7 +451,7 @@ def fp8_block_linear(
     if cfg.row_groups:
         if cfg.block_m < m:
             raise ValueError(f"a row-streaming config covers at most block_m = {cfg.block_m} rows, got {m}")
-        codes, x_scale = fp8_quantize_activation(x, group)
+        codes, x_scale = _quantize(x, group, norm)
         _fp8_rows_kernel[(triton.cdiv(n, cfg.block_n),)](
             codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, out,
             m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
@@ -366,7 +461,9 @@ def fp8_block_linear(
         )
         return out
     # The skinny kernel quantizes its own activation groups; the tensor-core tiles take them from one pass.
-    codes, x_scale = (x, x) if skinny else fp8_quantize_activation(x, group)
+    if skinny and norm is not None:
+        x = norm.normed(x)
+    codes, x_scale = (x, x) if skinny else _quantize(x, group, norm)
     per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
     p = split_k.partials(splits, m, n, out, grid[0] * grid[1])
@@ -409,13 +506,14 @@ def _probe_triton(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor
 
 
 def _scaled_mm_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, group: int,
-                      bias: torch.Tensor | None, out: torch.Tensor | None) -> torch.Tensor:
+                      bias: torch.Tensor | None, out: torch.Tensor | None,
+                      norm: NormPrologue | None = None) -> torch.Tensor:
     """Quantize x into row-padded codes and M-major scales, then cuBLASLt (fp8_scaled_mm.py)."""
     m, k = x.shape
     rows = fp8_scaled_mm.padded_rows(m)
     codes = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
     scales_t = torch.empty((triton.cdiv(k, group), rows), dtype=torch.float32, device=x.device)
-    fp8_quantize_activation(x, group, codes, scales_t.t())
+    _quantize(x, group, norm, codes, scales_t.t())
     direct = out if out is not None and rows == m else None
     y = fp8_scaled_mm.block_linear(codes, scales_t, weight, scale_inv, x.dtype, bias, direct)
     if direct is not None:

@@ -15,6 +15,30 @@ from infer_backend_cuda.kernels._common import next_pow2, norm_num_warps, pdl_la
 
 
 @triton.jit
+def add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, n_rows, x_stride, res_stride, res_out_stride, H, eps,
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """One row's `x (+ residual) -> rms_norm * w` in fp32 `[BLOCK]` (zeros past H), the new residual stored. A row
+    at or past `n_rows` (padding) reads zeros and stores nothing. Waits for the producer under PDL."""
+    cols = tl.arange(0, BLOCK)
+    mask = cols < H
+    # The weight first, before waiting for the producer (no kernel writes it): loaded after the residual's store
+    # it would take a round trip of its own (a load may not move above a store it could alias).
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+    mask = mask & (cols * 0 + row < n_rows)
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * res_out_stride + cols, s, mask=mask)
+        x = s.to(tl.float32)
+    var = tl.sum(x * x, axis=0) / H
+    rstd = 1.0 / tl.sqrt(var + eps)
+    return x * rstd * w
+
+
+@triton.jit
 def _rms_norm_kernel(
     x_ptr,
     res_ptr,
@@ -34,23 +58,10 @@ def _rms_norm_kernel(
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
+    y = add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, row + 1, x_stride, res_stride, res_out_stride, H,
+                         eps, HAS_RESIDUAL, BLOCK, USE_PDL)
     cols = tl.arange(0, BLOCK)
-    mask = cols < H
-    # The weight first, before waiting for the producer (no kernel writes it): loaded after the residual's store
-    # it would take a round trip of its own (a load may not move above a store it could alias).
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(res_out_ptr.dtype.element_ty)
-        tl.store(res_out_ptr + row * res_out_stride + cols, s, mask=mask)
-        x = s.to(tl.float32)
-    var = tl.sum(x * x, axis=0) / H
-    rstd = 1.0 / tl.sqrt(var + eps)
-    y = x * rstd * w
-    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=cols < H)
 
 
 def _launch(x2, r2, weight, out2, rout2, eps: float) -> None:
