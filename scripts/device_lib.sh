@@ -47,9 +47,10 @@ gpu_tests() {  # gpu_tests TAG SECONDS FILES... [-k EXPR]
   echo "pytest $tag rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_$tag.log" | tail -8; pack
 }
 
-session_logs() {  # session_logs TAG: a session script's $LOGS ($OUT/TAG), PYTHONUNBUFFERED, COMMIT, SCRIPTS, the
+session_logs() {  # session_logs TAG: a session script's $LOGS ($OUT/TAG), URL, DURATION, PYTHONUNBUFFERED, COMMIT, SCRIPTS, the
   # commit line, and `pack` (the logs and any engines' into $OUT/TAG.tar.gz, after every part: a cut run returns them)
   OUT=${OUT:-/tmp/out}; LOGS=$OUT/$1; mkdir -p "$LOGS"; SESSION_TAG=$1
+  URL=${URL:-http://127.0.0.1:8000}; DURATION=${DURATION:-15}
   export PYTHONUNBUFFERED=1
   COMMIT=${COMMIT:-unknown}
   SCRIPTS=packages/infer-backend-cuda/scripts
