@@ -1,6 +1,7 @@
 """Fingerprints of the sm_90 SASS of the kernels that share `split_k.last_arrival` (the split-K fix-up in the AWQ
-and FP8 GEMMs, the decode attention's split merge, the GDN decode mixer), compiled on a machine without a GPU: a
-refactor of shared Triton helpers that must not change what runs shows the same fingerprints before and after.
+and FP8 GEMMs, the decode attention's split merge, the GDN decode mixer) and of the (add +) RMSNorm kernel (its row
+math shared with the FP8 norm + quantization kernel), compiled on a machine without a GPU: a refactor of shared
+Triton helpers that must not change what runs shows the same fingerprints before and after.
 
     python3 packages/infer-backend-cuda/scripts/codegen_fingerprint.py        # run at both trees, compare
 
@@ -11,11 +12,13 @@ which ptxas schedules back to the same instructions. Addresses are stripped, so 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import re
 
 from infer_backend_cuda.kernels import attention_decode as AD, awq_gemv as AV, fp8_gemm as F8, gdn_decode as G
 from sass_census import _cuobjdump, compile_sm90
 
+RN = importlib.import_module("infer_backend_cuda.kernels.rms_norm")  # the package exports a function of that name
 _ADDR = re.compile(r"/\*[0-9a-f]{4,}\*/")
 
 
@@ -61,6 +64,10 @@ def cases():
         "bt_ptr": "*i32", "qsl_ptr": "*i32", "counter_ptr": "*i32", "k_ptr": "*bf16", "v_ptr": "*bf16",
         "pos_ptr": "*i64", "qw_ptr": "*bf16", "kw_ptr": "*bf16", "slot_ptr": "*i64", "g_ptr": "*bf16"},
         ("scale", "eps"))
+    ce = dict(HAS_RESIDUAL=True, BLOCK=4096, USE_PDL=True)  # Qwen3-4B's hidden 2560, 8 warps
+    yield "add + rms norm", *_sass_print(RN._rms_norm_kernel, ce, {
+        "x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "res_out_ptr": "*bf16"},
+        ("eps",), warps=8)
 
 
 def main() -> None:

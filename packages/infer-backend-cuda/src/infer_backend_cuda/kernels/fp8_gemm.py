@@ -288,7 +288,7 @@ def _norm_quant_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     y = add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, M, x_stride, res_stride, res_out_stride, H,
-                         eps, HAS_RESIDUAL, BLOCK, USE_PDL)
+                         eps, HAS_RESIDUAL, BLOCK, USE_PDL, True)
     y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
     codes, scale = _quantize_groups(tl.reshape(y, (BLOCK // GROUP, GROUP)), ROUND_IN_FP32)
     g = tl.arange(0, BLOCK // GROUP)

@@ -16,9 +16,11 @@ from infer_backend_cuda.kernels._common import next_pow2, norm_num_warps, pdl_la
 
 @triton.jit
 def add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, n_rows, x_stride, res_stride, res_out_stride, H, eps,
-                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    """One row's `x (+ residual) -> rms_norm * w` in fp32 `[BLOCK]` (zeros past H), the new residual stored. A row
-    at or past `n_rows` (padding) reads zeros and stores nothing. Waits for the producer under PDL."""
+                     HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
+                     PADDED: tl.constexpr):
+    """One row's `x (+ residual) -> rms_norm * w` in fp32 `[BLOCK]` (zeros past H), the new residual stored. With
+    PADDED a row at or past `n_rows` (padding) reads zeros and stores nothing (without it the norm kernel compiles
+    as before the helper existed). Waits for the producer under PDL."""
     cols = tl.arange(0, BLOCK)
     mask = cols < H
     # The weight first, before waiting for the producer (no kernel writes it): loaded after the residual's store
@@ -26,7 +28,8 @@ def add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, n_rows, x_stride, 
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
-    mask = mask & (cols * 0 + row < n_rows)
+    if PADDED:
+        mask = mask & (cols * 0 + row < n_rows)
     x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
@@ -58,8 +61,8 @@ def _rms_norm_kernel(
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
-    y = add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, row + 1, x_stride, res_stride, res_out_stride, H,
-                         eps, HAS_RESIDUAL, BLOCK, USE_PDL)
+    y = add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, 0, x_stride, res_stride, res_out_stride, H,
+                         eps, HAS_RESIDUAL, BLOCK, USE_PDL, False)
     cols = tl.arange(0, BLOCK)
     tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=cols < H)
 
