@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from infer_backend_cuda.kernels import awq_gemm, fp8_gemm
+from infer_backend_cuda.kernels import mid_gemm as mid
 from infer_backend_cuda.kernels import skinny_gemm as skinny
 from infer_backend_cuda.ops import CudaMathOps, TritonFusedOps
 from infer_core.ports.fused_ops import unfused_add_rms_norm_linear
@@ -47,13 +48,16 @@ class DenseLinearOps:
         self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
         weight: Operands, bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The norm kernel, then at decode sizes the skinny gate / up GEMM with SiLU-and-mul in its epilogue, with the
-        plain GEMM's config at this shape (`INFER_CUDA_GATED_GEMM=0`: the GEMM, then the SiLU-and-mul kernel)."""
+        """The norm kernel, then at decode sizes the gate / up GEMM with SiLU-and-mul in its epilogue: the skinny GEMM
+        with the plain GEMM's config at this shape (`INFER_CUDA_GATED_GEMM=0`: the GEMM, then the SiLU-and-mul
+        kernel), or the mid GEMM where its table has a gated entry (9-128 rows)."""
         return unfused_add_rms_norm_linear(self._fused, self._gated_linear, x, residual, norm_weight, eps, weight[0],
                                            bias)
 
     def _gated_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        config = self._math.skinny_config("linear", x, weight)
+        config = self._math.skinny_config("linear_silu_mul", x, weight)
+        if isinstance(config, mid.MidConfig):
+            return mid.mid_linear_silu_mul(x, weight, bias, config=config)
         if config is not None and skinny.GATED:
             return skinny.skinny_linear_silu_mul(x, weight, bias, config=config)
         return self._fused.silu_and_mul(self._math.linear_with(config, x, weight, bias))

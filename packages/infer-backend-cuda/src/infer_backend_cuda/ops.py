@@ -7,6 +7,7 @@ import torch.nn.functional as F
 
 from infer_backend_cuda import kernels
 from infer_backend_cuda.kernels import attention_decode
+from infer_backend_cuda.kernels import mid_gemm as mid
 from infer_backend_cuda.kernels import skinny_gemm as skinny
 from infer_core.ports.fused_ops import (
     AttentionBatch,
@@ -14,31 +15,40 @@ from infer_core.ports.fused_ops import (
     unfused_qk_norm_rope_attention,
 )
 
+GemmConfig = skinny.SkinnyConfig | mid.MidConfig
+
 
 class CudaMathOps:
-    """GEMMs via `torch.nn.functional.linear` (cuBLAS / cuBLASLt), except decode-size ones (<= 8 rows), which
-    stream the weight through the skinny Triton GEMM where it is faster (`kernels/skinny_gemm.py`);
-    embedding gather and arg-max via torch."""
+    """GEMMs via `torch.nn.functional.linear` (cuBLAS / cuBLASLt), except decode-size ones, which stream the weight
+    through a Triton GEMM where this GPU's table measured it faster: the skinny GEMM at 1-8 rows
+    (`kernels/skinny_gemm.py`), the mid GEMM at 9-128 rows (`kernels/mid_gemm.py`); embedding gather and arg-max
+    via torch."""
 
     def __init__(self, skinny_gemm: bool = True) -> None:
         self.skinny_gemm = skinny_gemm
 
-    def skinny_config(self, op: str, x: torch.Tensor, weight: torch.Tensor) -> skinny.SkinnyConfig | None:
-        """The skinny kernel's config when `op` on these operands should take it, else None (cuBLAS path).
-        fp32 stays on cuBLAS: the fp32 runs are the exact comparisons against the CPU reference."""
-        if not (self.skinny_gemm and x.dim() == 2 and 1 <= x.shape[0] <= skinny.MAX_M):
+    def skinny_config(self, op: str, x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
+        """The Triton GEMM's config when `op` on these operands should take it, else None (cuBLAS path): a skinny
+        config at 1-8 rows, a mid one at 9-128 (`linear` / `linear_silu_mul` only). fp32 stays on cuBLAS: the fp32
+        runs are the exact comparisons against the CPU reference."""
+        if not (self.skinny_gemm and x.dim() == 2 and 1 <= x.shape[0] <= mid.MAX_M):
             return None
         if x.dtype == torch.float32 or x.stride(-1) != 1 or weight.stride(-1) != 1:
             return None
-        return skinny.choose_config(op, x.shape[0], weight.shape[0], weight.shape[1], x.device)
+        m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
+        if m <= skinny.MAX_M:
+            return skinny.choose_config("linear" if op == "linear_silu_mul" else op, m, n, k, x.device)
+        return mid.choose_config(op, m, n, k, x.device) if op in mid.OPS else None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return self.linear_with(self.skinny_config("linear", x, weight), x, weight, bias)
 
     @staticmethod
-    def linear_with(config: skinny.SkinnyConfig | None, x: torch.Tensor, weight: torch.Tensor,
+    def linear_with(config: GemmConfig | None, x: torch.Tensor, weight: torch.Tensor,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`linear` with the skinny config already chosen (`skinny_config`; None: cuBLAS)."""
+        """`linear` with the Triton GEMM's config already chosen (`skinny_config`; None: cuBLAS)."""
+        if isinstance(config, mid.MidConfig):
+            return mid.mid_linear(x, weight, bias, config=config)
         if config is not None:
             return skinny.skinny_linear(x, weight, bias, config=config)
         return F.linear(x, weight, bias)

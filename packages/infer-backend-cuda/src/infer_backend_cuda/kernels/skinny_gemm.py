@@ -102,7 +102,7 @@ def _skinny_gemm_kernel(
 ):
     """With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
     a program streams the gate and the up row of each of its `BLOCK_N / 2` output columns and applies the
-    SiLU-and-mul in its epilogue (`_gated_epilogue`)."""
+    SiLU-and-mul in its epilogue (`gated_epilogue`)."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
         if not PREFETCH:
@@ -177,14 +177,14 @@ def _skinny_gemm_kernel(
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if GATED:
-        _gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, N // 2, BLOCK_M, BLOCK_N)
+        gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, N // 2, BLOCK_M, BLOCK_N)
     else:
         out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
 
 @triton.jit
-def _gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, half_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, half_n, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """`y [BLOCK_M, BLOCK_N]` = (gate, up) column pairs of output columns `pid * BLOCK_N / 2 + j`: stores
     `silu(gate) * up`, each GEMM output first rounded to the output dtype and the product rounded again, as the
     unfused GEMM and `silu_and_mul` round. (The pairs are adjacent so that the split needs no permute, which

@@ -1,0 +1,130 @@
+"""Tune and time the mid GEMM (9-128 rows) against cuBLAS at one model's decode shapes, BF16.
+
+Ops: `linear` against `F.linear`; `linear_silu_mul` (the gate / up weight, SiLU-and-mul in the epilogue) against
+`F.linear` then the SiLU-and-mul kernel, as the adapter runs it otherwise.
+
+Run on the GPU machine:  PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \
+    python3 packages/infer-backend-cuda/scripts/bench_mid_gemm.py --table configs.json --json out.json
+Each (row bucket, N, K) is timed as CUDA-graph replays of calls that cycle through enough weight copies (>= 256 MB)
+that no call finds its weight in the 50 MB L2, as in a decode step. `--table` writes each shape's best config in the
+format `kernels/mid_gemm.py` reads, `use` saying whether it beat cuBLAS, merged with the file's other entries.
+`--budget-s` bounds the tuning (candidates are tried most promising first; what was left is reported)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench_skinny_gemm import BW, MODEL_SHAPES
+from graph_timing import graph_replay_us
+from infer_backend_cuda import kernels as K
+from infer_backend_cuda.kernels import mid_gemm as G, split_k, tuned_table
+
+# (block_n, block_k, warps, stages): 64 or 128 weight rows fill one or two warpgroups' wgmma M side; the K step
+# and the stage count set the bytes in flight per SM (a 128 x 128 x 128-row stage is 64 KB of shared memory).
+TILES = [(128, 64, 8, 4), (64, 64, 4, 4), (128, 128, 8, 3), (64, 128, 4, 3), (128, 64, 8, 3), (64, 64, 4, 6),
+         (128, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 2), (64, 64, 4, 3)]
+SMS = 132
+
+
+def candidates(op: str, n: int, k: int) -> list[G.MidConfig]:
+    """Each tile with the K splits that bring the launch to about one to four programs an SM."""
+    out = []
+    for bn, bk, warps, stages in TILES:
+        tiles = -(-n // (bn // 2 if op == "linear_silu_mul" else bn))
+        splits = [1] if op == "linear_silu_mul" else sorted(
+            {s for s in (1, 2, 3, 4, 6, 8) if tiles * s <= 4 * SMS and k // (bk * s) >= 4})
+        out += [G.MidConfig(bn, bk, warps, stages, s) for s in splits or [1]]
+    return out
+
+
+class Case:
+    def __init__(self, op: str, m: int, n: int, k: int, copies: int, dev: torch.device) -> None:
+        bf = torch.bfloat16
+        self.op = op
+        self.ws = [torch.randn((n, k), device=dev, dtype=bf) * 0.02 for _ in range(copies)]
+        self.x = torch.randn((m, k), device=dev, dtype=bf)
+        self.out = torch.empty((m, n // 2 if op == "linear_silu_mul" else n), device=dev, dtype=bf)
+        self.full = torch.empty((m, n), device=dev, dtype=bf)
+
+    def mid(self, i: int, cfg: G.MidConfig) -> torch.Tensor:
+        if self.op == "linear_silu_mul":
+            return G.mid_linear_silu_mul(self.x, self.ws[i], out=self.out, config=cfg)
+        return G.mid_linear(self.x, self.ws[i], out=self.out, config=cfg)
+
+    def baseline(self, i: int) -> torch.Tensor:
+        if self.op == "linear_silu_mul":
+            return K.silu_and_mul(torch.matmul(self.x, self.ws[i].T, out=self.full), out=self.out)
+        return torch.matmul(self.x, self.ws[i].T, out=self.out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="qwen3-4b")
+    ap.add_argument("--ops", default="linear,linear_silu_mul")
+    ap.add_argument("--ms", default="64,128,32,16")
+    ap.add_argument("--budget-s", type=float, default=300.0)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--table", type=Path)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    split_k.allocate_counters(dev)
+    name = torch.cuda.get_device_name(dev)
+    t_start = time.perf_counter()
+    shapes = MODEL_SHAPES[args.model]
+    work = [(op, m, shape) for m in (int(v) for v in args.ms.split(",")) for op in args.ops.split(",")
+            for shape in (("gate_up",) if op == "linear_silu_mul" else ("qkv", "o_proj", "gate_up", "down"))
+            if shape in shapes]
+    rows, entries = [], []
+    for i, (op, m, shape) in enumerate(work):
+        deadline = t_start + args.budget_s * (i + 1) / len(work)  # a case's share, what earlier ones left included
+        n, k = shapes[shape]
+        nbytes = n * k * 2
+        case = Case(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev)
+        copies = len(case.ws)
+        baseline = graph_replay_us(case.baseline, copies, reps=15)
+        ref = case.baseline(0).float()
+        best, best_us, tried, configs = None, float("inf"), 0, candidates(op, n, k)
+        for cfg in configs:
+            if tried and time.perf_counter() > deadline:
+                break
+            try:
+                err = (case.mid(0, cfg).float() - ref).abs().max().item()
+                if err > 0.02 * ref.abs().max().item() + 1e-2:
+                    raise RuntimeError(f"wrong result (max err {err})")
+                us = graph_replay_us(lambda i: case.mid(i, cfg), copies, reps=15)
+            except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
+                print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+                continue
+            tried += 1
+            if us < best_us:
+                best, best_us = cfg, us
+        row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(baseline, 2), mid_us=round(best_us, 2),
+                   floor_us=round(nbytes / BW * 1e6, 2), baseline_tbps=round(nbytes / baseline / 1e6, 2),
+                   mid_tbps=round(nbytes / best_us / 1e6, 2), configs_tried=tried, configs=len(configs),
+                   best=best._asdict() if best else None)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if best is not None:
+            entries.append(dict(op=op, m=m, n=n, k=k, use=best_us < baseline, **best._asdict()))
+        del case
+        torch.cuda.empty_cache()
+    print(f"\n{'op':>15} {'m':>3} {'shape':>8} {'floor':>7} {'cuBLAS':>7} {'mid':>7} (us)  tried  best")
+    for r in rows:
+        print(f"{r['op']:>15} {r['m']:>3} {r['shape']:>8} {r['floor_us']:>7.2f} {r['baseline_us']:>7.2f} "
+              f"{r['mid_us']:>7.2f}  {r['configs_tried']:>2}/{r['configs']:<2}  "
+              f"{tuple(r['best'].values()) if r['best'] else None}")
+    print(f"tuning took {time.perf_counter() - t_start:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(dict(device=name, torch=torch.__version__, rows=rows), indent=2))
+    if args.table:
+        tuned_table.merge(args.table, name, entries, G.table_key)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Mid-size GEMM (9-128 rows, BF16 / FP16): `out = x @ weight.T (+ bias)` for decode batches past the skinny GEMM.
+
+At 9-128 rows a decode linear is still a weight stream: Qwen3-4B's gate / up weight is 99.6 MB against 2.6-5.1
+MB of activations, and 2·M FLOPs a weight element stay below the H200's ridge (~175 FLOP/byte at 790 TFLOP/s and
+~4.5 TB/s) up to ~128 rows. cuBLAS reaches ~2.2-3.3 TB/s there (64 rows, sixteenth session's profiles:
+gate_up on 192x64 tiles, 102 CTAs on 132 SMs; o_proj 64x32 tiles at 2.2 TB/s), and it breaks the step's PDL
+chain. Here the weight is the tensor cores' left operand: a program computes `out^T [BLOCK_N, M] = W [BLOCK_N, K]
+· x^T [K, M]`, so `BLOCK_N` weight rows fill the MMA's 64-row side (wgmma on Hopper) and all M rows, padded to
+16-128, are its narrow side: the weight is read once, the activations (L2-resident) once per column tile.
+Narrow outputs (o_proj / down: N = 2560, 20-40 column tiles) split K into ranges whose fp32 partials the tile's
+last program sums in a fixed order (split_k.py: deterministic, no second launch).
+
+With `gated` the weight is `[gate | up]` and a program's rows are the gate row and the up row of each of its
+`BLOCK_N / 2` output columns; its epilogue writes `silu(gate) * up` (skinny_gemm.gated_epilogue): no `[M, 2I]`
+intermediate, no SiLU launch.
+
+Launch configurations come from a table measured on the GPU (`configs/mid_gemm.json`, keyed by op, row bucket
+16/32/64/128, N and K; written by `packages/infer-backend-cuda/scripts/bench_mid_gemm.py`, which times graph
+replays that stream the weight from HBM). A shape the table does not have, or where cuBLAS measured faster,
+stays on cuBLAS.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from infer_backend_cuda.kernels import split_k, tuned_table
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
+from infer_backend_cuda.kernels.skinny_gemm import MAX_M as SKINNY_MAX_M
+from infer_backend_cuda.kernels.skinny_gemm import gated_epilogue
+
+MIN_M, MAX_M = SKINNY_MAX_M + 1, 128
+OPS = ("linear", "linear_silu_mul")
+_TABLE = tuned_table.CONFIGS / "mid_gemm.json"
+# INFER_CUDA_MID_GEMM=0: 9-128 rows on cuBLAS whatever the table says (A/B runs). Read once at import, like the other
+# INFER_CUDA_ switches.
+ENABLED_ENV = "INFER_CUDA_MID_GEMM"
+ENABLED = os.environ.get(ENABLED_ENV, "1").strip() != "0"
+
+
+class MidConfig(NamedTuple):
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    k_splits: int = 1  # K cut into at most this many ranges (split_k.py); the gated epilogue takes 1
+
+
+@triton.jit
+def _mid_gemm_kernel(
+    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, counter_ptr,
+    M, N, K, x_stride, w_stride, out_stride, k_per_split,
+    HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, GATED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+    DOT_F32: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """Program (n, s): column tile n over K range `[s * k_per_split, (s + 1) * k_per_split)`. Rows past M and
+    columns past N re-read row / column 0 (their results are never stored), so the main loop loads unmasked
+    where K divides evenly."""
+    if USE_PDL:  # programmatic dependent launch: start early, read the activations only after their producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    if GATED:  # gate row c, then up row c, for each output column c (pairs adjacent: the epilogue splits them)
+        HALF_N: tl.constexpr = BLOCK_N // 2
+        j = tl.arange(0, BLOCK_N)
+        col = pid_n * HALF_N + j // 2
+        n_mask = col < N // 2
+        col = tl.where(n_mask, col, 0)
+        rn = tl.where(j % 2 == 0, col, N // 2 + col)
+    else:
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = rn < N
+    rn_load = tl.where(n_mask, rn, 0)
+    rm = tl.arange(0, BLOCK_M)
+    m_mask = rm < M
+    rm_load = tl.where(m_mask, rm, 0)
+    rk = tl.arange(0, BLOCK_K)
+    k_first = pid_k * k_per_split
+    k_end = tl.minimum(k_first + k_per_split, K)
+    w_ptrs = w_ptr + rn_load.to(tl.int64)[:, None] * w_stride + (k_first + rk)[None, :]
+    x_ptrs = x_ptr + rm_load[None, :] * x_stride + (k_first + rk)[:, None]  # x^T tile [BLOCK_K, BLOCK_M]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_first, k_end, BLOCK_K):
+        if EVEN_K:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
+            xt = tl.load(x_ptrs)
+        else:
+            k_mask = (k0 + rk) < k_end
+            w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0, eviction_policy="evict_first")
+            xt = tl.load(x_ptrs, mask=k_mask[:, None], other=0.0)
+        if DOT_F32:
+            acc += tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    y = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    if GATED:
+        if HAS_BIAS:
+            y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid_n, N // 2, BLOCK_M, BLOCK_N)
+    else:
+        split_k.store_tile(y, out_ptr, part_ptr, b_ptr, counter_ptr, rm, rn, m_mask, n_mask, N, out_stride, M * N,
+                           pid_k, tl.num_programs(1), pid_n, PARTIAL, HAS_BIAS, FIXUP)
+
+
+def m_bucket(m: int) -> int:
+    """The row count a tuned config is keyed by (and the tile's padded rows): 16, 32, 64 or 128."""
+    return max(16, next_pow2(m))
+
+
+@lru_cache(maxsize=None)
+def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], MidConfig | None]:
+    """(op, row bucket, N, K) -> the measured best config, or None where cuBLAS measured faster."""
+    return {
+        table_key(e): MidConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e["k_splits"])
+        if e["use"] else None
+        for e in tuned_table.entries(_TABLE, device_name)
+    }
+
+
+def table_key(entry: dict) -> tuple[str, int, int, int]:
+    """(op, row bucket, N, K) of a table entry."""
+    return entry["op"], entry["m"], entry["n"], entry["k"]
+
+
+def choose_config(op: str, m: int, n: int, k: int, device: torch.device) -> MidConfig | None:
+    """This GPU's measured best for `op` at the shape's row bucket, or None: cuBLAS (untuned, or faster there)."""
+    if op not in OPS:
+        raise ValueError(f"unknown mid GEMM op {op!r}")
+    if not ENABLED or device.type != "cuda" or not MIN_M <= m <= MAX_M:
+        return None
+    return _tuned_table(torch.cuda.get_device_name(device)).get((op, m_bucket(m), n, k))
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
+            config: MidConfig, gated: bool) -> torch.Tensor:
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
+        raise ValueError(f"mid GEMM: input {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
+    m, k = x.shape
+    n = weight.shape[0]
+    if not 1 <= m <= MAX_M:
+        raise ValueError(f"the mid GEMM takes 1..{MAX_M} rows, got {m}")
+    if gated and (n % 2 or config.k_splits != 1):
+        raise ValueError("the gated mid GEMM takes an even number of weight rows and one K range")
+    check_last_dim_contiguous("input", x)
+    check_last_dim_contiguous("weight", weight)
+    n_out = n // 2 if gated else n
+    if out is None:
+        out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+    check_last_dim_contiguous("out", out)
+    per_steps, splits = split_k.steps_per_split(triton.cdiv(k, config.block_k), config.k_splits)
+    k_per_split = per_steps * config.block_k
+    column_tiles = triton.cdiv(n_out, config.block_n // 2) if gated else triton.cdiv(n, config.block_n)
+    p = split_k.partials(splits, m, n, out, column_tiles)
+    _mid_gemm_kernel[(column_tiles, splits)](
+        x, weight, bias if bias is not None else weight, out, p.workspace, p.counter_arg,
+        m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
+        HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup, GATED=gated,
+        BLOCK_M=m_bucket(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0, DOT_F32=dot_in_fp32(x.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(x.device),
+    )
+    split_k.finish(p, bias, out)
+    return out
+
+
+def mid_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               out: torch.Tensor | None = None, *, config: MidConfig) -> torch.Tensor:
+    """`x [M, K] @ weight [N, K].T (+ bias [N])` -> `[M, N]` in x's dtype, for `1 <= M <= 128`."""
+    return _launch(x, weight, bias, out, config, gated=False)
+
+
+def mid_linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        out: torch.Tensor | None = None, *, config: MidConfig) -> torch.Tensor:
+    """`silu_and_mul(x @ weight.T (+ bias))` for `weight = [gate | up]` `[2I, K]` -> `[M, I]`, in one launch."""
+    return _launch(x, weight, bias, out, config, gated=True)

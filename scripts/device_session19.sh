@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The nineteenth session's device calls, each part bounded, the logs packed into $OUT/s19.tar.gz after every part.
+#   CALL=mid: the mid GEMM (kernels/mid_gemm.py, 9-128 rows): its GPU tests, the tuning against cuBLAS at Qwen3-4B's
+#           shapes into the installed table (bench_mid_gemm.py; the table copied into the logs), then decode
+#           replays at 16-128 rows with the table and with INFER_CUDA_MID_GEMM=0 (context 400).
+#           Predicted: cuBLAS takes ~69 us a layer at 64 rows against ~47 us of weight bytes; at ~3.6 TB/s the mid
+#           kernel would take ~0.45 ms off a 64-row step.
+#   CALL=served: chat at qps 8 and 32 on an engine with the table (TABLE=path of a tuned mid_gemm.json to install
+#           first) and on one with INFER_CUDA_MID_GEMM=0.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mid COMMIT=abc1234 bash scripts/device_session19.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, installed_table
+session_logs s19
+case ${CALL:-mid} in
+  mid)
+    gpu_tests mid 150 tests/backend_cuda/test_mid_gemm.py
+    table=$(installed_table mid_gemm)
+    timeout $(( ${BUDGET:-200} + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "${BUDGET:-200}" \
+      --json "$LOGS/mid_tune.json" --table "$table" > "$LOGS/mid_tune.log" 2>&1
+    echo "bench_mid_gemm rc=$?"; grep -A30 "^ *op  *m" "$LOGS/mid_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
+    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid_on qwen3-4b 16,32,64,96,128
+    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid_off qwen3-4b 16,32,64,96,128 INFER_CUDA_MID_GEMM=0
+    gpu_tests mid_routes 120 tests/backend_cuda/test_skinny_gemm.py -k "routes or fused_port" ;;
+  served)
+    [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
+    for on in 1 0; do
+      engine_up "mid$on" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_MID_GEMM=$on || continue
+      sweep "mid${on}_chat" 8,32
+      engine_down "mid$on"; pack
+    done ;;
+  *) echo "unknown CALL ${CALL}" ;;
+esac
+pack
