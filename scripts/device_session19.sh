@@ -5,6 +5,7 @@
 #           replays at 16-128 rows with the table and with INFER_CUDA_MID_GEMM=0 (context 400).
 #           Predicted: cuBLAS takes ~69 us a layer at 64 rows against ~47 us of weight bytes; at ~3.6 TB/s the mid
 #           kernel would take ~0.45 ms off a 64-row step.
+#   CALL=mid2: the tuning again, replays at 24-128 rows (graph sizes between powers of two), then CALL=served.
 #   CALL=served: chat at qps 8 and 32 on an engine with the table (TABLE=path of a tuned mid_gemm.json to install
 #           first) and on one with INFER_CUDA_MID_GEMM=0.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mid COMMIT=abc1234 bash scripts/device_session19.sh
@@ -21,6 +22,16 @@ case ${CALL:-mid} in
     ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid_on qwen3-4b 16,32,64,96,128
     ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid_off qwen3-4b 16,32,64,96,128 INFER_CUDA_MID_GEMM=0
     gpu_tests mid_routes 120 tests/backend_cuda/test_skinny_gemm.py -k "routes or fused_port" ;;
+  mid2)  # after the padded rows' fix: the tuning again (into the installed table, for whichever GPU this is), decode
+    # replays at the graph sizes between powers of two with the table and without, then chat at qps 8 and 32 on an
+    # engine with it and one without (DURATION s a level)
+    table=$(installed_table mid_gemm)
+    timeout $(( ${BUDGET:-120} + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "${BUDGET:-120}" \
+      --json "$LOGS/mid2_tune.json" --table "$table" > "$LOGS/mid2_tune.log" 2>&1
+    echo "bench_mid_gemm rc=$?"; grep -A30 "^ *op  *m" "$LOGS/mid2_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
+    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid2_on qwen3-4b 24,48,80,96,128
+    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid2_off qwen3-4b 24,48,80,96,128 INFER_CUDA_MID_GEMM=0
+    CALL=served bash "$0" ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
     for on in 1 0; do
