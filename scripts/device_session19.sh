@@ -6,6 +6,7 @@
 #           Predicted: cuBLAS takes ~69 us a layer at 64 rows against ~47 us of weight bytes; at ~3.6 TB/s the mid
 #           kernel would take ~0.45 ms off a 64-row step.
 #   CALL=mid2: the tuning again, replays at 24-128 rows (graph sizes between powers of two), then CALL=served.
+#   CALL=fp8: the merge-variant warm-up's GPU test, then a shortened CALL=fp8nq of scripts/device_session18.sh.
 #   CALL=served: chat at qps 8 and 32 on an engine with the table (TABLE=path of a tuned mid_gemm.json to install
 #           first) and on one with INFER_CUDA_MID_GEMM=0.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mid COMMIT=abc1234 bash scripts/device_session19.sh
@@ -32,6 +33,19 @@ case ${CALL:-mid} in
     ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid2_on qwen3-4b 24,48,80,96,128
     ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid2_off qwen3-4b 24,48,80,96,128 INFER_CUDA_MID_GEMM=0
     CALL=served bash "$0" ;;
+  fp8)  # the merge variants warmed (GPU tests), then the eighteenth session's FP8 norm-in-quantization A/B, shortened:
+    # FP8 decode replays at 1-128 rows off / on, then FP8 chat at qps 1 and 32 with it and without (DURATION s a level);
+    # the engines' logs show any Triton compile while serving
+    gpu_tests warm 120 tests/backend_cuda/test_compile_watch.py tests/backend_cuda/test_quant_linear_ops.py \
+      tests/backend_cuda/test_quant_gemm.py -k "merge or norm"
+    for nq in 0 1; do roofline "fp8_nq${nq}" qwen3-4b-fp8 1,2,8,64,128 INFER_CUDA_FP8_NORM_QUANT=$nq; done
+    for nq in 1 0; do
+      engine_up "fp8_nq$nq" RUSTINFER_MODEL="$(model_dir qwen3-4b-fp8)" RUSTINFER_MAX_MODEL_LEN=32768 \
+        INFER_CUDA_FP8_NORM_QUANT=$nq || continue
+      sweep "fp8_nq${nq}_chat" 1,32
+      engine_down "fp8_nq$nq"; pack
+    done
+    grep -h "while serving" "$LOGS"/serve_fp8_*.log | cut -c1-200 ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
     for on in 1 0; do

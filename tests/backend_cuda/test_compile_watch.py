@@ -82,3 +82,40 @@ def test_the_backend_starts_watching_when_serving_starts(fresh_watch) -> None:  
 
     CudaBackend(device="").serving_started()
     assert knobs.compilation.listener is compile_watch.watch()
+
+
+def test_the_sampler_warm_up_covers_every_merge_variant_a_gpu_meets(monkeypatch) -> None:  # noqa: ANN001
+    """One warmed chunk count per merge-kernel variant (padded width, Triton's integer classes) of 1..4096 rows, on
+    a 132-SM GPU's chunk rule: 33 rows (32 chunks, a multiple of 16) was compiled while serving on the H100."""
+    from infer_backend_cuda import numba_kernels as N
+
+    monkeypatch.setattr(N, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(N, "simulator_enabled", lambda: False)
+    gpu_device = torch.device("cuda", 0)
+    warmed = N.merge_warm_chunks(gpu_device)
+    met = {N.merge_variant(N.choose_chunks(n, N.WARM_VOCAB, gpu_device)) for n in range(1, 4097)}
+    assert {N.merge_variant(c) for c in warmed} == met
+    assert len(warmed) == len(met)  # one launch a variant
+    assert N.merge_variant(N.choose_chunks(33, N.WARM_VOCAB, gpu_device)) in {N.merge_variant(c) for c in warmed}
+    assert N.merge_variant(32) != N.merge_variant(31) and N.merge_variant(1) != N.merge_variant(2)
+
+
+@gpu
+def test_no_merge_variant_is_compiled_while_serving_after_the_warm_up(fresh_watch) -> None:  # noqa: ANN001
+    """After the sampler's warm-up, merges of any batch size at a model's vocabulary (divisible by 16 or not)
+    compile nothing."""
+    from infer_backend_cuda import numba_kernels as N
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    N.warmup(dev)
+    fresh_watch.watch()
+    for vocab in (151936, 32001):
+        for n in (1, 17, 33, 34, 66, 100, 133, 264):
+            chunks = N.choose_chunks(n, vocab, dev)
+            logits = torch.zeros((n, vocab), device=dev)
+            parts = (torch.zeros((n, chunks), dtype=torch.float64, device=dev),
+                     torch.zeros((n, chunks), dtype=torch.int64, device=dev),
+                     torch.zeros((n, chunks), device=dev), torch.ones((n, chunks), device=dev))
+            N.merge_partials(logits, *parts)
+    torch.cuda.synchronize()
+    assert [e for e in fresh_watch.compiles_while_serving() if e.kernel == "_merge_kernel"] == []

@@ -1,8 +1,9 @@
 """The CUDA adapter's `LinearOps` per weight scheme, bound once per scheme when the model is built.
 
-Dense weights take cuBLAS or the skinny Triton GEMM (with its fused norm prologue, and the gate / up GEMM's
-SiLU-and-mul epilogue). AWQ and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after
-the unfused norm kernel, and the SiLU-and-mul kernel after the gate / up GEMM. Every path allocates its outputs with
+Dense weights take cuBLAS, the skinny Triton GEMM at 1-8 rows (with its fused norm prologue, and the gate / up
+GEMM's SiLU-and-mul epilogue) or the mid Triton GEMM at 9-128 rows (with that epilogue too) where the GPU's tables say
+so. AWQ and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after the unfused norm
+kernel, and the SiLU-and-mul kernel after the gate / up GEMM. Every path allocates its outputs with
 `torch.empty` only, which a CUDA-graph capture serves from the graph's pool, and never synchronises with the host.
 """
 

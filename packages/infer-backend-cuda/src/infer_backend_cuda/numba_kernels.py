@@ -337,4 +337,39 @@ def warmup(device: torch.device | str | None = None) -> None:
     parts = sample_partials(logits, z(0.0, 1.0), logits.min(dim=1).values, logits.max(dim=1).values, z(0.0, 0.0), i(1, 2), i(0, 1), False)
     merge_partials(logits, *parts)
     if device.type == "cuda":
+        _warm_merge_variants(device)
         torch.cuda.synchronize(device)
+
+
+WARM_VOCAB = 151_936  # a vocabulary wide enough that the chunk count is set by the row count alone
+WARM_ROWS = 4096
+
+
+def merge_variant(chunks: int) -> tuple[int, bool, bool]:
+    """What the merge kernel compiles a variant for, given the chunk count: its padded width (`CPAD`) and Triton's
+    specialisation of the integer argument (equal to 1, divisible by 16)."""
+    return max(2, 1 << (chunks - 1).bit_length()), chunks == 1, chunks % 16 == 0
+
+
+def merge_warm_chunks(device: torch.device, rows: int = WARM_ROWS, vocab: int = WARM_VOCAB) -> list[int]:
+    """One chunk count for each merge-kernel variant that batches of 1..rows rows meet on this device."""
+    first: dict[tuple[int, bool, bool], int] = {}
+    for n in range(1, rows + 1):
+        chunks = choose_chunks(n, vocab, device)
+        first.setdefault(merge_variant(chunks), chunks)
+    return sorted(first.values())
+
+
+def _warm_merge_variants(device: torch.device) -> None:
+    """Compile every merge-kernel variant serving can meet, before it does: a batch whose row count gives a chunk
+    count of a new variant (e.g. 33 rows: 32 chunks on 132 SMs) otherwise compiled one in the middle of serving, and
+    every running request waited ~0.1 s (the compile watch's log on a fresh H100, nineteenth session). Both classes
+    of the vocabulary (and logits row stride) Triton specialises on: divisible by 16 or not."""
+    for chunks in merge_warm_chunks(device):
+        for vocab in (WARM_VOCAB, WARM_VOCAB + 1):
+            logits = torch.zeros((1, vocab), dtype=torch.float32, device=device)
+            parts = (torch.zeros((1, chunks), dtype=torch.float64, device=device),
+                     torch.zeros((1, chunks), dtype=torch.int64, device=device),
+                     torch.zeros((1, chunks), dtype=torch.float32, device=device),
+                     torch.ones((1, chunks), dtype=torch.float32, device=device))
+            merge_partials(logits, *parts)
