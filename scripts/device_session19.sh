@@ -48,7 +48,7 @@ case ${CALL:-mid} in
     grep -h "while serving" "$LOGS"/serve_fp8_*.log | cut -c1-200 ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
-    for on in 1 0; do
+    for on in ${ORDER:-1 0}; do
       engine_up "mid$on" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_MID_GEMM=$on || continue
       sweep "mid${on}_chat" 8,32
       engine_down "mid$on"; pack
