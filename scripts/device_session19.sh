@@ -48,6 +48,12 @@ case ${CALL:-mid} in
     grep -h "while serving" "$LOGS"/serve_fp8_*.log | cut -c1-200 ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
+    if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
+sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then  # a GPU the table lacks: tune it first
+      timeout 200 python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s 90 --json "$LOGS/served_tune.json" \
+        --table "$(installed_table mid_gemm)" > "$LOGS/served_tune.log" 2>&1
+      echo "tuned for this GPU rc=$?"; grep -A30 "^ *op  *m" "$LOGS/served_tune.log"; cp "$(installed_table mid_gemm)" "$LOGS/"
+    fi
     for on in ${ORDER:-1 0}; do
       engine_up "mid$on" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_MID_GEMM=$on || continue
       sweep "mid${on}_chat" 8,32
