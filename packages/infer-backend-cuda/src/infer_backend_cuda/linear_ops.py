@@ -24,8 +24,8 @@ from infer_core.quant import QuantMethod, QuantScheme
 
 Operands = Sequence[torch.Tensor]
 # INFER_CUDA_FP8_NORM_QUANT=1: the RMSNorm before an FP8 GEMM done by its activation quantization pass, one launch
-# fewer a GEMM (72 a Qwen3-4B step), the same bits; off: slower at 1-64 rows on an H100, not yet measured on the H200 (docs/benchmarks.md). Read
-# once at import, like the other INFER_CUDA_ switches.
+# fewer a GEMM (72 a Qwen3-4B step), the same bits; off: slower at 1-64 rows on an H100, not yet measured on the H200
+# (docs/benchmarks.md). Read once at import, like the other INFER_CUDA_ switches.
 FP8_NORM_QUANT_ENV = "INFER_CUDA_FP8_NORM_QUANT"
 FP8_NORM_QUANT = os.environ.get(FP8_NORM_QUANT_ENV, "0").strip() == "1"
 
