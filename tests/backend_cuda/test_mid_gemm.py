@@ -111,14 +111,14 @@ def test_math_ops_route_mid_rows_by_the_table(monkeypatch):
     ops = CudaMathOps()
     w = torch.empty((48, 32), dtype=torch.bfloat16)
     rows = lambda m, dtype=torch.bfloat16: torch.empty((m, 32), dtype=dtype)  # noqa: E731
-    assert ops.skinny_config("linear", rows(40), w) == winner
-    assert ops.skinny_config("linear_silu_mul", rows(64), w) == winner._replace(k_splits=1)
-    assert ops.skinny_config("linear", rows(100), w) is None  # cuBLAS measured faster
-    assert ops.skinny_config("linear", rows(20), w) is None  # untuned bucket
-    assert ops.skinny_config("linear", rows(129), w) is None
-    assert ops.skinny_config("linear", rows(40, torch.float32), w.float()) is None
-    assert ops.skinny_config("add_rms_norm_linear", rows(40), w) is None
-    assert CudaMathOps(skinny_gemm=False).skinny_config("linear", rows(40), w) is None
+    assert ops.triton_gemm_config("linear", rows(40), w) == winner
+    assert ops.triton_gemm_config("linear_silu_mul", rows(64), w) == winner._replace(k_splits=1)
+    assert ops.triton_gemm_config("linear", rows(100), w) is None  # cuBLAS measured faster
+    assert ops.triton_gemm_config("linear", rows(20), w) is None  # untuned bucket
+    assert ops.triton_gemm_config("linear", rows(129), w) is None
+    assert ops.triton_gemm_config("linear", rows(40, torch.float32), w.float()) is None
+    assert ops.triton_gemm_config("add_rms_norm_linear", rows(40), w) is None
+    assert CudaMathOps(skinny_gemm=False).triton_gemm_config("linear", rows(40), w) is None
 
 
 def test_adapter_linear_takes_the_mid_kernel_where_routed(monkeypatch, device):
@@ -130,7 +130,7 @@ def test_adapter_linear_takes_the_mid_kernel_where_routed(monkeypatch, device):
 
     config = G.MidConfig(16, 32, 4, 2)
     ops = CudaMathOps()
-    monkeypatch.setattr(ops, "skinny_config", lambda op, x, w: config)
+    monkeypatch.setattr(ops, "triton_gemm_config", lambda op, x, w: config)
     x = _rand((12, 64), torch.bfloat16, device, 1)
     w = _rand((2 * 24, 64), torch.bfloat16, device, 2) * 0.1
     torch.testing.assert_close(ops.linear(x, w).float(), _reference(x, w), **tol(torch.bfloat16))

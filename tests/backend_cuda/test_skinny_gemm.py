@@ -207,7 +207,7 @@ def test_cuda_math_ops_routes_decode_rows_to_the_skinny_gemm():
 
     ops, plain = CudaMathOps(), CudaMathOps(skinny_gemm=False)
     # Qwen3-4B's down projection at one row is in the H200 table as a skinny win.
-    assert ops.skinny_config("linear", torch.empty((1, 9728), device="cuda", dtype=torch.bfloat16),
+    assert ops.triton_gemm_config("linear", torch.empty((1, 9728), device="cuda", dtype=torch.bfloat16),
                              torch.empty((2560, 9728), device="cuda", dtype=torch.bfloat16)) is not None
     w = _rand((576, 1536), torch.bfloat16, "cuda", 3) * 0.05
     b = _rand((576,), torch.bfloat16, "cuda", 4)

@@ -56,7 +56,7 @@ class DenseLinearOps:
                                            bias)
 
     def _gated_linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        config = self._math.skinny_config("linear_silu_mul", x, weight)
+        config = self._math.triton_gemm_config("linear_silu_mul", x, weight)
         if isinstance(config, mid.MidConfig):
             return mid.mid_linear_silu_mul(x, weight, bias, config=config)
         if config is not None and skinny.GATED:

@@ -27,7 +27,7 @@ class CudaMathOps:
     def __init__(self, skinny_gemm: bool = True) -> None:
         self.skinny_gemm = skinny_gemm
 
-    def skinny_config(self, op: str, x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
+    def triton_gemm_config(self, op: str, x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
         """The Triton GEMM's config when `op` on these operands should take it, else None (cuBLAS path): a skinny
         config at 1-8 rows, a mid one at 9-128 (`linear` / `linear_silu_mul` only). fp32 stays on cuBLAS: the fp32
         runs are the exact comparisons against the CPU reference."""
@@ -41,12 +41,12 @@ class CudaMathOps:
         return mid.choose_config(op, m, n, k, x.device) if op in mid.OPS else None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        return self.linear_with(self.skinny_config("linear", x, weight), x, weight, bias)
+        return self.linear_with(self.triton_gemm_config("linear", x, weight), x, weight, bias)
 
     @staticmethod
     def linear_with(config: GemmConfig | None, x: torch.Tensor, weight: torch.Tensor,
                     bias: torch.Tensor | None = None) -> torch.Tensor:
-        """`linear` with the Triton GEMM's config already chosen (`skinny_config`; None: cuBLAS)."""
+        """`linear` with the Triton GEMM's config already chosen (`triton_gemm_config`; None: cuBLAS)."""
         if isinstance(config, mid.MidConfig):
             return mid.mid_linear(x, weight, bias, config=config)
         if config is not None:
@@ -91,7 +91,7 @@ class TritonFusedOps:
         weight: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        config = self._math.skinny_config("add_rms_norm_linear", x, weight)
+        config = self._math.triton_gemm_config("add_rms_norm_linear", x, weight)
         if config is not None and (residual is None or residual.stride(-1) == 1):
             return skinny.skinny_add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, config=config)
         return unfused_add_rms_norm_linear(self, self._math.linear, x, residual, norm_weight, eps, weight, bias)
