@@ -7,9 +7,9 @@
 #           kernel would take ~0.45 ms off a 64-row step.
 #   CALL=mid2: the tuning again, replays at 24-128 rows (graph sizes between powers of two), then CALL=served.
 #   CALL=fp8: the merge-variant warm-up's GPU test, then a shortened CALL=fp8nq of scripts/device_session18.sh.
-#   CALL=next (prepared for the next session, on an H200): CALL=mid's tuning and replays, then chat at qps 1, 8, 32
-#           on an engine with cuBLAS and one with the table.
-#   CALL=served: chat at qps 8 and 32 on an engine with the table (TABLE=path of a tuned mid_gemm.json to install
+#   CALL=next (prepared for the next session, on an H200): the tuning at 2-128 rows and replays at 2-96 rows; then
+#           CALL=served (chat at qps LEVELS, 1, 8 and 32 by default, on an engine with the table and one without).
+#   CALL=served: chat at qps LEVELS (1,8,32) on an engine with the table (TABLE=path of a tuned mid_gemm.json to install
 #           first) and on one with INFER_CUDA_MID_GEMM=0.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mid COMMIT=abc1234 bash scripts/device_session19.sh
 set -u
@@ -48,21 +48,16 @@ case ${CALL:-mid} in
       engine_down "fp8_nq$nq"; pack
     done
     grep -h "while serving" "$LOGS"/serve_fp8_*.log | cut -c1-200 ;;
-  next)  # prepared for the next session, one call on an H200 (the table has no H200 entries yet): the GPU tests, the
-    # tuning (BUDGET s), replays at 16-128 rows with the table and without, then chat at qps 1, 8 and 32 on an engine
-    # without it and one with it (DURATION s a level)
+  next)  # prepared for the next session, on an H200 (the table has no H200 entries yet): the GPU tests, the tuning at
+    # 2-128 rows (BUDGET s; at 2-8 rows the shapes the skinny table leaves to cuBLAS), replays at 2-96 rows with the
+    # table and without; then CALL=served in a second call
     gpu_tests next 100 tests/backend_cuda/test_mid_gemm.py tests/backend_cuda/test_compile_watch.py
     table=$(installed_table mid_gemm)
-    timeout $(( ${BUDGET:-100} + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "${BUDGET:-100}" \
+    timeout $(( ${BUDGET:-150} + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "${BUDGET:-150}" \
       --json "$LOGS/next_tune.json" --table "$table" > "$LOGS/next_tune.log" 2>&1
-    echo "bench_mid_gemm rc=$?"; grep -A30 "^ *op  *m" "$LOGS/next_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
-    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline next_on qwen3-4b 16,32,64,96,128
-    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline next_off qwen3-4b 16,32,64,96,128 INFER_CUDA_MID_GEMM=0
-    for on in 0 1; do
-      engine_up "next$on" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_MID_GEMM=$on || continue
-      sweep "next${on}_chat" 1,8,32
-      engine_down "next$on"; pack
-    done ;;
+    echo "bench_mid_gemm rc=$?"; grep -A40 "^ *op  *m" "$LOGS/next_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
+    ROOFLINE_TIMEOUT=120 ROOFLINE_ARGS="--context 400" roofline next_on qwen3-4b 2,4,8,16,64,96
+    ROOFLINE_TIMEOUT=120 ROOFLINE_ARGS="--context 400" roofline next_off qwen3-4b 2,4,8,16,64,96 INFER_CUDA_MID_GEMM=0 ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
     if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
@@ -73,7 +68,7 @@ sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then  # a G
     fi
     for on in ${ORDER:-1 0}; do
       engine_up "mid$on" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_MID_GEMM=$on || continue
-      sweep "mid${on}_chat" 8,32
+      sweep "mid${on}_chat" "${LEVELS:-1,8,32}"
       engine_down "mid$on"; pack
     done ;;
   *) echo "unknown CALL ${CALL}" ;;

@@ -1,4 +1,4 @@
-"""The mid GEMM (9-128 decode rows) against `x.float() @ w.float().T`, its split-K sums and its routing."""
+"""The mid GEMM (2-128 decode rows) against `x.float() @ w.float().T`, its split-K sums and its routing."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _reference(x, w, b=None):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [9, 16, 33])
+@pytest.mark.parametrize("m", [2, 9, 16, 33])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"n{c.block_n}k{c.block_k}s{c.k_splits}")
 def test_mid_linear_matches_reference(m, dtype, config, device):
     # N = 37 leaves a partial column tile; K = 200 a partial K step for every config (and ranges of unequal
@@ -96,18 +96,25 @@ def test_untuned_shapes_and_cpu_tensors_stay_on_cublas():
     assert G.choose_config("linear", 64, 6144, 2560, cpu) is None
     with pytest.raises(ValueError, match="unknown"):
         G.choose_config("add_rms_norm_linear", 64, 6144, 2560, cpu)
-    assert [G.m_bucket(m) for m in (9, 16, 17, 33, 65, 128)] == [16, 16, 32, 64, 128, 128]
+    assert [G.m_bucket(m) for m in (2, 3, 8, 9, 16, 17, 33, 65, 128)] == [2, 4, 8, 16, 16, 32, 64, 128, 128]
+    assert [G.block_m(m) for m in (2, 8, 9, 17, 128)] == [16, 16, 16, 32, 128]
+    assert G.choose_config("linear", 1, 2560, 4096, cpu) is None  # one row is the skinny GEMM's
 
 
 def test_math_ops_route_mid_rows_by_the_table(monkeypatch):
-    """9-128 bf16 rows take the mid GEMM where this GPU's table has a winning entry for the op, else cuBLAS; the
-    skinny GEMM keeps 1-8 rows, fp32 and the norm-prologue op never take the mid kernel."""
+    """9-128 bf16 rows take the mid GEMM where this GPU's table has a winning entry for the op, else cuBLAS; at 2-8
+    rows the skinny GEMM's config comes first and the mid table serves what it leaves to cuBLAS; fp32 and the
+    norm-prologue op never take the mid kernel."""
+    from infer_backend_cuda.kernels import skinny_gemm as S
     from infer_backend_cuda.ops import CudaMathOps
 
     winner = G.MidConfig(128, 64, 8, 4, 2)
     table = {("linear", 64, 48, 32): winner, ("linear_silu_mul", 64, 48, 32): winner._replace(k_splits=1),
-             ("linear", 128, 48, 32): None}
+             ("linear", 128, 48, 32): None, ("linear", 4, 48, 32): winner, ("linear", 2, 48, 32): winner}
     monkeypatch.setattr(G, "choose_config", lambda op, m, n, k, device: table.get((op, G.m_bucket(m), n, k)))
+    skinny_winner = S.SkinnyConfig(64, 128, 4, 3, use_dot=True)
+    skinny_table = {("linear", 2, 48, 32): skinny_winner}
+    monkeypatch.setattr(S, "choose_config", lambda op, m, n, k, device: skinny_table.get((op, S.m_bucket(m), n, k)))
     ops = CudaMathOps()
     w = torch.empty((48, 32), dtype=torch.bfloat16)
     rows = lambda m, dtype=torch.bfloat16: torch.empty((m, 32), dtype=dtype)  # noqa: E731
@@ -116,6 +123,9 @@ def test_math_ops_route_mid_rows_by_the_table(monkeypatch):
     assert ops.triton_gemm_config("linear", rows(100), w) is None  # cuBLAS measured faster
     assert ops.triton_gemm_config("linear", rows(20), w) is None  # untuned bucket
     assert ops.triton_gemm_config("linear", rows(129), w) is None
+    assert ops.triton_gemm_config("linear", rows(3), w) == winner  # the skinny table left 3-4 rows to cuBLAS
+    assert ops.triton_gemm_config("linear", rows(2), w) == skinny_winner  # the skinny GEMM first
+    assert ops.triton_gemm_config("linear", rows(8), w) is None  # neither table has it
     assert ops.triton_gemm_config("linear", rows(40, torch.float32), w.float()) is None
     assert ops.triton_gemm_config("add_rms_norm_linear", rows(40), w) is None
     assert CudaMathOps(skinny_gemm=False).triton_gemm_config("linear", rows(40), w) is None
@@ -149,7 +159,7 @@ def test_tuned_table_entries_are_launchable():
     for device_name, entries in table.items():
         assert entries, device_name
         for e in entries:
-            assert e["m"] in (16, 32, 64, 128) and e["op"] in G.OPS, e
+            assert e["m"] in (2, 4, 8, 16, 32, 64, 128) and e["op"] in G.OPS, e
             for key in ("block_n", "block_k", "num_warps"):
                 assert e[key] & (e[key] - 1) == 0, e
             assert e["block_n"] >= 16 and e["block_k"] >= 16 and e["num_stages"] >= 1 and e["k_splits"] >= 1, e
@@ -158,7 +168,7 @@ def test_tuned_table_entries_are_launchable():
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("m", [9, 16, 40, 64, 96, 128])
+@pytest.mark.parametrize("m", [2, 5, 9, 16, 40, 64, 96, 128])
 def test_mid_linear_qwen3_shapes_on_gpu(m):
     """Every tile form the tuner tries, at Qwen3-4B's decode shapes, against the fp32 product."""
     for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)):

@@ -1,4 +1,5 @@
-"""Tune and time the mid GEMM (9-128 rows) against cuBLAS at one model's decode shapes, BF16.
+"""Tune and time the mid GEMM (2-128 rows) against cuBLAS at one model's decode shapes, BF16. At 2-8 rows only the
+shapes this GPU's skinny-GEMM table leaves to cuBLAS are tuned (the skinny GEMM is asked first there).
 
 Ops: `linear` against `F.linear`; `linear_silu_mul` (the gate / up weight, SiLU-and-mul in the epilogue) against
 `F.linear` then the SiLU-and-mul kernel, as the adapter runs it otherwise.
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 from bench_skinny_gemm import BW, MODEL_SHAPES
 from graph_timing import graph_replay_us
 from infer_backend_cuda import kernels as K
-from infer_backend_cuda.kernels import mid_gemm as G, split_k, tuned_table
+from infer_backend_cuda.kernels import mid_gemm as G, skinny_gemm as S, split_k, tuned_table
 
 # (block_n, block_k, warps, stages): 64 or 128 weight rows fill one or two warpgroups' wgmma M side; the K step
 # and the stage count set the bytes in flight per SM (a 128 x 128 x 128-row stage is 64 KB of shared memory). On the
@@ -69,7 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", choices=sorted(MODEL_SHAPES), default="qwen3-4b")
     ap.add_argument("--ops", default="linear,linear_silu_mul")
-    ap.add_argument("--ms", default="64,128,32,16")
+    ap.add_argument("--ms", default="64,128,32,16,2,4,8")
     ap.add_argument("--budget-s", type=float, default=300.0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--table", type=Path)
@@ -81,7 +82,7 @@ def main() -> None:
     shapes = MODEL_SHAPES[args.model]
     work = [(op, m, shape) for m in (int(v) for v in args.ms.split(",")) for op in args.ops.split(",")
             for shape in (("gate_up",) if op == "linear_silu_mul" else ("qkv", "o_proj", "gate_up", "down"))
-            if shape in shapes]
+            if shape in shapes and (m > S.MAX_M or S.choose_config("linear", m, *shapes[shape], dev) is None)]
     rows, entries = [], []
     for i, (op, m, shape) in enumerate(work):
         deadline = t_start + args.budget_s * (i + 1) / len(work)  # a case's share, what earlier ones left included

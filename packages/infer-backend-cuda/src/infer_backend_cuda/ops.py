@@ -21,23 +21,26 @@ GemmConfig = skinny.SkinnyConfig | mid.MidConfig
 class CudaMathOps:
     """GEMMs via `torch.nn.functional.linear` (cuBLAS / cuBLASLt), except decode-size ones, which stream the weight
     through a Triton GEMM where this GPU's table measured it faster: the skinny GEMM at 1-8 rows
-    (`kernels/skinny_gemm.py`), the mid GEMM at 9-128 rows (`kernels/mid_gemm.py`); embedding gather and arg-max
-    via torch."""
+    (`kernels/skinny_gemm.py`), the mid GEMM at 9-128 rows and at 2-8 where the skinny one is not taken
+    (`kernels/mid_gemm.py`); embedding gather and arg-max via torch."""
 
     def __init__(self, skinny_gemm: bool = True) -> None:
         self.skinny_gemm = skinny_gemm
 
     def triton_gemm_config(self, op: str, x: torch.Tensor, weight: torch.Tensor) -> GemmConfig | None:
         """The Triton GEMM's config when `op` on these operands should take it, else None (cuBLAS path): a skinny
-        config at 1-8 rows, a mid one at 9-128 (`linear` / `linear_silu_mul` only). fp32 stays on cuBLAS: the fp32
-        runs are the exact comparisons against the CPU reference."""
+        config at 1-8 rows, else a mid one at 2-128 (`linear` / `linear_silu_mul` only: at 2-8 rows where the skinny
+        table left the shape to cuBLAS). fp32 stays on cuBLAS: the fp32 runs are the exact comparisons against the
+        CPU reference."""
         if not (self.skinny_gemm and x.dim() == 2 and 1 <= x.shape[0] <= mid.MAX_M):
             return None
         if x.dtype == torch.float32 or x.stride(-1) != 1 or weight.stride(-1) != 1:
             return None
         m, n, k = x.shape[0], weight.shape[0], weight.shape[1]
         if m <= skinny.MAX_M:
-            return skinny.choose_config("linear" if op == "linear_silu_mul" else op, m, n, k, x.device)
+            config = skinny.choose_config("linear" if op == "linear_silu_mul" else op, m, n, k, x.device)
+            if config is not None:
+                return config
         return mid.choose_config(op, m, n, k, x.device) if op in mid.OPS else None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Mid-size GEMM (9-128 rows, BF16 / FP16): `out = x @ weight.T (+ bias)` for decode batches past the skinny GEMM.
+"""Mid-size GEMM (2-128 rows, BF16 / FP16): `out = x @ weight.T (+ bias)` for decode batches past the skinny GEMM.
 
 At 9-128 rows a decode linear is still a weight stream: Qwen3-4B's gate / up weight is 99.6 MB against 2.6-5.1
 MB of activations, and 2·M FLOPs a weight element stay below the H200's ridge (~175 FLOP/byte at 790 TFLOP/s and
@@ -15,9 +15,9 @@ With `gated` the weight is `[gate | up]` and a program's rows are the gate row a
 intermediate, no SiLU launch.
 
 Launch configurations come from a table measured on the GPU (`configs/mid_gemm.json`, keyed by op, row bucket
-16/32/64/128, N and K; written by `packages/infer-backend-cuda/scripts/bench_mid_gemm.py`, which times graph
+2/4/8/16/32/64/128, N and K; written by `packages/infer-backend-cuda/scripts/bench_mid_gemm.py`, which times graph
 replays that stream the weight from HBM). A shape the table does not have, or where cuBLAS measured faster,
-stays on cuBLAS.
+stays on cuBLAS. At 2-8 rows the skinny GEMM's table is asked first (`CudaMathOps.triton_gemm_config`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in
 from infer_backend_cuda.kernels.skinny_gemm import MAX_M as SKINNY_MAX_M
 from infer_backend_cuda.kernels.skinny_gemm import gated_epilogue
 
-MIN_M, MAX_M = SKINNY_MAX_M + 1, 128
+# From 2 rows: at 2-8 rows it serves the shapes the skinny GEMM's table leaves to cuBLAS (o_proj / down on the
+# H200: 40 column tiles without split-K were too few programs), its rows padded to 16. One row is the skinny GEMM's.
+MIN_M, MAX_M = 2, 128
 OPS = ("linear", "linear_silu_mul")
 _TABLE = tuned_table.CONFIGS / "mid_gemm.json"
 # INFER_CUDA_MID_GEMM=0: 9-128 rows on cuBLAS whatever the table says (A/B runs). Read once at import, like the other
@@ -114,7 +116,12 @@ def _mid_gemm_kernel(
 
 
 def m_bucket(m: int) -> int:
-    """The row count a tuned config is keyed by (and the tile's padded rows): 16, 32, 64 or 128."""
+    """The row count a tuned config is keyed by: 2, 4, 8, 16, 32, 64 or 128."""
+    return next_pow2(m)
+
+
+def block_m(m: int) -> int:
+    """The tile's padded rows (`tl.dot` tiles need at least 16)."""
     return max(16, next_pow2(m))
 
 
@@ -166,7 +173,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         x, weight, bias if bias is not None else weight, out, p.workspace, p.counter_arg,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
         HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup, GATED=gated,
-        BLOCK_M=m_bucket(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0, DOT_F32=dot_in_fp32(x.dtype),
+        BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0, DOT_F32=dot_in_fp32(x.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)
