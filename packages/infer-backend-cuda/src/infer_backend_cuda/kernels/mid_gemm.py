@@ -40,7 +40,7 @@ from infer_backend_cuda.kernels.skinny_gemm import gated_epilogue
 MIN_M, MAX_M = 2, 128
 OPS = ("linear", "linear_silu_mul")
 _TABLE = tuned_table.CONFIGS / "mid_gemm.json"
-# INFER_CUDA_MID_GEMM=0: 9-128 rows on cuBLAS whatever the table says (A/B runs). Read once at import, like the other
+# INFER_CUDA_MID_GEMM=0: 2-128 rows on cuBLAS whatever the table says (A/B runs). Read once at import, like the other
 # INFER_CUDA_ switches.
 ENABLED_ENV = "INFER_CUDA_MID_GEMM"
 ENABLED = os.environ.get(ENABLED_ENV, "1").strip() != "0"
@@ -173,8 +173,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         x, weight, bias if bias is not None else weight, out, p.workspace, p.counter_arg,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
         HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup, GATED=gated,
-        BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0, DOT_F32=dot_in_fp32(x.dtype),
-        num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(x.device),
+        BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0,
+        DOT_F32=dot_in_fp32(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)
     return out
