@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_skinny_gemm import BW, MODEL_SHAPES
-from graph_timing import graph_replay_us
+from graph_timing import fastest, graph_replay_us
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import mid_gemm as G, skinny_gemm as S, split_k, tuned_table
 
@@ -92,21 +92,9 @@ def main() -> None:
         copies = len(case.ws)
         baseline = graph_replay_us(case.baseline, copies, reps=15)
         ref = case.baseline(0).float()
-        best, best_us, tried, configs = None, float("inf"), 0, candidates(op, n, k)
-        for cfg in configs:
-            if tried and time.perf_counter() > deadline:
-                break
-            try:
-                err = (case.mid(0, cfg).float() - ref).abs().max().item()
-                if err > 0.02 * ref.abs().max().item() + 1e-2:
-                    raise RuntimeError(f"wrong result (max err {err})")
-                us = graph_replay_us(lambda i: case.mid(i, cfg), copies, reps=15)
-            except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
-                print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-                continue
-            tried += 1
-            if us < best_us:
-                best, best_us = cfg, us
+        configs = candidates(op, n, k)
+        best, best_us, tried = fastest(configs, case.mid, ref, copies, 0.02,
+                                       lambda timed: timed > 0 and time.perf_counter() > deadline)
         row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(baseline, 2), mid_us=round(best_us, 2),
                    floor_us=round(nbytes / BW * 1e6, 2), baseline_tbps=round(nbytes / baseline / 1e6, 2),
                    mid_tbps=round(nbytes / best_us / 1e6, 2), configs_tried=tried, configs=len(configs),

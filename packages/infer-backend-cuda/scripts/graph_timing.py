@@ -1,9 +1,10 @@
-"""GPU time per call from CUDA-graph replays, shared by the kernel benchmark scripts of this folder."""
+"""GPU time per call from CUDA-graph replays, and the tuners' search over launch configs, shared by the kernel
+benchmark scripts of this folder."""
 
 from __future__ import annotations
 
 import statistics
-from typing import Callable
+from typing import Callable, Sequence, TypeVar
 
 import torch
 
@@ -34,3 +35,31 @@ def graph_replay_us(call: Callable[[int], object], calls: int, reps: int = 20) -
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
+
+
+Config = TypeVar("Config")
+
+
+def fastest(configs: Sequence[Config], call: Callable[[int, Config], torch.Tensor], reference: torch.Tensor,
+            calls: int, rel_tol: float, out_of_time: Callable[[int], bool]) -> tuple[Config | None, float, int]:
+    """(best config, its us per call, configs timed): each config's output checked against `reference` (max error
+    within `rel_tol` of the reference's largest value, + 0.01), then timed by `graph_replay_us` over `call(0..calls-1,
+    config)`; a config that fails to compile, launch or match is skipped. `out_of_time(timed so far)` ends the
+    search before the next config."""
+    best, best_us, tried = None, float("inf"), 0
+    scale = reference.abs().max().item()
+    for cfg in configs:
+        if out_of_time(tried):
+            break
+        try:
+            err = (call(0, cfg).float() - reference).abs().max().item()
+            if err > rel_tol * scale + 1e-2:
+                raise RuntimeError(f"wrong result (max err {err})")
+            us = graph_replay_us(lambda i: call(i, cfg), calls, reps=15)
+        except Exception as exc:  # noqa: BLE001 - a config that fails to compile / launch is skipped
+            print(f"  skip {cfg}: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+            continue
+        tried += 1
+        if us < best_us:
+            best, best_us = cfg, us
+    return best, best_us, tried
