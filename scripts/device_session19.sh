@@ -15,25 +15,31 @@
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, installed_table
 session_logs s19
+
+tune_mid() {  # tune_mid TAG BUDGET_S: bench_mid_gemm.py's bests into the installed table (this GPU's entries), the
+  # log's summary printed, the table copied into the logs as mid_gemm.json
+  local table; table=$(installed_table mid_gemm)
+  timeout $(( $2 + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "$2" --json "$LOGS/$1_tune.json" \
+    --table "$table" > "$LOGS/$1_tune.log" 2>&1
+  echo "bench_mid_gemm rc=$?"; grep -A40 "^ *op  *m" "$LOGS/$1_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
+}
+
+replays_mid() {  # replays_mid TAG BATCHES: decode replays (context 400) with the table, then with cuBLAS
+  ROOFLINE_TIMEOUT=${ROOFLINE_TIMEOUT:-110} ROOFLINE_ARGS="--context 400" roofline "$1_on" qwen3-4b "$2"
+  ROOFLINE_TIMEOUT=${ROOFLINE_TIMEOUT:-110} ROOFLINE_ARGS="--context 400" roofline "$1_off" qwen3-4b "$2" \
+    INFER_CUDA_MID_GEMM=0
+}
 case ${CALL:-mid} in
   mid)
     gpu_tests mid 150 tests/backend_cuda/test_mid_gemm.py
-    table=$(installed_table mid_gemm)
-    timeout $(( ${BUDGET:-200} + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "${BUDGET:-200}" \
-      --json "$LOGS/mid_tune.json" --table "$table" > "$LOGS/mid_tune.log" 2>&1
-    echo "bench_mid_gemm rc=$?"; grep -A30 "^ *op  *m" "$LOGS/mid_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
-    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid_on qwen3-4b 16,32,64,96,128
-    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid_off qwen3-4b 16,32,64,96,128 INFER_CUDA_MID_GEMM=0
+    tune_mid mid "${BUDGET:-200}"
+    replays_mid mid 16,32,64,96,128
     gpu_tests mid_routes 120 tests/backend_cuda/test_skinny_gemm.py -k "routes or fused_port" ;;
   mid2)  # after the padded rows' fix: the tuning again (into the installed table, for whichever GPU this is), decode
     # replays at the graph sizes between powers of two with the table and without, then chat at qps 8 and 32 on an
     # engine with it and one without (DURATION s a level)
-    table=$(installed_table mid_gemm)
-    timeout $(( ${BUDGET:-120} + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "${BUDGET:-120}" \
-      --json "$LOGS/mid2_tune.json" --table "$table" > "$LOGS/mid2_tune.log" 2>&1
-    echo "bench_mid_gemm rc=$?"; grep -A30 "^ *op  *m" "$LOGS/mid2_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
-    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid2_on qwen3-4b 24,48,80,96,128
-    ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline mid2_off qwen3-4b 24,48,80,96,128 INFER_CUDA_MID_GEMM=0
+    tune_mid mid2 "${BUDGET:-120}"
+    replays_mid mid2 24,48,80,96,128
     CALL=served bash "$0" ;;
   fp8)  # the merge variants warmed (GPU tests), then the eighteenth session's FP8 norm-in-quantization A/B, shortened:
     # FP8 decode replays at 1-128 rows off / on, then FP8 chat at qps 1 and 32 with it and without (DURATION s a level);
@@ -52,19 +58,13 @@ case ${CALL:-mid} in
     # 2-128 rows (BUDGET s; at 2-8 rows the shapes the skinny table leaves to cuBLAS), replays at 2-96 rows with the
     # table and without; then CALL=served in a second call
     gpu_tests next 100 tests/backend_cuda/test_mid_gemm.py tests/backend_cuda/test_compile_watch.py
-    table=$(installed_table mid_gemm)
-    timeout $(( ${BUDGET:-150} + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "${BUDGET:-150}" \
-      --json "$LOGS/next_tune.json" --table "$table" > "$LOGS/next_tune.log" 2>&1
-    echo "bench_mid_gemm rc=$?"; grep -A40 "^ *op  *m" "$LOGS/next_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
-    ROOFLINE_TIMEOUT=120 ROOFLINE_ARGS="--context 400" roofline next_on qwen3-4b 2,4,8,16,64,96
-    ROOFLINE_TIMEOUT=120 ROOFLINE_ARGS="--context 400" roofline next_off qwen3-4b 2,4,8,16,64,96 INFER_CUDA_MID_GEMM=0 ;;
+    tune_mid next "${BUDGET:-150}"
+    ROOFLINE_TIMEOUT=120 replays_mid next 2,4,8,16,64,96 ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
     if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
 sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then  # a GPU the table lacks: tune it first
-      timeout 200 python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s 90 --json "$LOGS/served_tune.json" \
-        --table "$(installed_table mid_gemm)" > "$LOGS/served_tune.log" 2>&1
-      echo "tuned for this GPU rc=$?"; grep -A30 "^ *op  *m" "$LOGS/served_tune.log"; cp "$(installed_table mid_gemm)" "$LOGS/"
+      tune_mid served 90
     fi
     for on in ${ORDER:-1 0}; do
       engine_up "mid$on" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_MID_GEMM=$on || continue
