@@ -5,6 +5,9 @@ launchers run on CPU tensors; shapes for that mode are small. Larger shapes are 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -29,3 +32,15 @@ def tol(dtype: torch.dtype) -> dict:
 def poison(t: torch.Tensor) -> torch.Tensor:
     """Fill a float output buffer with NaN (integer buffers with -7) before a kernel runs."""
     return t.fill_(float("nan") if t.is_floating_point() else -7)
+
+
+def committed_table_entries(path: Path) -> list[dict]:
+    """Every entry of a committed per-GPU tuned table (`configs/<kernel>.json`), each GPU's list non-empty; the test
+    is skipped where no table is committed."""
+    if not path.exists():
+        pytest.skip("no tuned table committed")
+    table = json.loads(path.read_text())
+    assert table, "an empty table file"
+    for device_name, entries in table.items():
+        assert entries, device_name
+    return [e for entries in table.values() for e in entries]

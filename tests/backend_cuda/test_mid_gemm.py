@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from infer_backend_cuda.kernels import mid_gemm as G
 from infer_backend_cuda.kernels import split_k
-from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
+from tests.backend_cuda.conftest import committed_table_entries, gpu, needs_cuda, poison, tol
 from tests.backend_cuda.reference import ref_silu_and_mul
 
 # Interpreter-sized tiles; the GPU tiles of the table are 64-128 columns, 64-128 K.
@@ -152,18 +150,12 @@ def test_adapter_linear_takes_the_mid_kernel_where_routed(monkeypatch, device):
 def test_tuned_table_entries_are_launchable():
     """The committed table (written on the GPU by packages/infer-backend-cuda/scripts/bench_mid_gemm.py) holds
     sane configs."""
-    if not G._TABLE.exists():
-        pytest.skip("no tuned table committed")
-    table = json.loads(G._TABLE.read_text())
-    assert table, "an empty table file"
-    for device_name, entries in table.items():
-        assert entries, device_name
-        for e in entries:
-            assert e["m"] in (2, 4, 8, 16, 32, 64, 128) and e["op"] in G.OPS, e
-            for key in ("block_n", "block_k", "num_warps"):
-                assert e[key] & (e[key] - 1) == 0, e
-            assert e["block_n"] >= 16 and e["block_k"] >= 16 and e["num_stages"] >= 1 and e["k_splits"] >= 1, e
-            assert e["op"] != "linear_silu_mul" or e["k_splits"] == 1, e
+    for e in committed_table_entries(G._TABLE):
+        assert e["m"] in (2, 4, 8, 16, 32, 64, 128) and e["op"] in G.OPS, e
+        for key in ("block_n", "block_k", "num_warps"):
+            assert e[key] & (e[key] - 1) == 0, e
+        assert e["block_n"] >= 16 and e["block_k"] >= 16 and e["num_stages"] >= 1 and e["k_splits"] >= 1, e
+        assert e["op"] != "linear_silu_mul" or e["k_splits"] == 1, e
 
 
 @gpu

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from infer_backend_cuda.kernels import skinny_gemm as S
-from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
+from tests.backend_cuda.conftest import committed_table_entries, gpu, needs_cuda, poison, tol
 from tests.backend_cuda.reference import ref_add_rms_norm, ref_rms_norm, ref_silu_and_mul
 
 CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3),
@@ -153,20 +151,14 @@ def test_heuristic_config_bounds_the_register_tile():
 def test_tuned_table_entries_are_launchable():
     """The committed table (written on the GPU by packages/infer-backend-cuda/scripts/bench_skinny_gemm.py) holds
     sane configs."""
-    if not S._TABLE.exists():
-        pytest.skip("no tuned table committed")
-    table = json.loads(S._TABLE.read_text())
-    assert table, "an empty table file"
-    for device_name, entries in table.items():
-        assert entries, device_name
-        for e in entries:
-            assert e["m"] in (1, 2, 4, 8) and e.get("op", "linear") in S.OPS
-            for key in ("block_n", "block_k", "num_warps"):
-                assert e[key] & (e[key] - 1) == 0, e
-            rows = S.block_m(e["m"], e.get("use_dot", False))
-            assert rows * e["block_n"] * e["block_k"] <= 16384 or e.get("use_dot"), e
-            assert not e.get("use_dot") or e["block_n"] >= 16, e
-            assert e["num_stages"] >= 1
+    for e in committed_table_entries(S._TABLE):
+        assert e["m"] in (1, 2, 4, 8) and e.get("op", "linear") in S.OPS
+        for key in ("block_n", "block_k", "num_warps"):
+            assert e[key] & (e[key] - 1) == 0, e
+        rows = S.block_m(e["m"], e.get("use_dot", False))
+        assert rows * e["block_n"] * e["block_k"] <= 16384 or e.get("use_dot"), e
+        assert not e.get("use_dot") or e["block_n"] >= 16, e
+        assert e["num_stages"] >= 1
 
 
 @gpu
