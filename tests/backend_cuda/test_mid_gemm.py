@@ -97,6 +97,7 @@ def test_untuned_shapes_and_cpu_tensors_stay_on_cublas():
     assert [G.m_bucket(m) for m in (2, 3, 8, 9, 16, 17, 33, 65, 128)] == [2, 4, 8, 16, 16, 32, 64, 128, 128]
     assert [G.block_m(m) for m in (2, 8, 9, 17, 128)] == [16, 16, 16, 32, 128]
     assert G.choose_config("linear", 1, 2560, 4096, cpu) is None  # one row is the skinny GEMM's
+    assert G.m_bucket(1) == 1  # but FP8's from one row (a GPU's table entry)
 
 
 def test_math_ops_route_mid_rows_by_the_table(monkeypatch):
@@ -151,7 +152,8 @@ def test_tuned_table_entries_are_launchable():
     """The committed table (written on the GPU by packages/infer-backend-cuda/scripts/bench_mid_gemm.py) holds
     sane configs."""
     for e in committed_table_entries(G._TABLE):
-        assert e["m"] in (2, 4, 8, 16, 32, 64, 128) and e["op"] in G.OPS, e
+        assert e["m"] in (2, 4, 8, 16, 32, 64, 128) and e["op"] in G.OPS or (
+            e["m"] in (1, 2, 4, 8, 16, 32, 64, 128) and e["op"] in G.FP8_OPS and e["block_k"] == 128), e
         for key in ("block_n", "block_k", "num_warps"):
             assert e[key] & (e[key] - 1) == 0, e
         assert e["block_n"] >= 16 and e["block_k"] >= 16 and e["num_stages"] >= 1 and e["k_splits"] >= 1, e

@@ -3,7 +3,8 @@
 Dense weights take cuBLAS, the skinny Triton GEMM at 1-8 rows (with its fused norm prologue, and the gate / up
 GEMM's SiLU-and-mul epilogue) or the mid Triton GEMM at 9-128 rows (with that epilogue too) where the GPU's tables say
 so. AWQ and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after the unfused norm
-kernel, and the SiLU-and-mul kernel after the gate / up GEMM. Every path allocates its outputs with
+kernel, and the SiLU-and-mul kernel after the gate / up GEMM, except where block FP8 takes the mid GEMM (its table's
+FP8 entries, 1-128 rows), whose epilogue applies the activation. Every path allocates its outputs with
 `torch.empty` only, which a CUDA-graph capture serves from the graph's pool, and never synchronises with the host.
 """
 
@@ -64,6 +65,12 @@ class DenseLinearOps:
         return self._fused.silu_and_mul(self._math.linear_with(config, x, weight, bias))
 
 
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """Inputs of any leading shape, as F.linear takes them, as the kernels see them: `[rows, in]`, rows contiguous."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
 class _QuantizedLinearOps(UnfusedLinearOps):
     """A quantized scheme's GEMM with the norm kernel before it and the SiLU-and-mul kernel after it, unfused."""
 
@@ -71,11 +78,7 @@ class _QuantizedLinearOps(UnfusedLinearOps):
         raise NotImplementedError
 
     def linear(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
-        # Inputs of any leading shape, as F.linear takes them; the kernels see `[rows, in]`, rows contiguous.
-        rows = x.reshape(-1, x.shape[-1])
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
-        return self.gemm(rows, weight, bias).reshape(*x.shape[:-1], -1)
+        return self.gemm(_rows(x), weight, bias).reshape(*x.shape[:-1], -1)
 
 
 class AwqLinearOps(_QuantizedLinearOps):
@@ -105,13 +108,27 @@ class Fp8BlockLinearOps(_QuantizedLinearOps):
         hidden = x.shape[-1]
         if not (FP8_NORM_QUANT and fp8_gemm.norm_quant_fits(hidden, self.scheme.block[1])):
             return super().add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
-        rows = x.reshape(-1, hidden)
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
+        rows = _rows(x)
         stream = x if residual is None else torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
         norm = fp8_gemm.NormPrologue(residual, norm_weight, eps, stream if residual is not None else None)
         out = self.gemm(rows, weight, bias, norm)
         return out.reshape(*x.shape[:-1], -1), stream
+
+    def add_rms_norm_linear_silu_mul(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+        weight: Operands, bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The norm kernel, then the gate / up GEMM with SiLU-and-mul in the mid GEMM's epilogue where the mid table
+        has the shape (else the GEMM and the SiLU-and-mul kernel); with the norm in the quantization pass, unfused."""
+        if FP8_NORM_QUANT:
+            return super().add_rms_norm_linear_silu_mul(x, residual, norm_weight, eps, weight, bias)
+        return unfused_add_rms_norm_linear(self._fused, self._gated_gemm, x, residual, norm_weight, eps, weight,
+                                           bias)
+
+    def _gated_gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        codes, scale_inv, scale_row = weight
+        out = fp8_gemm.fp8_block_linear_silu_mul(_rows(x), codes, scale_inv, scale_row, self.scheme.block[1], bias)
+        return out.reshape(*x.shape[:-1], -1)
 
 
 class CudaLinears:

@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import fp8_scaled_mm, split_k, tuned_table
+from infer_backend_cuda.kernels import mid_gemm as mid
+from infer_backend_cuda.kernels.activation import silu_and_mul
 from infer_backend_cuda.kernels._common import (
     check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2, norm_num_warps, pdl_launch, rows_view,
 )
@@ -419,12 +421,13 @@ def fp8_block_linear(
     group: int,
     bias: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    config: Fp8Config | None = None,
+    config: Fp8Config | mid.MidConfig | None = None,
     norm: NormPrologue | None = None,
 ) -> torch.Tensor:
     """W8A8 `x [M, K] @ dequant(weight [N, K]).T (+ bias)` -> `[M, N]` in x's dtype. With `norm`, of
     `rms_norm(x (+ residual))`, the norm done by the activation quantization (the new residual in
-    `norm.residual_out`)."""
+    `norm.residual_out`). A `mid_gemm.MidConfig` (the mid table's, where it measured faster at 1-128 rows) runs the
+    weight-left mid GEMM on the quantized activations."""
     if x.dim() != 2 or weight.shape[1] != x.shape[1] or scale_row.shape[0] != weight.shape[0]:
         raise ValueError(f"FP8 GEMM: input {tuple(x.shape)}, weight {tuple(weight.shape)} and scale_row "
                          f"{tuple(scale_row.shape)} do not match")
@@ -432,6 +435,10 @@ def fp8_block_linear(
     check_last_dim_contiguous("input", x)
     m, k = x.shape
     n = weight.shape[0]
+    if config is None:
+        config = mid_config("fp8_linear", m, n, k, group, x.device)
+    if isinstance(config, mid.MidConfig):
+        return _mid_linear(x, weight, scale_inv, scale_row, group, bias, out, norm, config, gated=False)
     if config is None:
         config = choose_config(m, n, k, group, x.device)
         usable = _scaled_mm_usable(x, weight, scale_inv, scale_row, group, bias) if (
@@ -477,6 +484,36 @@ def fp8_block_linear(
     )
     split_k.finish(p, bias, out)
     return out
+
+
+def fp8_block_linear_silu_mul(
+    x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, scale_row: torch.Tensor, group: int,
+    bias: torch.Tensor | None = None, config: mid.MidConfig | None = None,
+) -> torch.Tensor:
+    """`silu_and_mul(fp8_block_linear(x, weight [gate | up], ...))` -> `[M, N / 2]`: one mid GEMM launch writing the
+    activation where the mid table has the shape (or `config` names one), else the GEMM and the SiLU-and-mul kernel."""
+    m, k = x.shape
+    config = config or mid_config("fp8_linear_silu_mul", m, weight.shape[0], k, group, x.device)
+    if config is None:
+        return silu_and_mul(fp8_block_linear(x, weight, scale_inv, scale_row, group, bias))
+    check_last_dim_contiguous("input", x)
+    return _mid_linear(x, weight, scale_inv, scale_row, group, bias, None, None, config, gated=True)
+
+
+def mid_config(op: str, m: int, n: int, k: int, group: int, device: torch.device) -> mid.MidConfig | None:
+    """The mid table's config for FP8 `op` at this shape, where it measured faster than this module's own kernels
+    and steps K a group at a time."""
+    config = mid.choose_config(op, m, n, k, device)
+    return config if config is not None and config.block_k == group else None
+
+
+def _mid_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, scale_row: torch.Tensor, group: int,
+                bias: torch.Tensor | None, out: torch.Tensor | None, norm: NormPrologue | None,
+                config: mid.MidConfig, gated: bool) -> torch.Tensor:
+    """The quantization pass, then the weight-left mid GEMM on its codes (mid_gemm.py, BLOCK_SCALED)."""
+    codes, x_scale = _quantize(x, group, norm)
+    return mid.mid_fp8_linear(codes, weight, mid.BlockScales(x_scale, scale_inv, scale_row, group), x.dtype, bias,
+                              out, config=config, gated=gated)
 
 
 def _uniform_tiles(block_n: int, scale_row: torch.Tensor) -> bool:

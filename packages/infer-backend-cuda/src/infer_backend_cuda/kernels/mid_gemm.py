@@ -39,6 +39,8 @@ from infer_backend_cuda.kernels.skinny_gemm import gated_epilogue
 # H200: 40 column tiles without split-K were too few programs), its rows padded to 16. One row is the skinny GEMM's.
 MIN_M, MAX_M = 2, 128
 OPS = ("linear", "linear_silu_mul")
+# Block FP8 (fp8_gemm.py asks for these): from one row, where the FP8 path has no skinny kernel of its own.
+FP8_OPS = ("fp8_linear", "fp8_linear_silu_mul")
 _TABLE = tuned_table.CONFIGS / "mid_gemm.json"
 # INFER_CUDA_MID_GEMM=0: 2-128 rows on cuBLAS whatever the table says (A/B runs). Read once at import, like the other
 # INFER_CUDA_ switches.
@@ -56,16 +58,20 @@ class MidConfig(NamedTuple):
 
 @triton.jit
 def _mid_gemm_kernel(
-    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, counter_ptr,
-    M, N, K, x_stride, w_stride, out_stride, k_per_split,
+    x_ptr, w_ptr, b_ptr, out_ptr, part_ptr, counter_ptr, xs_ptr, ws_ptr, row_ptr,
+    M, N, K, x_stride, w_stride, out_stride, k_per_split, xs_stride, ws_stride,
     HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_F32: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_F32: tl.constexpr, BLOCK_SCALED: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (n, s): column tile n over K range `[s * k_per_split, (s + 1) * k_per_split)`. Rows past M and
     columns past N re-read rows `r mod M` / `c mod N` (their results are never stored), so the main loop loads
     unmasked where K divides evenly. (Not all of them row 0: on the H100, 32 padded rows of a 96-row batch all
-    reading row 0 made the gated gate / up GEMM 2x slower than at 128 rows, one L2 line hit by every program.)"""
+    reading row 0 made the gated gate / up GEMM 2x slower than at 128 rows, one L2 line hit by every program.)
+
+    BLOCK_SCALED (block FP8): x is the activation's e4m3 codes with per-row scales `xs [M, groups]`, the weight
+    e4m3 with `weight_scale_inv` rows `ws` named per weight row by `row_ptr`; a K step is one group (BLOCK_K), its
+    product scaled by both scales before it joins the fp32 sum, as the W8A8 reference sums."""
     if USE_PDL:  # programmatic dependent launch: start early, read the activations only after their producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -91,6 +97,12 @@ def _mid_gemm_kernel(
     w_ptrs = w_ptr + rn_load.to(tl.int64)[:, None] * w_stride + (k_first + rk)[None, :]
     x_ptrs = x_ptr + rm_load[None, :] * x_stride + (k_first + rk)[:, None]  # x^T tile [BLOCK_K, BLOCK_M]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    if BLOCK_SCALED:
+        # Scales one group ahead, as in fp8_gemm.py: the pipeliner prefetches only the dot's operands.
+        scale_rows = tl.load(row_ptr + rn_load)
+        g_last = tl.cdiv(K, BLOCK_K) - 1
+        ws_next = tl.load(ws_ptr + scale_rows * ws_stride + k_first // BLOCK_K)
+        xs_next = tl.load(xs_ptr + rm_load * xs_stride + k_first // BLOCK_K)
     for k0 in range(k_first, k_end, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptrs, eviction_policy="evict_first")
@@ -99,7 +111,17 @@ def _mid_gemm_kernel(
             k_mask = (k0 + rk) < k_end
             w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0, eviction_policy="evict_first")
             xt = tl.load(x_ptrs, mask=k_mask[:, None], other=0.0)
-        if DOT_F32:
+        if BLOCK_SCALED:
+            w_scale, x_scale = ws_next, xs_next
+            g_next = tl.minimum(k0 // BLOCK_K + 1, g_last)
+            ws_next = tl.load(ws_ptr + scale_rows * ws_stride + g_next)
+            xs_next = tl.load(xs_ptr + rm_load * xs_stride + g_next)
+            if DOT_F32:
+                product = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
+            else:
+                product = tl.dot(w, xt)
+            acc += product * (w_scale[:, None] * x_scale[None, :])
+        elif DOT_F32:
             acc += tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
         else:
             acc = tl.dot(w, xt, acc)
@@ -116,7 +138,7 @@ def _mid_gemm_kernel(
 
 
 def m_bucket(m: int) -> int:
-    """The row count a tuned config is keyed by: 2, 4, 8, 16, 32, 64 or 128."""
+    """The row count a tuned config is keyed by: 1 (FP8 only), 2, 4, 8, 16, 32, 64 or 128."""
     return next_pow2(m)
 
 
@@ -142,15 +164,27 @@ def table_key(entry: dict) -> tuple[str, int, int, int]:
 
 def choose_config(op: str, m: int, n: int, k: int, device: torch.device) -> MidConfig | None:
     """This GPU's measured best for `op` at the shape's row bucket, or None: cuBLAS (untuned, or faster there)."""
-    if op not in OPS:
+    if op not in OPS + FP8_OPS:
         raise ValueError(f"unknown mid GEMM op {op!r}")
-    if not ENABLED or device.type != "cuda" or not MIN_M <= m <= MAX_M:
+    if not ENABLED or device.type != "cuda" or not (1 if op in FP8_OPS else MIN_M) <= m <= MAX_M:
         return None
     return _tuned_table(torch.cuda.get_device_name(device)).get((op, m_bucket(m), n, k))
 
 
+class BlockScales(NamedTuple):
+    """Block FP8's scales beside e4m3 codes: the activation's per row and group (`x_scale [M, groups]`, from
+    `fp8_gemm.fp8_quantize_activation`), the weight's `scale_inv [row blocks, groups]` and `scale_row [N]` (the
+    `scale_inv` row of each weight row), in groups of `group` columns."""
+
+    x_scale: torch.Tensor
+    scale_inv: torch.Tensor
+    scale_row: torch.Tensor
+    group: int
+
+
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
-            config: MidConfig, gated: bool) -> torch.Tensor:
+            config: MidConfig, gated: bool, scales: BlockScales | None = None,
+            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[1] != x.shape[1]:
         raise ValueError(f"mid GEMM: input {tuple(x.shape)} and weight {tuple(weight.shape)} do not match")
     m, k = x.shape
@@ -159,22 +193,29 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         raise ValueError(f"the mid GEMM takes 1..{MAX_M} rows, got {m}")
     if gated and (n % 2 or config.k_splits != 1):
         raise ValueError("the gated mid GEMM takes an even number of weight rows and one K range")
+    if scales is not None and (config.block_k != scales.group or scales.x_scale.shape[0] < m
+                               or scales.scale_row.shape[0] != n):
+        raise ValueError(f"block-scaled mid GEMM: K steps of {config.block_k} over groups of {scales.group}, "
+                         f"x scales {tuple(scales.x_scale.shape)} for {m} rows, scale rows "
+                         f"{tuple(scales.scale_row.shape)} for {n} weight rows")
     check_last_dim_contiguous("input", x)
     check_last_dim_contiguous("weight", weight)
     n_out = n // 2 if gated else n
     if out is None:
-        out = torch.empty((m, n_out), dtype=x.dtype, device=x.device)
+        out = torch.empty((m, n_out), dtype=out_dtype or x.dtype, device=x.device)
     check_last_dim_contiguous("out", out)
     per_steps, splits = split_k.steps_per_split(triton.cdiv(k, config.block_k), config.k_splits)
     k_per_split = per_steps * config.block_k
     column_tiles = triton.cdiv(n_out, config.block_n // 2) if gated else triton.cdiv(n, config.block_n)
     p = split_k.partials(splits, m, n, out, column_tiles)
+    xs, ws, rows = (scales.x_scale, scales.scale_inv, scales.scale_row) if scales is not None else (x, x, x)
     _mid_gemm_kernel[(column_tiles, splits)](
-        x, weight, bias if bias is not None else weight, out, p.workspace, p.counter_arg,
-        m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split,
+        x, weight, bias if bias is not None else weight, out, p.workspace, p.counter_arg, xs, ws, rows,
+        m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, xs.stride(0), ws.stride(0),
         HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup, GATED=gated,
         BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0,
-        DOT_F32=dot_in_fp32(x.dtype), num_warps=config.num_warps, num_stages=config.num_stages, **pdl_launch(x.device),
+        DOT_F32=dot_in_fp32(out.dtype), BLOCK_SCALED=scales is not None, num_warps=config.num_warps,
+        num_stages=config.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)
     return out
@@ -190,3 +231,11 @@ def mid_linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
                         out: torch.Tensor | None = None, *, config: MidConfig) -> torch.Tensor:
     """`silu_and_mul(x @ weight.T (+ bias))` for `weight = [gate | up]` `[2I, K]` -> `[M, I]`, in one launch."""
     return _launch(x, weight, bias, out, config, gated=True)
+
+
+def mid_fp8_linear(codes: torch.Tensor, weight: torch.Tensor, scales: BlockScales, out_dtype: torch.dtype,
+                   bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *, config: MidConfig,
+                   gated: bool = False) -> torch.Tensor:
+    """Block FP8 (W8A8): `sum_g (codes[:, g] @ weight[:, g].T) * x_scale[:, g] * scale_inv[scale_row, g] (+ bias)`
+    -> `[M, N]` in `out_dtype`, or with `gated` its `silu_and_mul` -> `[M, N / 2]`; `config.block_k` is the group."""
+    return _launch(codes, weight, bias, out, config, gated, scales, out_dtype)
