@@ -15,8 +15,8 @@ session_logs s20
 
 tune_fp8_mid() {  # tune_fp8_mid TAG BUDGET_S: bench_mid_gemm.py's FP8 bests into the installed table, the table copied
   local table; table=$(installed_table mid_gemm)
-  timeout $(( $2 + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --ops fp8_linear,fp8_linear_silu_mul \
-    --ms "${MS:-1,2,8,16,32,64,128,4}" --budget-s "$2" --json "$LOGS/$1_tune.json" --table "$table" \
+  timeout $(( $2 + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" \
+    --ops "${OPS:-fp8_linear,fp8_linear_silu_mul}" --ms "${MS:-1,2,8,16,32,64,128,4}" --budget-s "$2" --json "$LOGS/$1_tune.json" --table "$table" \
     > "$LOGS/$1_tune.log" 2>&1
   echo "bench_mid_gemm rc=$?"; grep -A60 "^ *op  *m" "$LOGS/$1_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
 }
@@ -29,6 +29,11 @@ case ${CALL:-fp8mid} in
       ROOFLINE_TIMEOUT=110 ROOFLINE_ARGS="--context 400" roofline "fp8_mid$on" qwen3-4b-fp8 1,2,8,32,64,96,128 \
         INFER_CUDA_MID_GEMM=$on
     done ;;
+  uniform)  # one weight scale a tile (W_SCALE_UNIFORM): the GPU tests, fp8_linear re-tuned at 32-128 rows, FP8
+    # replays there (against CALL=fp8mid's fp8_mid1 on the same GPU kind)
+    gpu_tests uniform 120 tests/backend_cuda/test_mid_gemm_fp8.py
+    OPS=fp8_linear MS=32,64,128 tune_fp8_mid uniform "${BUDGET:-80}"
+    ROOFLINE_TIMEOUT=100 ROOFLINE_ARGS="--context 400" roofline fp8_uniform qwen3-4b-fp8 32,64,96,128 ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
     if ! grep -q fp8_linear "$(installed_table mid_gemm)"; then tune_fp8_mid served 100; fi

@@ -70,6 +70,21 @@ def test_fp8_mid_gated_equals_the_gemm_then_silu(m, device):
     torch.testing.assert_close(y.cpu().float(), reference.float(), **tol(torch.bfloat16))
 
 
+@pytest.mark.parametrize("m,config", [(3, G.MidConfig(32, 128, 4, 1, 2)), (20, G.MidConfig(64, 128, 4, 2))])
+def test_fp8_mid_tiles_in_one_scale_block_match_the_general_path_bit_for_bit(m, config, device):
+    """Regular 128-row scale blocks (parts 256 + 64: the last block partial, N = 320 a partial column tile) with
+    column tiles dividing 128 take one weight scale a group: the per-row path's fp32 products, so its bits."""
+    codes, scale_inv, scale_row = _fp8([256, 64], 384, (128, 128), device)
+    x = _x(m, 384, torch.float32, device) * 3
+    xq, xs = F8.fp8_quantize_activation(x, 128)
+    run = lambda uniform: G.mid_fp8_linear(  # noqa: E731
+        xq, codes, G.BlockScales(xs, scale_inv, scale_row, 128, uniform), x.dtype, config=config)
+    assert F8._uniform_tiles(config.block_n, scale_row)
+    y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=config)
+    assert torch.equal(y, run(True)) and torch.equal(y, run(False))
+    torch.testing.assert_close(y.cpu(), _reference(x, codes, scale_inv, scale_row, 128), **tol(torch.float32))
+
+
 def test_fp8_mid_refuses_a_k_step_other_than_the_group(device):
     codes, scale_inv, scale_row = _fp8([32], 128, (16, 64), device)
     x = _x(4, 128, torch.float32, device)

@@ -512,8 +512,9 @@ def _mid_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, 
                 config: mid.MidConfig, gated: bool) -> torch.Tensor:
     """The quantization pass, then the weight-left mid GEMM on its codes (mid_gemm.py, BLOCK_SCALED)."""
     codes, x_scale = _quantize(x, group, norm)
-    return mid.mid_fp8_linear(codes, weight, mid.BlockScales(x_scale, scale_inv, scale_row, group), x.dtype, bias,
-                              out, config=config, gated=gated)
+    uniform = not gated and _uniform_tiles(config.block_n, scale_row)
+    return mid.mid_fp8_linear(codes, weight, mid.BlockScales(x_scale, scale_inv, scale_row, group, uniform), x.dtype,
+                              bias, out, config=config, gated=gated)
 
 
 def _uniform_tiles(block_n: int, scale_row: torch.Tensor) -> bool:

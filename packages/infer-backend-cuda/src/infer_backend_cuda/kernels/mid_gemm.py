@@ -62,7 +62,7 @@ def _mid_gemm_kernel(
     M, N, K, x_stride, w_stride, out_stride, k_per_split, xs_stride, ws_stride,
     HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_F32: tl.constexpr, BLOCK_SCALED: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_F32: tl.constexpr, BLOCK_SCALED: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (n, s): column tile n over K range `[s * k_per_split, (s + 1) * k_per_split)`. Rows past M and
     columns past N re-read rows `r mod M` / `c mod N` (their results are never stored), so the main loop loads
@@ -71,7 +71,9 @@ def _mid_gemm_kernel(
 
     BLOCK_SCALED (block FP8): x is the activation's e4m3 codes with per-row scales `xs [M, groups]`, the weight
     e4m3 with `weight_scale_inv` rows `ws` named per weight row by `row_ptr`; a K step is one group (BLOCK_K), its
-    product scaled by both scales before it joins the fp32 sum, as the W8A8 reference sums."""
+    product scaled by both scales before it joins the fp32 sum, as the W8A8 reference sums. W_SCALE_UNIFORM (the
+    tile's weight rows in one scale block) loads one weight scale a group and folds it into the row scales: one FMA
+    an accumulator element instead of a multiply and an FMA, the same fp32 values."""
     if USE_PDL:  # programmatic dependent launch: start early, read the activations only after their producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -99,7 +101,10 @@ def _mid_gemm_kernel(
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     if BLOCK_SCALED:
         # Scales one group ahead, as in fp8_gemm.py: the pipeliner prefetches only the dot's operands.
-        scale_rows = tl.load(row_ptr + rn_load)
+        if W_SCALE_UNIFORM:
+            scale_rows = tl.load(row_ptr + pid_n * BLOCK_N)
+        else:
+            scale_rows = tl.load(row_ptr + rn_load)
         g_last = tl.cdiv(K, BLOCK_K) - 1
         ws_next = tl.load(ws_ptr + scale_rows * ws_stride + k_first // BLOCK_K)
         xs_next = tl.load(xs_ptr + rm_load * xs_stride + k_first // BLOCK_K)
@@ -120,7 +125,10 @@ def _mid_gemm_kernel(
                 product = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
             else:
                 product = tl.dot(w, xt)
-            acc += product * (w_scale[:, None] * x_scale[None, :])
+            if W_SCALE_UNIFORM:
+                acc += product * (w_scale * x_scale)[None, :]
+            else:
+                acc += product * (w_scale[:, None] * x_scale[None, :])
         elif DOT_F32:
             acc += tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
         else:
@@ -180,6 +188,7 @@ class BlockScales(NamedTuple):
     scale_inv: torch.Tensor
     scale_row: torch.Tensor
     group: int
+    uniform: bool = False  # each column tile's weight rows in one scale block (W_SCALE_UNIFORM); never when gated
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor | None,
@@ -214,7 +223,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, xs.stride(0), ws.stride(0),
         HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup, GATED=gated,
         BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0,
-        DOT_F32=dot_in_fp32(out.dtype), BLOCK_SCALED=scales is not None, num_warps=config.num_warps,
+        DOT_F32=dot_in_fp32(out.dtype), BLOCK_SCALED=scales is not None,
+        W_SCALE_UNIFORM=scales is not None and scales.uniform and not gated, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)
