@@ -34,13 +34,6 @@ case ${CALL:-fp8mid} in
     gpu_tests uniform 120 tests/backend_cuda/test_mid_gemm_fp8.py
     OPS=fp8_linear MS=32,64,128 tune_fp8_mid uniform "${BUDGET:-80}"
     ROOFLINE_TIMEOUT=100 ROOFLINE_ARGS="--context 400" roofline fp8_uniform qwen3-4b-fp8 32,64,96,128 ;;
-  selfq)  # the FP8 mid GEMM quantizing its own activation tiles (INFER_CUDA_FP8_SELF_QUANT_ROWS): its GPU tests, then
-    # FP8 replays at 1-16 rows with it and without (the quantization pass's 144 launches a step)
-    gpu_tests selfq 100 tests/backend_cuda/test_mid_gemm_fp8.py -k "quantizing_its_own or gated_and_split"
-    for rows in 16 0; do
-      ROOFLINE_TIMEOUT=90 ROOFLINE_ARGS="--context 400" roofline "fp8_selfq$rows" qwen3-4b-fp8 1,2,4,8,16 \
-        INFER_CUDA_FP8_SELF_QUANT_ROWS=$rows
-    done ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
     if ! grep -q fp8_linear "$(installed_table mid_gemm)"; then tune_fp8_mid served 100; fi

@@ -20,7 +20,6 @@ precedence over both rules where the table has the shape.
 
 from __future__ import annotations
 
-import os
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -30,13 +29,13 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels import fp8_scaled_mm, split_k, tuned_table
 from infer_backend_cuda.kernels import mid_gemm as mid
-from infer_backend_cuda.kernels._fp8_codes import quantize_groups
 from infer_backend_cuda.kernels.activation import silu_and_mul
 from infer_backend_cuda.kernels._common import (
     check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2, norm_num_warps, pdl_launch, rows_view,
 )
 from infer_backend_cuda.kernels.rms_norm import add_rms_norm, add_rms_norm_row, rms_norm
 
+_E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
 SKINNY_MAX_M = 8
 SMS = 132  # an H100 / H200
 MID_PROGRAMS = 2 * SMS  # programs a 65-1023-row launch aims for: two per SM hide each other's load latency
@@ -47,10 +46,6 @@ SCALED_MM_MIN_M = 65  # from here cuBLASLt's block-scaled GEMM (fp8_scaled_mm.py
 _TABLE = tuned_table.CONFIGS / "fp8_gemm.json"
 table_key = tuned_table.rows_shape_group  # an entry's (row bucket, N, K, group)
 TABLE_MAX_M = 256
-# INFER_CUDA_FP8_SELF_QUANT_ROWS=N: at 1..N rows the FP8 mid GEMM quantizes its own activation tiles, one launch (the
-# quantization pass) fewer a GEMM; 0 (the default) keeps the pass. Read once at import, like the other switches.
-SELF_QUANT_ROWS_ENV = "INFER_CUDA_FP8_SELF_QUANT_ROWS"
-SELF_QUANT_ROWS = int(os.environ.get(SELF_QUANT_ROWS_ENV, "0") or 0)
 
 
 class Fp8Config(NamedTuple):
@@ -61,6 +56,31 @@ class Fp8Config(NamedTuple):
     k_splits: int = 1  # K groups cut into this many ranges (at most); see split_k.py
     row_groups: int = 0  # > 0: the row-streaming kernel (`_fp8_rows_kernel`), this many K groups per step
     scaled_mm: bool = False  # cuBLASLt through torch._scaled_mm (fp8_scaled_mm.py); the other fields unused
+
+
+@triton.jit
+def _round_to_e4m3_grid(v):
+    """`v` (|v| <= 448) rounded to the nearest e4m3 value, ties to even, in fp32. Triton 3.9's interpreter casts
+    fp32 to fp8 wrongly where rounding carries into the exponent (124.7 -> 64), so under it the cast is handed
+    values it need not round; on the GPU the hardware conversion (cvt.rn.satfinite) rounds the same way."""
+    exponent = ((v.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    quantum = tl.exp2((tl.maximum(exponent, -6) - 3).to(tl.float32))  # 3 mantissa bits; subnormals below 2^-6
+    t = v / quantum  # exact: a power of two
+    r = tl.floor(t + 0.5)
+    r = tl.where((r - t == 0.5) & (r % 2 != 0), r - 1.0, r)
+    return r * quantum
+
+
+@triton.jit
+def _quantize_groups(x, ROUND_IN_FP32: tl.constexpr):
+    """fp32 `x [R, group]` (zeros where masked) -> (fp32 codes on the e4m3 grid, fp32 scales `[R]`), the
+    reference's numerics: IEEE divisions, so that the codes equal the CPU's bit for bit."""
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, _E4M3_MAX, tl.float32)), 1.0)
+    codes = tl.clamp(tl.math.div_rn(x, tl.zeros_like(x) + scale[:, None]), -_E4M3_MAX, _E4M3_MAX)
+    if ROUND_IN_FP32:
+        codes = _round_to_e4m3_grid(codes)
+    return codes, scale
 
 
 @triton.jit
@@ -76,7 +96,7 @@ def _act_quant_kernel(
     cols = (g * GROUP + tl.arange(0, GROUP))[None, :]
     mask = cols < K
     x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask & (cols * 0 + row < M), other=0.0).to(tl.float32)
-    codes, scale = quantize_groups(x, ROUND_IN_FP32, 1)
+    codes, scale = _quantize_groups(x, ROUND_IN_FP32)
     tl.store(q_ptr + row.to(tl.int64) * q_stride + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
     tl.store(s_ptr + row * s_row_stride + g * s_group_stride + tl.arange(0, 1), scale)
 
@@ -153,7 +173,7 @@ def _fp8_gemm_kernel(
         a = tl.load(xq_ptr + rm.to(tl.int64)[:, None] * xq_stride + kk[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
         if FUSE_QUANT:
-            codes, x_scale = quantize_groups(a.to(tl.float32), ROUND_IN_FP32, 1)
+            codes, x_scale = _quantize_groups(a.to(tl.float32), ROUND_IN_FP32)
             a = codes.to(w_ptr.dtype.element_ty)
         w = tl.load(w_ptr + rn.to(tl.int64)[None, :] * w_stride + kk[:, None],
                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [GROUP, BLOCK_N]
@@ -272,7 +292,7 @@ def _norm_quant_kernel(
     y = add_rms_norm_row(x_ptr, res_ptr, w_ptr, res_out_ptr, row, M, x_stride, res_stride, res_out_stride, H,
                          eps, HAS_RESIDUAL, BLOCK, USE_PDL, True)
     y = y.to(x_ptr.dtype.element_ty).to(tl.float32)
-    codes, scale = quantize_groups(tl.reshape(y, (BLOCK // GROUP, GROUP)), ROUND_IN_FP32, 1)
+    codes, scale = _quantize_groups(tl.reshape(y, (BLOCK // GROUP, GROUP)), ROUND_IN_FP32)
     g = tl.arange(0, BLOCK // GROUP)
     cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
     tl.store(q_ptr + row * q_stride + cols, codes.to(q_ptr.dtype.element_ty), mask=cols < H)
@@ -490,12 +510,8 @@ def mid_config(op: str, m: int, n: int, k: int, group: int, device: torch.device
 def _mid_linear(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, scale_row: torch.Tensor, group: int,
                 bias: torch.Tensor | None, out: torch.Tensor | None, norm: NormPrologue | None,
                 config: mid.MidConfig, gated: bool) -> torch.Tensor:
-    """The quantization pass, then the weight-left mid GEMM on its codes (mid_gemm.py, BLOCK_SCALED); up to
-    SELF_QUANT_ROWS rows the GEMM quantizes the activations itself."""
-    if norm is None and x.shape[0] <= SELF_QUANT_ROWS:
-        codes, x_scale = x, None
-    else:
-        codes, x_scale = _quantize(x, group, norm)
+    """The quantization pass, then the weight-left mid GEMM on its codes (mid_gemm.py, BLOCK_SCALED)."""
+    codes, x_scale = _quantize(x, group, norm)
     uniform = not gated and _uniform_tiles(config.block_n, scale_row)
     return mid.mid_fp8_linear(codes, weight, mid.BlockScales(x_scale, scale_inv, scale_row, group, uniform), x.dtype,
                               bias, out, config=config, gated=gated)

@@ -31,10 +31,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import split_k, tuned_table
-from infer_backend_cuda.kernels._common import (
-    check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2, pdl_launch,
-)
-from infer_backend_cuda.kernels._fp8_codes import quantize_groups
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 from infer_backend_cuda.kernels.skinny_gemm import MAX_M as SKINNY_MAX_M
 from infer_backend_cuda.kernels.skinny_gemm import gated_epilogue
 
@@ -65,8 +62,7 @@ def _mid_gemm_kernel(
     M, N, K, x_stride, w_stride, out_stride, k_per_split, xs_stride, ws_stride,
     HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr, GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-    DOT_F32: tl.constexpr, BLOCK_SCALED: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr, QUANTIZE_X: tl.constexpr,
-    ROUND_IN_FP32: tl.constexpr, USE_PDL: tl.constexpr,
+    DOT_F32: tl.constexpr, BLOCK_SCALED: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (n, s): column tile n over K range `[s * k_per_split, (s + 1) * k_per_split)`. Rows past M and
     columns past N re-read rows `r mod M` / `c mod N` (their results are never stored), so the main loop loads
@@ -77,9 +73,7 @@ def _mid_gemm_kernel(
     e4m3 with `weight_scale_inv` rows `ws` named per weight row by `row_ptr`; a K step is one group (BLOCK_K), its
     product scaled by both scales before it joins the fp32 sum, as the W8A8 reference sums. W_SCALE_UNIFORM (the
     tile's weight rows in one scale block) loads one weight scale a group and folds it into the row scales: one FMA
-    an accumulator element instead of a multiply and an FMA, the same fp32 values. QUANTIZE_X: x is the activation
-    itself, each program quantizing its K step's tile as the quantization pass would (the same codes and scales):
-    no pass of its own to launch and wait for, at the cost of every column tile redoing it (decode's few rows)."""
+    an accumulator element instead of a multiply and an FMA, the same fp32 values."""
     if USE_PDL:  # programmatic dependent launch: start early, read the activations only after their producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -113,8 +107,7 @@ def _mid_gemm_kernel(
             scale_rows = tl.load(row_ptr + rn_load)
         g_last = tl.cdiv(K, BLOCK_K) - 1
         ws_next = tl.load(ws_ptr + scale_rows * ws_stride + k_first // BLOCK_K)
-        if not QUANTIZE_X:
-            xs_next = tl.load(xs_ptr + rm_load * xs_stride + k_first // BLOCK_K)
+        xs_next = tl.load(xs_ptr + rm_load * xs_stride + k_first // BLOCK_K)
     for k0 in range(k_first, k_end, BLOCK_K):
         if EVEN_K:
             w = tl.load(w_ptrs, eviction_policy="evict_first")
@@ -124,15 +117,10 @@ def _mid_gemm_kernel(
             w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0, eviction_policy="evict_first")
             xt = tl.load(x_ptrs, mask=k_mask[:, None], other=0.0)
         if BLOCK_SCALED:
-            w_scale = ws_next
+            w_scale, x_scale = ws_next, xs_next
             g_next = tl.minimum(k0 // BLOCK_K + 1, g_last)
             ws_next = tl.load(ws_ptr + scale_rows * ws_stride + g_next)
-            if QUANTIZE_X:
-                codes, x_scale = quantize_groups(xt.to(tl.float32), ROUND_IN_FP32, 0)
-                xt = codes.to(w_ptr.dtype.element_ty)
-            else:
-                x_scale = xs_next
-                xs_next = tl.load(xs_ptr + rm_load * xs_stride + g_next)
+            xs_next = tl.load(xs_ptr + rm_load * xs_stride + g_next)
             if DOT_F32:
                 product = tl.dot(w.to(tl.float32), xt.to(tl.float32), input_precision="ieee")
             else:
@@ -193,10 +181,10 @@ def choose_config(op: str, m: int, n: int, k: int, device: torch.device) -> MidC
 
 class BlockScales(NamedTuple):
     """Block FP8's scales beside e4m3 codes: the activation's per row and group (`x_scale [M, groups]`, from
-    `fp8_gemm.fp8_quantize_activation`; None: the kernel quantizes the activations itself), the weight's `scale_inv [row blocks, groups]` and `scale_row [N]` (the
+    `fp8_gemm.fp8_quantize_activation`), the weight's `scale_inv [row blocks, groups]` and `scale_row [N]` (the
     `scale_inv` row of each weight row), in groups of `group` columns."""
 
-    x_scale: torch.Tensor | None
+    x_scale: torch.Tensor
     scale_inv: torch.Tensor
     scale_row: torch.Tensor
     group: int
@@ -214,12 +202,11 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
         raise ValueError(f"the mid GEMM takes 1..{MAX_M} rows, got {m}")
     if gated and (n % 2 or config.k_splits != 1):
         raise ValueError("the gated mid GEMM takes an even number of weight rows and one K range")
-    quantize_x = scales is not None and scales.x_scale is None
-    if scales is not None and (config.block_k != scales.group or scales.scale_row.shape[0] != n or (
-            not quantize_x and scales.x_scale.shape[0] < m)):
+    if scales is not None and (config.block_k != scales.group or scales.x_scale.shape[0] < m
+                               or scales.scale_row.shape[0] != n):
         raise ValueError(f"block-scaled mid GEMM: K steps of {config.block_k} over groups of {scales.group}, "
-                         f"x scales {None if quantize_x else tuple(scales.x_scale.shape)} for {m} rows, scale "
-                         f"rows {tuple(scales.scale_row.shape)} for {n} weight rows")
+                         f"x scales {tuple(scales.x_scale.shape)} for {m} rows, scale rows "
+                         f"{tuple(scales.scale_row.shape)} for {n} weight rows")
     check_last_dim_contiguous("input", x)
     check_last_dim_contiguous("weight", weight)
     n_out = n // 2 if gated else n
@@ -230,16 +217,14 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
     k_per_split = per_steps * config.block_k
     column_tiles = triton.cdiv(n_out, config.block_n // 2) if gated else triton.cdiv(n, config.block_n)
     p = split_k.partials(splits, m, n, out, column_tiles)
-    xs, ws, rows = (x if quantize_x else scales.x_scale, scales.scale_inv, scales.scale_row) if scales is not None \
-        else (x, x, x)
+    xs, ws, rows = (scales.x_scale, scales.scale_inv, scales.scale_row) if scales is not None else (x, x, x)
     _mid_gemm_kernel[(column_tiles, splits)](
         x, weight, bias if bias is not None else weight, out, p.workspace, p.counter_arg, xs, ws, rows,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), k_per_split, xs.stride(0), ws.stride(0),
         HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup, GATED=gated,
         BLOCK_M=block_m(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k, EVEN_K=k % config.block_k == 0,
         DOT_F32=dot_in_fp32(out.dtype), BLOCK_SCALED=scales is not None,
-        W_SCALE_UNIFORM=scales is not None and scales.uniform and not gated, QUANTIZE_X=quantize_x,
-        ROUND_IN_FP32=interpreting(), num_warps=config.num_warps,
+        W_SCALE_UNIFORM=scales is not None and scales.uniform and not gated, num_warps=config.num_warps,
         num_stages=config.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)
@@ -258,10 +243,9 @@ def mid_linear_silu_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return _launch(x, weight, bias, out, config, gated=True)
 
 
-def mid_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scales: BlockScales, out_dtype: torch.dtype,
+def mid_fp8_linear(codes: torch.Tensor, weight: torch.Tensor, scales: BlockScales, out_dtype: torch.dtype,
                    bias: torch.Tensor | None = None, out: torch.Tensor | None = None, *, config: MidConfig,
                    gated: bool = False) -> torch.Tensor:
     """Block FP8 (W8A8): `sum_g (codes[:, g] @ weight[:, g].T) * x_scale[:, g] * scale_inv[scale_row, g] (+ bias)`
-    -> `[M, N]` in `out_dtype`, or with `gated` its `silu_and_mul` -> `[M, N / 2]`; `config.block_k` is the group.
-    `x` is the activation's e4m3 codes, or where `scales.x_scale` is None the activation, quantized in the kernel."""
-    return _launch(x, weight, bias, out, config, gated, scales, out_dtype)
+    -> `[M, N]` in `out_dtype`, or with `gated` its `silu_and_mul` -> `[M, N / 2]`; `config.block_k` is the group."""
+    return _launch(codes, weight, bias, out, config, gated, scales, out_dtype)
