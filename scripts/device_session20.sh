@@ -34,10 +34,6 @@ case ${CALL:-fp8mid} in
     gpu_tests uniform 120 tests/backend_cuda/test_mid_gemm_fp8.py
     OPS=fp8_linear MS=32,64,128 tune_fp8_mid uniform "${BUDGET:-80}"
     ROOFLINE_TIMEOUT=100 ROOFLINE_ARGS="--context 400" roofline fp8_uniform qwen3-4b-fp8 32,64,96,128 ;;
-  quant)  # the activation quantization a program per 2,048 columns of a row (was one a group): its GPU tests, FP8
-    # replays at 1-128 rows (against CALL=uniform's fp8_uniform and the selfq0 replays of the same GPU kind)
-    gpu_tests quant 90 tests/backend_cuda/test_quant_gemm.py -k "activation_quant or scaled_mm_path_matches"
-    ROOFLINE_TIMEOUT=100 ROOFLINE_ARGS="--context 400" roofline fp8_quant qwen3-4b-fp8 1,8,32,64,128 ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
     if ! grep -q fp8_linear "$(installed_table mid_gemm)"; then tune_fp8_mid served 100; fi

@@ -46,7 +46,6 @@ SCALED_MM_MIN_M = 65  # from here cuBLASLt's block-scaled GEMM (fp8_scaled_mm.py
 _TABLE = tuned_table.CONFIGS / "fp8_gemm.json"
 table_key = tuned_table.rows_shape_group  # an entry's (row bucket, N, K, group)
 TABLE_MAX_M = 256
-QUANT_COLUMNS = 2048  # the activation quantization's columns a program (`fp8_quantize_activation`)
 
 
 class Fp8Config(NamedTuple):
@@ -86,22 +85,20 @@ def _quantize_groups(x, ROUND_IN_FP32: tl.constexpr):
 
 @triton.jit
 def _act_quant_kernel(
-    x_ptr, q_ptr, s_ptr, M, K, x_stride, q_stride, s_row_stride, s_group_stride, groups,
-    GROUP: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr, ROUND_IN_FP32: tl.constexpr, USE_PDL: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, M, K, x_stride, q_stride, s_row_stride, s_group_stride,
+    GROUP: tl.constexpr, ROUND_IN_FP32: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """Program (row, c): the row's groups `[c * GROUPS_PER_PROGRAM, (c + 1) * GROUPS_PER_PROGRAM)`, each quantized on
-    its own. Rows at or past M (padding of the cuBLAS path) quantize zeros: codes 0, scale 1."""
+    """Rows at or past M (padding of the cuBLAS path) quantize zeros: codes 0, scale 1."""
     if USE_PDL:  # programmatic dependent launch: start early, read x only after its producer ends
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    row, chunk = tl.program_id(0), tl.program_id(1)
-    g = chunk * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
-    cols = g[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
+    row, g = tl.program_id(0), tl.program_id(1)
+    cols = (g * GROUP + tl.arange(0, GROUP))[None, :]
     mask = cols < K
     x = tl.load(x_ptr + row.to(tl.int64) * x_stride + cols, mask=mask & (cols * 0 + row < M), other=0.0).to(tl.float32)
     codes, scale = _quantize_groups(x, ROUND_IN_FP32)
     tl.store(q_ptr + row.to(tl.int64) * q_stride + cols, codes.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(s_ptr + row * s_row_stride + g * s_group_stride, scale, mask=g < groups)
+    tl.store(s_ptr + row * s_row_stride + g * s_group_stride + tl.arange(0, 1), scale)
 
 
 @triton.jit
@@ -274,13 +271,9 @@ def fp8_quantize_activation(
     codes, scales = _quant_outputs(x, group, codes, scales)
     rows, groups = scales.shape
     if rows:
-        # A program a row's 2,048 columns (at most): one program a group put 2,560-9,728 one-warp CTAs into the
-        # launch of a 128-row batch (Qwen3-4B), more CTAs than the data's microseconds.
-        per = min(next_pow2(groups), max(1, QUANT_COLUMNS // group))
-        _act_quant_kernel[(rows, triton.cdiv(groups, per))](
-            x, codes, scales, m, k, x.stride(0), codes.stride(0), scales.stride(0), scales.stride(1), groups,
-            GROUP=group, GROUPS_PER_PROGRAM=per, ROUND_IN_FP32=interpreting(),
-            num_warps=norm_num_warps(per * group), **pdl_launch(x.device))
+        _act_quant_kernel[(rows, groups)](
+            x, codes, scales, m, k, x.stride(0), codes.stride(0), scales.stride(0), scales.stride(1),
+            GROUP=group, ROUND_IN_FP32=interpreting(), num_warps=1 if group <= 128 else 2, **pdl_launch(x.device))
     return codes, scales
 
 
