@@ -288,12 +288,14 @@ def test_awq_refuses_groups_the_kernels_cannot_step(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("k", [64, 200])  # 200 = 3 groups of 64 and a partial one of 8
-def test_fp8_activation_quant_equals_the_reference_bit_for_bit(k, dtype, device):
+@pytest.mark.parametrize("k,group", [(64, 64), (200, 64),  # 200 = 3 groups of 64 and a partial one of 8
+                                     (2245, 32)])  # 71 groups of 32, the last partial
+def test_fp8_activation_quant_equals_the_reference_bit_for_bit(k, group, dtype, device):
     x = _x(5, k, dtype, device) * 3
     x[2] = 0  # amax = 0: scale 1, codes 0
-    codes, scales = F8.fp8_quantize_activation(x, 64)
-    ref_codes, ref_scales = quantize_activation_fp8(x.cpu(), 64)
+    x[3, group:2 * group] *= 1e3  # one group far above its row's others: scales are per group
+    codes, scales = F8.fp8_quantize_activation(x, group)
+    ref_codes, ref_scales = quantize_activation_fp8(x.cpu(), group)
     assert torch.equal(scales.cpu(), ref_scales)
     assert torch.equal(codes.cpu().view(torch.uint8), ref_codes.contiguous().view(torch.uint8))
 
