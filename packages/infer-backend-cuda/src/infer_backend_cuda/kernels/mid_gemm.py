@@ -1,4 +1,5 @@
-"""Mid-size GEMM (2-128 rows, BF16 / FP16): `out = x @ weight.T (+ bias)` for decode batches past the skinny GEMM.
+"""Mid-size GEMM (2-128 rows, BF16 / FP16; 1-128 rows on block-FP8 codes): `out = x @ weight.T (+ bias)` for decode
+batches past the skinny GEMM.
 
 At 9-128 rows a decode linear is still a weight stream: Qwen3-4B's gate / up weight is 99.6 MB against 2.6-5.1
 MB of activations, and 2·M FLOPs a weight element stay below the H200's ridge (~175 FLOP/byte at 790 TFLOP/s and
@@ -13,6 +14,10 @@ last program sums in a fixed order (split_k.py: deterministic, no second launch)
 With `gated` the weight is `[gate | up]` and a program's rows are the gate row and the up row of each of its
 `BLOCK_N / 2` output columns; its epilogue writes `silu(gate) * up` (skinny_gemm.gated_epilogue): no `[M, 2I]`
 intermediate, no SiLU launch.
+
+Block FP8 (`mid_fp8_linear`, asked for by `fp8_gemm.fp8_block_linear` where this table has an `fp8_linear` /
+`fp8_linear_silu_mul` entry): the same program on the quantization pass's e4m3 codes, a K step one scale group, each
+group's product scaled by the activation's and the weight's scales into the fp32 sum (BLOCK_SCALED).
 
 Launch configurations come from a table measured on the GPU (`configs/mid_gemm.json`, keyed by op, row bucket
 2/4/8/16/32/64/128, N and K; written by `packages/infer-backend-cuda/scripts/bench_mid_gemm.py`, which times graph
