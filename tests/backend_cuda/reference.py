@@ -10,6 +10,18 @@ import torch
 M32 = 0xFFFFFFFF
 
 
+def rand_offset(shape, dtype, device, seed: int) -> torch.Tensor:
+    """Seeded normal values shifted by 0.25 (GEMM sums that do not cancel towards zero), in `dtype` on `device`."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) + 0.25).to(dtype=dtype, device=device)
+
+
+def ref_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ w.T (+ b)` in fp32."""
+    y = x.float() @ w.float().T
+    return y + b.float() if b is not None else y
+
+
 def ref_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)

@@ -8,20 +8,10 @@ import torch
 from infer_backend_cuda.kernels import mid_gemm as G
 from infer_backend_cuda.kernels import split_k
 from tests.backend_cuda.conftest import committed_table_entries, gpu, needs_cuda, poison, tol
-from tests.backend_cuda.reference import ref_silu_and_mul
+from tests.backend_cuda.reference import rand_offset, ref_linear, ref_silu_and_mul
 
 # Interpreter-sized tiles; the GPU tiles of the table are 64-128 columns, 64-128 K.
 CONFIGS = [G.MidConfig(16, 32, 4, 2), G.MidConfig(32, 64, 4, 3, 3), G.MidConfig(16, 16, 4, 1, 5)]
-
-
-def _rand(shape, dtype, device, seed):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g) + 0.25).to(dtype=dtype, device=device)
-
-
-def _reference(x, w, b=None):
-    y = x.float() @ w.float().T
-    return y + b.float() if b is not None else y
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -31,22 +21,22 @@ def test_mid_linear_matches_reference(m, dtype, config, device):
     # N = 37 leaves a partial column tile; K = 200 a partial K step for every config (and ranges of unequal
     # length where K is split); K = 96 divides every tile's K step.
     for n, k, with_bias in ((37, 200, True), (48, 96, False)):
-        x = _rand((m, k), dtype, device, 1 + m)
-        w = _rand((n, k), dtype, device, 2 + n)
-        b = _rand((n,), dtype, device, 3) if with_bias else None
+        x = rand_offset((m, k), dtype, device, 1 + m)
+        w = rand_offset((n, k), dtype, device, 2 + n)
+        b = rand_offset((n,), dtype, device, 3) if with_bias else None
         out = poison(torch.empty((m, n), dtype=dtype, device=device))
         y = G.mid_linear(x, w, b, out=out, config=config)
         assert y is out
-        torch.testing.assert_close(y.float(), _reference(x, w, b), **tol(dtype))
+        torch.testing.assert_close(y.float(), ref_linear(x, w, b), **tol(dtype))
 
 
 def test_split_ranges_sum_in_a_fixed_order_with_and_without_the_fixup(device, monkeypatch):
     """Split K: the last program of a tile sums the partials (no second launch), the reduce kernel's sum bit for
     bit; no counters left set."""
     m, n, k = 20, 40, 256
-    x = _rand((m, k), torch.float32, device, 7)
-    w = _rand((n, k), torch.float32, device, 8)
-    b = _rand((n,), torch.float32, device, 9)
+    x = rand_offset((m, k), torch.float32, device, 7)
+    w = rand_offset((n, k), torch.float32, device, 8)
+    b = rand_offset((n,), torch.float32, device, 9)
     config = G.MidConfig(16, 32, 4, 1, 4)
     split_k.allocate_counters(torch.device(device))
     fixed = G.mid_linear(x, w, b, config=config)
@@ -54,7 +44,7 @@ def test_split_ranges_sum_in_a_fixed_order_with_and_without_the_fixup(device, mo
     monkeypatch.setattr(split_k, "FIXUP", False)
     reduced = G.mid_linear(x, w, b, config=config)
     assert torch.equal(fixed, reduced)
-    torch.testing.assert_close(fixed, _reference(x, w, b), **tol(torch.float32))
+    torch.testing.assert_close(fixed, ref_linear(x, w, b), **tol(torch.float32))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,9 +54,9 @@ def test_mid_linear_silu_mul_equals_the_gemm_then_silu(m, dtype, device):
     output through `silu_and_mul` (both round the GEMM output first)."""
     inter, k = 37, 96
     config = G.MidConfig(16, 32, 4, 2)
-    x = _rand((m, k), dtype, device, 40 + m)
-    w = _rand((2 * inter, k), dtype, device, 41) * 0.5
-    b = _rand((2 * inter,), dtype, device, 42)
+    x = rand_offset((m, k), dtype, device, 40 + m)
+    w = rand_offset((2 * inter, k), dtype, device, 41) * 0.5
+    b = rand_offset((2 * inter,), dtype, device, 42)
     out = poison(torch.empty((m, inter), dtype=dtype, device=device))
     y = G.mid_linear_silu_mul(x, w, b, out=out, config=config)
     assert y is out
@@ -140,11 +130,11 @@ def test_adapter_linear_takes_the_mid_kernel_where_routed(monkeypatch, device):
     config = G.MidConfig(16, 32, 4, 2)
     ops = CudaMathOps()
     monkeypatch.setattr(ops, "triton_gemm_config", lambda op, x, w: config)
-    x = _rand((12, 64), torch.bfloat16, device, 1)
-    w = _rand((2 * 24, 64), torch.bfloat16, device, 2) * 0.1
-    torch.testing.assert_close(ops.linear(x, w).float(), _reference(x, w), **tol(torch.bfloat16))
+    x = rand_offset((12, 64), torch.bfloat16, device, 1)
+    w = rand_offset((2 * 24, 64), torch.bfloat16, device, 2) * 0.1
+    torch.testing.assert_close(ops.linear(x, w).float(), ref_linear(x, w), **tol(torch.bfloat16))
     gated = DenseLinearOps(ops, TritonFusedOps(ops), DENSE)._gated_linear(x, w, None)
-    expected = ref_silu_and_mul(_reference(x, w).to(torch.bfloat16))
+    expected = ref_silu_and_mul(ref_linear(x, w).to(torch.bfloat16))
     torch.testing.assert_close(gated.float(), expected.float(), **tol(torch.bfloat16))
 
 
@@ -166,9 +156,9 @@ def test_tuned_table_entries_are_launchable():
 def test_mid_linear_qwen3_shapes_on_gpu(m):
     """Every tile form the tuner tries, at Qwen3-4B's decode shapes, against the fp32 product."""
     for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)):
-        x = _rand((m, k), torch.bfloat16, "cuda", m)
-        w = _rand((n, k), torch.bfloat16, "cuda", n) * 0.05
-        ref = _reference(x, w)
+        x = rand_offset((m, k), torch.bfloat16, "cuda", m)
+        w = rand_offset((n, k), torch.bfloat16, "cuda", n) * 0.05
+        ref = ref_linear(x, w)
         for config in (G.MidConfig(64, 64, 4, 4), G.MidConfig(128, 64, 8, 3, 4), G.MidConfig(64, 128, 4, 3, 2)):
             y = G.mid_linear(x, w, config=config)
             torch.testing.assert_close(y.float(), ref, atol=3e-2 * ref.abs().max().item() ** 0.5, rtol=2e-2)
@@ -178,8 +168,8 @@ def test_mid_linear_qwen3_shapes_on_gpu(m):
 @needs_cuda
 @pytest.mark.parametrize("m", [16, 64, 128])
 def test_mid_linear_silu_mul_gate_up_on_gpu(m):
-    x = _rand((m, 2560), torch.bfloat16, "cuda", m)
-    w = _rand((19456, 2560), torch.bfloat16, "cuda", 5) * 0.05
+    x = rand_offset((m, 2560), torch.bfloat16, "cuda", m)
+    w = rand_offset((19456, 2560), torch.bfloat16, "cuda", 5) * 0.05
     config = G.MidConfig(128, 64, 8, 3)
     expected = ref_silu_and_mul(G.mid_linear(x, w, config=config))
     torch.testing.assert_close(G.mid_linear_silu_mul(x, w, config=config), expected, atol=0, rtol=0)
@@ -189,8 +179,8 @@ def test_mid_linear_silu_mul_gate_up_on_gpu(m):
 @needs_cuda
 def test_mid_linear_is_graph_capturable_with_split_k():
     """Split-K fix-up inside a CUDA graph: replays give the eager answer (the counters reset every launch)."""
-    x = _rand((48, 2560), torch.bfloat16, "cuda", 1)
-    w = _rand((2560, 2560), torch.bfloat16, "cuda", 2) * 0.05
+    x = rand_offset((48, 2560), torch.bfloat16, "cuda", 1)
+    w = rand_offset((2560, 2560), torch.bfloat16, "cuda", 2) * 0.05
     config = G.MidConfig(64, 64, 4, 4, 4)
     split_k.allocate_counters(torch.device("cuda"))
     eager = G.mid_linear(x, w, config=config)

@@ -7,21 +7,11 @@ import torch
 
 from infer_backend_cuda.kernels import skinny_gemm as S
 from tests.backend_cuda.conftest import committed_table_entries, gpu, needs_cuda, poison, tol
-from tests.backend_cuda.reference import ref_add_rms_norm, ref_rms_norm, ref_silu_and_mul
+from tests.backend_cuda.reference import rand_offset, ref_add_rms_norm, ref_linear, ref_rms_norm, ref_silu_and_mul
 
 CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3),
            S.SkinnyConfig(16, 64, 4, 2, use_dot=True), S.SkinnyConfig(32, 32, 4, 1, use_dot=True),
            S.SkinnyConfig(4, 64, 2, 1, prefetch=True), S.SkinnyConfig(16, 64, 4, 2, use_dot=True, prefetch=True)]
-
-
-def _rand(shape, dtype, device, seed):
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(shape, generator=g) + 0.25).to(dtype=dtype, device=device)
-
-
-def _reference(x, w, b=None):
-    y = x.float() @ w.float().T
-    return y + b.float() if b is not None else y
 
 
 def _fused_tol(dtype, ref):
@@ -40,12 +30,12 @@ def _fused_tol(dtype, ref):
 def test_skinny_linear_matches_reference(m, dtype, config, device):
     # N = 37 leaves a partial row block; K = 200 a partial K chunk for every config; 128 is K-even.
     for n, k in ((37, 200), (24, 128)):
-        x = _rand((m, k), dtype, device, 1 + m)
-        w = _rand((n, k), dtype, device, 2 + n)
+        x = rand_offset((m, k), dtype, device, 1 + m)
+        w = rand_offset((n, k), dtype, device, 2 + n)
         out = poison(torch.empty((m, n), dtype=dtype, device=device))
         y = S.skinny_linear(x, w, out=out, config=config)
         assert y is out
-        torch.testing.assert_close(y.float(), _reference(x, w), **tol(dtype))
+        torch.testing.assert_close(y.float(), ref_linear(x, w), **tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -55,11 +45,11 @@ def test_skinny_linear_matches_reference(m, dtype, config, device):
 def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, use_dot, device):
     prefetch = m == 3  # one row count also runs the weight-prefetching loop
     k, n = 200, 37  # several programs (one of which writes the residual stream), a partial K chunk
-    x = _rand((m, k), dtype, device, 20 + m) * 2
-    residual = _rand((m, k), dtype, device, 21 + m) if with_residual else None
-    norm_w = _rand((k,), dtype, device, 22)
-    w = _rand((n, k), dtype, device, 23)
-    b = _rand((n,), dtype, device, 24)
+    x = rand_offset((m, k), dtype, device, 20 + m) * 2
+    residual = rand_offset((m, k), dtype, device, 21 + m) if with_residual else None
+    norm_w = rand_offset((k,), dtype, device, 22)
+    w = rand_offset((n, k), dtype, device, 23)
+    b = rand_offset((n,), dtype, device, 24)
     x0 = x.clone()
     out = poison(torch.empty((m, n), dtype=dtype, device=device))
     res_out = poison(torch.empty((m, k), dtype=dtype, device=device)) if with_residual else None
@@ -73,14 +63,14 @@ def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, use
         normed, ref_stream = ref_rms_norm(x, norm_w, 1e-5), x
         assert stream is x
     assert y is out
-    ref = _reference(normed, w, b)
+    ref = ref_linear(normed, w, b)
     torch.testing.assert_close(y.float(), ref, **_fused_tol(dtype, ref))
     assert torch.equal(x, x0)
 
 
 def test_skinny_add_rms_norm_linear_refuses_an_aliased_residual_out(device):
-    x, r = _rand((2, 64), torch.float32, device, 1), _rand((2, 64), torch.float32, device, 2)
-    w, nw = _rand((8, 64), torch.float32, device, 3), _rand((64,), torch.float32, device, 4)
+    x, r = rand_offset((2, 64), torch.float32, device, 1), rand_offset((2, 64), torch.float32, device, 2)
+    w, nw = rand_offset((8, 64), torch.float32, device, 3), rand_offset((64,), torch.float32, device, 4)
     with pytest.raises(ValueError, match="alias"):
         S.skinny_add_rms_norm_linear(x, r, nw, 1e-6, w, residual_out=r)
 
@@ -95,27 +85,27 @@ def test_skinny_linear_silu_mul_equals_the_gemm_then_silu(m, dtype, config, devi
     intermediate size 37 leaves a part-full last program), equal to the plain kernel's output through
     `silu_and_mul` (both round the GEMM output first)."""
     inter, k = 37, 96
-    x = _rand((m, k), dtype, device, 40 + m)
-    w = _rand((2 * inter, k), dtype, device, 41) * 0.5
-    b = _rand((2 * inter,), dtype, device, 42)
+    x = rand_offset((m, k), dtype, device, 40 + m)
+    w = rand_offset((2 * inter, k), dtype, device, 41) * 0.5
+    b = rand_offset((2 * inter,), dtype, device, 42)
     out = poison(torch.empty((m, inter), dtype=dtype, device=device))
     y = S.skinny_linear_silu_mul(x, w, b, out=out, config=config)
     assert y is out
     expected = ref_silu_and_mul(S.skinny_linear(x, w, b, config=config))
     torch.testing.assert_close(y.float(), expected.float(), **tol(dtype))
-    ref = ref_silu_and_mul(_reference(x, w, b).to(dtype))
+    ref = ref_silu_and_mul(ref_linear(x, w, b).to(dtype))
     torch.testing.assert_close(y.float(), ref.float(), **_fused_tol(dtype, ref.float()))
     with pytest.raises(ValueError, match="even"):
         S.skinny_linear_silu_mul(x, w[1:])
 
 
 def test_skinny_linear_bias_strided_input_and_default_config(device):
-    wide = _rand((3, 300), torch.float32, device, 5)
+    wide = rand_offset((3, 300), torch.float32, device, 5)
     x = wide[:, 44:244]  # rows strided by 300, last dim contiguous (a slice of a wider GEMM output)
-    w = _rand((50, 200), torch.float32, device, 6)
-    b = _rand((50,), torch.float32, device, 7)
+    w = rand_offset((50, 200), torch.float32, device, 6)
+    b = rand_offset((50,), torch.float32, device, 7)
     y = S.skinny_linear(x, w, b)
-    torch.testing.assert_close(y, _reference(x, w, b), atol=2e-4, rtol=2e-4)
+    torch.testing.assert_close(y, ref_linear(x, w, b), atol=2e-4, rtol=2e-4)
 
 
 def test_skinny_linear_rejects_bad_shapes(device):
@@ -166,10 +156,10 @@ def test_tuned_table_entries_are_launchable():
 @pytest.mark.parametrize("m", [1, 2, 4, 7, 8])
 def test_skinny_linear_qwen3_shapes_on_gpu(m):
     for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728), (151936, 2560)):
-        x = _rand((m, k), torch.bfloat16, "cuda", m)
-        w = _rand((n, k), torch.bfloat16, "cuda", n) * 0.05
+        x = rand_offset((m, k), torch.bfloat16, "cuda", m)
+        w = rand_offset((n, k), torch.bfloat16, "cuda", n) * 0.05
         y = S.skinny_linear(x, w)
-        ref = _reference(x, w)
+        ref = ref_linear(x, w)
         torch.testing.assert_close(y.float(), ref, atol=3e-2 * ref.abs().max().item() ** 0.5, rtol=2e-2)
 
 
@@ -180,8 +170,8 @@ def test_skinny_linear_silu_mul_gate_up_shapes_on_gpu(m):
     """The gated epilogue with each model's tuned gate / up config (Qwen3-4B, Qwen3.5-4B) against the plain GEMM
     then `silu_and_mul`."""
     for n, k in ((19456, 2560), (18432, 2560)):
-        x = _rand((m, k), torch.bfloat16, "cuda", m)
-        w = _rand((n, k), torch.bfloat16, "cuda", n) * 0.05
+        x = rand_offset((m, k), torch.bfloat16, "cuda", m)
+        w = rand_offset((n, k), torch.bfloat16, "cuda", n) * 0.05
         config = S.choose_config("linear", m, n, k, torch.device("cuda")) or S.heuristic_config(m, n, k)
         y = S.skinny_linear_silu_mul(x, w, config=config)
         expected = ref_silu_and_mul(S.skinny_linear(x, w, config=config))
@@ -201,10 +191,10 @@ def test_cuda_math_ops_routes_decode_rows_to_the_skinny_gemm():
     # Qwen3-4B's down projection at one row is in the H200 table as a skinny win.
     assert ops.triton_gemm_config("linear", torch.empty((1, 9728), device="cuda", dtype=torch.bfloat16),
                              torch.empty((2560, 9728), device="cuda", dtype=torch.bfloat16)) is not None
-    w = _rand((576, 1536), torch.bfloat16, "cuda", 3) * 0.05
-    b = _rand((576,), torch.bfloat16, "cuda", 4)
+    w = rand_offset((576, 1536), torch.bfloat16, "cuda", 3) * 0.05
+    b = rand_offset((576,), torch.bfloat16, "cuda", 4)
     for m in (1, 3, 8, 9, 64):
-        x = _rand((m, 1536), torch.bfloat16, "cuda", 10 + m)
+        x = rand_offset((m, 1536), torch.bfloat16, "cuda", 10 + m)
         ref = F.linear(x.float(), w.float(), b.float())
         for impl in (ops, plain):
             torch.testing.assert_close(impl.linear(x, w, b).float(), ref, atol=5e-2, rtol=2e-2)
@@ -223,20 +213,20 @@ def test_fused_port_ops_on_gpu_match_the_unfused_ops(m):
     math = CudaMathOps()
     ops = TritonFusedOps(math)
     h, inter = 2560, 9728
-    x = _rand((m, h), torch.bfloat16, "cuda", 1)
-    r = _rand((m, h), torch.bfloat16, "cuda", 2)
-    nw = _rand((h,), torch.bfloat16, "cuda", 3) * 0.1 + 1
-    w_qkv = _rand((6144, h), torch.bfloat16, "cuda", 4) * 0.02
+    x = rand_offset((m, h), torch.bfloat16, "cuda", 1)
+    r = rand_offset((m, h), torch.bfloat16, "cuda", 2)
+    nw = rand_offset((h,), torch.bfloat16, "cuda", 3) * 0.1 + 1
+    w_qkv = rand_offset((6144, h), torch.bfloat16, "cuda", 4) * 0.02
     y, stream = ops.add_rms_norm_linear(x, r, nw, 1e-6, w_qkv, None)
     normed, ref_stream = ref_add_rms_norm(x, r, nw, 1e-6)
     torch.testing.assert_close(stream, ref_stream)
-    torch.testing.assert_close(y.float(), _reference(normed, w_qkv), atol=5e-2, rtol=3e-2)
+    torch.testing.assert_close(y.float(), ref_linear(normed, w_qkv), atol=5e-2, rtol=3e-2)
     y0, stream0 = ops.add_rms_norm_linear(x, None, nw, 1e-6, w_qkv, None)
     assert stream0 is x
-    torch.testing.assert_close(y0.float(), _reference(ref_rms_norm(x, nw, 1e-6), w_qkv), atol=5e-2, rtol=3e-2)
-    w_gate_up = _rand((2 * inter, h), torch.bfloat16, "cuda", 6) * 0.02
+    torch.testing.assert_close(y0.float(), ref_linear(ref_rms_norm(x, nw, 1e-6), w_qkv), atol=5e-2, rtol=3e-2)
+    w_gate_up = rand_offset((2 * inter, h), torch.bfloat16, "cuda", 6) * 0.02
     act, _ = CudaLinears(math, ops).bind(DENSE).add_rms_norm_linear_silu_mul(x, r, nw, 1e-6, (w_gate_up,), None)
-    ref = ref_silu_and_mul(_reference(normed, w_gate_up).to(torch.bfloat16)).float()
+    ref = ref_silu_and_mul(ref_linear(normed, w_gate_up).to(torch.bfloat16)).float()
     torch.testing.assert_close(act.float(), ref, atol=5e-2, rtol=3e-2)
 
 
@@ -275,12 +265,12 @@ def test_dense_linear_ops_apply_the_silu_in_the_gate_up_epilogue(gated, device, 
     monkeypatch.setattr(S, "skinny_linear_silu_mul", lambda *a, **kw: launches.append(1) or real(*a, **kw))
     math = CudaMathOps()
     ops = CudaLinears(math, TritonFusedOps(math)).bind(DENSE)
-    x, residual = (_rand((2, 64), torch.bfloat16, device, s) for s in (50, 51))
-    norm_w = _rand((64,), torch.bfloat16, device, 52)
-    w = _rand((48, 64), torch.bfloat16, device, 53) * 0.3
+    x, residual = (rand_offset((2, 64), torch.bfloat16, device, s) for s in (50, 51))
+    norm_w = rand_offset((64,), torch.bfloat16, device, 52)
+    w = rand_offset((48, 64), torch.bfloat16, device, 53) * 0.3
     act, h = ops.add_rms_norm_linear_silu_mul(x, residual, norm_w, 1e-6, (w,), None)
     normed, stream = ref_add_rms_norm(x, residual, norm_w, 1e-6)
-    ref = ref_silu_and_mul(_reference(normed, w).to(torch.bfloat16)).float()
+    ref = ref_silu_and_mul(ref_linear(normed, w).to(torch.bfloat16)).float()
     torch.testing.assert_close(h.float(), stream.float(), **tol(torch.bfloat16))  # the interpreter truncates
     torch.testing.assert_close(act.float(), ref, **_fused_tol(torch.bfloat16, ref))
     assert len(launches) == (1 if gated else 0)
