@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_skinny_gemm import BW, MODEL_SHAPES
-from graph_timing import fastest, graph_replay_us
+from graph_timing import tune_against
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import fp8_gemm as F8, mid_gemm as G, skinny_gemm as S, split_k, tuned_table
 
@@ -124,20 +124,17 @@ def main() -> None:
         n, k = shapes[shape]
         nbytes = n * k * (1 if op in G.FP8_OPS else 2)
         case = (Fp8Case if op in G.FP8_OPS else Case)(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev)
-        copies = len(case.ws)
-        baseline = graph_replay_us(case.baseline, copies, reps=15)
-        ref = case.baseline(0).float()
         configs = candidates(op, n, k)
-        best, best_us, tried = fastest(configs, case.mid, ref, copies, 0.02,
-                                       lambda timed: timed > 0 and time.perf_counter() > deadline)
-        row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(baseline, 2), mid_us=round(best_us, 2),
-                   floor_us=round(nbytes / BW * 1e6, 2), baseline_tbps=round(nbytes / baseline / 1e6, 2),
-                   mid_tbps=round(nbytes / best_us / 1e6, 2), configs_tried=tried, configs=len(configs),
-                   best=best._asdict() if best else None)
+        t = tune_against(case.baseline, case.mid, configs, len(case.ws), 0.02,
+                         lambda timed: timed > 0 and time.perf_counter() > deadline)
+        row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(t.baseline_us, 2), mid_us=round(t.best_us, 2),
+                   floor_us=round(nbytes / BW * 1e6, 2), baseline_tbps=round(nbytes / t.baseline_us / 1e6, 2),
+                   mid_tbps=round(nbytes / t.best_us / 1e6, 2), configs_tried=t.tried, configs=len(configs),
+                   best=t.best._asdict() if t.best else None)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        if best is not None:
-            entries.append(dict(op=op, m=m, n=n, k=k, use=best_us < baseline, **best._asdict()))
+        if (entry := t.table_entry(op=op, m=m, n=n, k=k)) is not None:
+            entries.append(entry)
         del case
         torch.cuda.empty_cache()
     print(f"\n{'op':>19} {'m':>3} {'shape':>8} {'floor':>7} {'before':>7} {'mid':>7} (us)  tried  best")

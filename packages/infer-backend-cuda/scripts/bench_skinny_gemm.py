@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from graph_timing import fastest, graph_replay_us
+from graph_timing import tune_against
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import skinny_gemm as S, tuned_table
 from infer_backend_cuda.ops import CudaMathOps
@@ -124,9 +124,6 @@ def main() -> None:
                 n, k = shapes[shape]
                 nbytes = n * k * 2
                 case = Case(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev)
-                copies = len(case.ws)
-                baseline = graph_replay_us(case.baseline, copies, reps=15)
-                ref = case.baseline(0).float()
                 tuned = S._tuned_table(name).get((op, S.m_bucket(m), n, k))
                 if args.prefetch:
                     configs = prefetch_candidates(tuned)
@@ -134,16 +131,17 @@ def main() -> None:
                     configs = dot_candidates() + ([tuned] if tuned else [])
                 else:
                     configs = candidates(op, m)
-                best, best_us, tried = fastest(configs, case.skinny, ref, copies, 0.05,
-                                               lambda _: time.perf_counter() - t_start > args.budget_s)
-                row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(baseline, 2),
-                           skinny_us=round(best_us, 2), floor_us=round(nbytes / BW * 1e6, 2),
-                           baseline_tbps=round(nbytes / baseline / 1e6, 2), skinny_tbps=round(nbytes / best_us / 1e6, 2),
-                           configs_tried=tried, best=best._asdict() if best else None)
+                t = tune_against(case.baseline, case.skinny, configs, len(case.ws), 0.05,
+                                 lambda _: time.perf_counter() - t_start > args.budget_s)
+                row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(t.baseline_us, 2),
+                           skinny_us=round(t.best_us, 2), floor_us=round(nbytes / BW * 1e6, 2),
+                           baseline_tbps=round(nbytes / t.baseline_us / 1e6, 2),
+                           skinny_tbps=round(nbytes / t.best_us / 1e6, 2), configs_tried=t.tried,
+                           best=t.best._asdict() if t.best else None)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                if best is not None:
-                    entries.append(dict(op=op, m=m, n=n, k=k, use=best_us < baseline, **best._asdict()))
+                if (entry := t.table_entry(op=op, m=m, n=n, k=k)) is not None:
+                    entries.append(entry)
                 del case
                 torch.cuda.empty_cache()
     print(f"\n{'op':>19} {'m':>2} {'shape':>8} {'floor':>7} {'unfused':>7} {'skinny':>7} (us)  best")

@@ -4,7 +4,7 @@ benchmark scripts of this folder."""
 from __future__ import annotations
 
 import statistics
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Generic, NamedTuple, Sequence, TypeVar
 
 import torch
 
@@ -63,3 +63,27 @@ def fastest(configs: Sequence[Config], call: Callable[[int, Config], torch.Tenso
         if us < best_us:
             best, best_us = cfg, us
     return best, best_us, tried
+
+
+class Tuned(NamedTuple, Generic[Config]):
+    baseline_us: float
+    best: Config | None
+    best_us: float
+    tried: int
+
+    def table_entry(self, **key: object) -> dict | None:
+        """A tuned table's entry for this case (`key`: its op, rows and shape), `use` where the best beat the
+        baseline; None where no config ran."""
+        if self.best is None:
+            return None
+        return dict(**key, use=self.best_us < self.baseline_us, **self.best._asdict())
+
+
+def tune_against(baseline: Callable[[int], torch.Tensor], call: Callable[[int, Config], torch.Tensor],
+                 configs: Sequence[Config], calls: int, rel_tol: float,
+                 out_of_time: Callable[[int], bool]) -> Tuned[Config]:
+    """A tuner's case: the baseline timed over `baseline(0..calls-1)`, then `fastest` of `configs`, each checked
+    against the baseline's output."""
+    baseline_us = graph_replay_us(baseline, calls, reps=15)
+    best, best_us, tried = fastest(configs, call, baseline(0).float(), calls, rel_tol, out_of_time)
+    return Tuned(baseline_us, best, best_us, tried)
