@@ -70,3 +70,11 @@ tune_table() {  # tune_table FMT ROWS BUDGET_S TAG: bench_quant_gemm.py's bests 
     --json "$LOGS/$tag.json" --table "$table" > "$LOGS/$tag.log" 2>&1
   echo "bench_quant_gemm $fmt rc=$?"; grep -A40 "^ fmt" "$LOGS/$tag.log"; cp "$table" "$LOGS/${fmt}_gemm_table.json"; pack
 }
+
+tune_mid() {  # tune_mid TAG BUDGET_S: bench_mid_gemm.py's bests (ops OPS, rows MS; the script's defaults when unset) into
+  # the installed table (this GPU's entries), the log's summary printed, the table copied into the logs as mid_gemm.json
+  local table; table=$(installed_table mid_gemm)
+  timeout $(( $2 + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" ${OPS:+--ops "$OPS"} ${MS:+--ms "$MS"} --budget-s "$2" \
+    --json "$LOGS/$1_tune.json" --table "$table" > "$LOGS/$1_tune.log" 2>&1
+  echo "bench_mid_gemm rc=$?"; grep -A60 "^ *op  *m" "$LOGS/$1_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
+}

@@ -13,16 +13,8 @@
 #           first) and on one with INFER_CUDA_MID_GEMM=0.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mid COMMIT=abc1234 bash scripts/device_session19.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, installed_table
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, tune_mid
 session_logs s19
-
-tune_mid() {  # tune_mid TAG BUDGET_S: bench_mid_gemm.py's bests into the installed table (this GPU's entries), the
-  # log's summary printed, the table copied into the logs as mid_gemm.json
-  local table; table=$(installed_table mid_gemm)
-  timeout $(( $2 + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" --budget-s "$2" --json "$LOGS/$1_tune.json" \
-    --table "$table" > "$LOGS/$1_tune.log" 2>&1
-  echo "bench_mid_gemm rc=$?"; grep -A40 "^ *op  *m" "$LOGS/$1_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
-}
 
 replays_mid() {  # replays_mid TAG BATCHES: decode replays (context 400) with the table, then with cuBLAS
   ROOFLINE_TIMEOUT=${ROOFLINE_TIMEOUT:-110} ROOFLINE_ARGS="--context 400" roofline "$1_on" qwen3-4b "$2"

@@ -10,15 +10,11 @@
 #           first; tuned here when the GPU's table lacks FP8 entries), then BF16 with it, then FP8 without (FP8_OFF=1).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=fp8mid COMMIT=abc1234 bash scripts/device_session20.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, installed_table
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, tune_mid
 session_logs s20
 
-tune_fp8_mid() {  # tune_fp8_mid TAG BUDGET_S: bench_mid_gemm.py's FP8 bests into the installed table, the table copied
-  local table; table=$(installed_table mid_gemm)
-  timeout $(( $2 + 90 )) python3 "$SCRIPTS/bench_mid_gemm.py" \
-    --ops "${OPS:-fp8_linear,fp8_linear_silu_mul}" --ms "${MS:-1,2,8,16,32,64,128,4}" --budget-s "$2" --json "$LOGS/$1_tune.json" --table "$table" \
-    > "$LOGS/$1_tune.log" 2>&1
-  echo "bench_mid_gemm rc=$?"; grep -A60 "^ *op  *m" "$LOGS/$1_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
+tune_fp8_mid() {  # tune_fp8_mid TAG BUDGET_S: tune_mid of the FP8 ops (at 1-128 rows unless MS says)
+  OPS=${OPS:-fp8_linear,fp8_linear_silu_mul} MS=${MS:-1,2,8,16,32,64,128,4} tune_mid "$@"
 }
 
 case ${CALL:-fp8mid} in
