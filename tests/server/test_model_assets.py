@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from infer_protocol.config import load_config
 from infer_protocol.messages import ModelInfo
 from infer_server.model_assets import load_model_assets, read_eos_token_ids, served_model_name
+from infer_server.openai_models import ChatMessage
+from infer_server.prompts import chat_prompt_ids
 from infer_server.tokenizer import Tokenizer
 from tests.server.tiny_model import write_model_dir
 
@@ -56,3 +59,35 @@ def test_load_assets(tmp_path: Path) -> None:
     assert assets.chat_template is not None and assets.chat_template.eos_token == "<|im_end|>"
     assert len(assets.eos_token_ids) == 2
     assert {"m", str(d)} <= assets.aliases
+
+
+class _NoTableScans:
+    """A tokenizers.Tokenizer stand-in that refuses the whole-vocabulary calls and forwards the rest."""
+
+    def __init__(self, hf: object) -> None:
+        self._hf = hf
+
+    def get_vocab(self, *_: object, **__: object) -> None:
+        raise AssertionError("the vocabulary was scanned while serving a request")
+
+    def get_added_tokens_decoder(self) -> None:
+        raise AssertionError("the added tokens were scanned while serving a request")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._hf, name)
+
+
+def test_loaded_assets_serve_the_first_chat_without_a_vocabulary_scan(tmp_path: Path) -> None:
+    """The tokenizer tables built on first use (special tokens, the longest piece: ~0.16 s for Qwen3's 151k
+    vocabulary) are built while the assets load, so the first request of each server process does not stall its
+    event loop (it did: client TTFT p99 of 90-225 ms at qps 1 and 8, against a server TTFT under 40 ms)."""
+    d = write_model_dir(tmp_path / "m")
+    info = ModelInfo(model_dir=str(d), max_model_len=64, vocab_size=0, backend="cpu", device="cpu", dtype="float32")
+    assets = load_model_assets(info, load_config(environ={}))
+    fresh = Tokenizer.from_dir(d)
+    assets.tokenizer._hf = _NoTableScans(assets.tokenizer._hf)  # type: ignore[assignment]
+    ids = chat_prompt_ids(assets, [ChatMessage(role="user", content="hi <|im_end|> there")], True)
+    assert ids == chat_prompt_ids(replace(assets, tokenizer=fresh), [ChatMessage(role="user",
+                                                                               content="hi <|im_end|> there")], True)
+    assert assets.tokenizer.max_token_chars == fresh.max_token_chars and fresh.max_token_chars is not None
+    assert assets.tokenizer.special_tokens == fresh.special_tokens and fresh.special_tokens

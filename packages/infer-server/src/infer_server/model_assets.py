@@ -132,6 +132,7 @@ def load_model_assets(info: ModelInfo, config: Config) -> ModelAssets:
     if not model_dir.is_dir():
         raise FileNotFoundError(f"model directory {model_dir} does not exist on the server's machine")
     tokenizer = Tokenizer.from_dir(model_dir)
+    tokenizer.precompute()
     template: ChatTemplate | None = None
     template_error: str | None = None
     try:

@@ -130,6 +130,12 @@ class Tokenizer:
             self._special_re = re.compile("|".join(re.escape(t.content) for t in self.special_tokens))
         return self._special_re
 
+    def precompute(self) -> None:
+        """Build the tables that are otherwise built on first use: the special tokens, their pattern and the longest
+        vocabulary piece (~0.1-0.2 s for a 150k vocabulary). The server calls this while it loads the model's assets,
+        off the event loop; left to the first request, it stalled that request and every stream of its process."""
+        _ = self.special_token_pattern, self.max_token_chars
+
     @property
     def max_token_chars(self) -> int | None:
         """The most characters of input one token can stand for, when that is certain, else None. For a BPE model
