@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The twenty-first session's device calls, each part bounded, the logs packed into $OUT/s21.tar.gz after every part.
+#   CALL=ttft: BF16 decode replays at 1, 2 and 4 rows (context 400; on an H100 the skinny table's new H100 entries),
+#           then BF16 chat at qps LEVELS (1,8,32) with per-request timelines (`serve_sweep.py --timeline`): the client
+#           TTFT p99 against the server's TTFT histogram, after the tokenizer tables moved to asset loading.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=ttft COMMIT=abc1234 bash scripts/device_session21.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
+session_logs s21
+
+case ${CALL:-ttft} in
+  ttft)
+    ROOFLINE_TIMEOUT=100 ROOFLINE_ARGS="--context 400" roofline replays qwen3-4b 1,2,4
+    if engine_up bf16 RUSTINFER_MAX_MODEL_LEN=32768; then
+      sweep bf16_chat "${LEVELS:-1,8,32}" --timeline
+      grep "warm-up" "$LOGS/sweep_bf16_chat.log"
+      engine_down bf16; pack
+      grep -E "time_to_first_token_seconds_bucket\{le=\"0.(04|06|1|25)\"|time_to_first_token_seconds_count" \
+        "$LOGS/metrics_bf16.txt"
+    fi ;;
+  *) echo "unknown CALL ${CALL}" ;;
+esac
+pack
