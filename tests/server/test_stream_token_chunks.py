@@ -80,3 +80,18 @@ def test_sweep_level_timeline_holds_every_gap_and_classes_the_long_ones(server: 
     assert phases["hops"] == pytest.approx(phases["ttft"] - phases["queue"] - phases["prefill"])
     assert phases["ttft"] > 0 and phases["decode"] > 0
     assert report["long"] == report["beside_prefill"] + report["shared"] + report["alone"]
+
+
+def test_sweep_arrivals_are_poisson_from_the_level_start(server: ServerHarness) -> None:
+    """The first arrival comes after an exponential gap, as every later one: it came at the level's start in every
+    client process, so the four processes of a sweep sent a burst of four, whose TTFTs (with each process's own
+    first-request set-up) were the level's p99 at qps 1 and 8 (the twenty-first session's timelines)."""
+    import random
+    import time
+
+    first_gap = random.Random(2).expovariate(20.0)  # 0.156 s: the first draw of the level's generator
+    start_at = time.time() + 0.5
+    records, _ = asyncio.run(serve_sweep.drive(server.url, "tiny-chat", 20.0, 0.3, 32, seed=2, start_at=start_at,
+                                               extra={}, workload=serve_sweep.Workload("long", 60)))
+    assert records and all(r.ok for r in records)
+    assert first_gap - 0.005 <= min(r.sent for r in records) - start_at < first_gap + 0.3
