@@ -12,7 +12,7 @@ from infer_backend_cuda.kernels import mid_gemm as G
 from infer_backend_cuda.kernels import split_k
 from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
 from tests.backend_cuda.reference import ref_silu_and_mul
-from tests.backend_cuda.test_quant_gemm import _fp8, _x
+from tests.backend_cuda.quant_operands import activations, fp8_operands
 
 # Interpreter-sized column tiles; the K step is the scale group (64 here, 128 in the published checkpoints).
 CONFIGS = [G.MidConfig(16, 64, 4, 2), G.MidConfig(32, 64, 4, 3, 2), G.MidConfig(16, 64, 4, 1, 3)]
@@ -30,9 +30,9 @@ def test_fp8_mid_linear_matches_the_w8a8_reference(m, dtype, config, device):
     """Parts 40 and 24 in blocks of 16 rows (a partial scale block, N = 64 a partial column tile for 32-column
     tiles), K = 200 ending in a partial group (and K ranges of unequal length where split), rows far apart in
     magnitude, a zero row (scale 1), a bias added once."""
-    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
-    bias = _x(64, 1, torch.float32, device, 7).reshape(64).to(dtype)
-    x = _x(m, 200, torch.float32, device) * torch.logspace(-2, 2, m).reshape(m, 1).to(device)
+    codes, scale_inv, scale_row = fp8_operands([40, 24], 200, (16, 64), device)
+    bias = activations(64, 1, torch.float32, device, 7).reshape(64).to(dtype)
+    x = activations(m, 200, torch.float32, device) * torch.logspace(-2, 2, m).reshape(m, 1).to(device)
     x[m // 2] = 0
     x = x.to(dtype)
     out = poison(torch.empty((m, 64), dtype=dtype, device=device))
@@ -44,8 +44,8 @@ def test_fp8_mid_linear_matches_the_w8a8_reference(m, dtype, config, device):
 
 def test_fp8_mid_split_ranges_sum_in_a_fixed_order_with_and_without_the_fixup(device, monkeypatch):
     """The block-scaled partials through split-K: the last-arrival sum equals the reduce kernel's bit for bit."""
-    codes, scale_inv, scale_row = _fp8([64], 512, (32, 64), device)
-    x = _x(24, 512, torch.float32, device)
+    codes, scale_inv, scale_row = fp8_operands([64], 512, (32, 64), device)
+    x = activations(24, 512, torch.float32, device)
     config = G.MidConfig(16, 64, 4, 1, 4)
     split_k.allocate_counters(torch.device(device))
     fixed = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, config=config)
@@ -59,8 +59,8 @@ def test_fp8_mid_split_ranges_sum_in_a_fixed_order_with_and_without_the_fixup(de
 def test_fp8_mid_gated_equals_the_gemm_then_silu(m, device):
     """Gate and up rows in different scale blocks (parts 40 + 40 in blocks of 16: each row its own scale row),
     paired per program; the epilogue's `silu(gate) * up` equals the plain kernel's output through SiLU-and-mul."""
-    codes, scale_inv, scale_row = _fp8([40, 40], 128, (16, 64), device)
-    x = _x(m, 128, torch.bfloat16, device)
+    codes, scale_inv, scale_row = fp8_operands([40, 40], 128, (16, 64), device)
+    x = activations(m, 128, torch.bfloat16, device)
     config = G.MidConfig(16, 64, 4, 2)
     y = F8.fp8_block_linear_silu_mul(x, codes, scale_inv, scale_row, 64, config=config)
     assert y.shape == (m, 40) and y.dtype == torch.bfloat16
@@ -74,8 +74,8 @@ def test_fp8_mid_gated_equals_the_gemm_then_silu(m, device):
 def test_fp8_mid_tiles_in_one_scale_block_match_the_general_path_bit_for_bit(m, config, device):
     """Regular 128-row scale blocks (parts 256 + 64: the last block partial, N = 320 a partial column tile) with
     column tiles dividing 128 take one weight scale a group: the per-row path's fp32 products, so its bits."""
-    codes, scale_inv, scale_row = _fp8([256, 64], 384, (128, 128), device)
-    x = _x(m, 384, torch.float32, device) * 3
+    codes, scale_inv, scale_row = fp8_operands([256, 64], 384, (128, 128), device)
+    x = activations(m, 384, torch.float32, device) * 3
     xq, xs = F8.fp8_quantize_activation(x, 128)
     run = lambda uniform: G.mid_fp8_linear(  # noqa: E731
         xq, codes, G.BlockScales(xs, scale_inv, scale_row, 128, uniform), x.dtype, config=config)
@@ -86,8 +86,8 @@ def test_fp8_mid_tiles_in_one_scale_block_match_the_general_path_bit_for_bit(m, 
 
 
 def test_fp8_mid_refuses_a_k_step_other_than_the_group(device):
-    codes, scale_inv, scale_row = _fp8([32], 128, (16, 64), device)
-    x = _x(4, 128, torch.float32, device)
+    codes, scale_inv, scale_row = fp8_operands([32], 128, (16, 64), device)
+    x = activations(4, 128, torch.float32, device)
     with pytest.raises(ValueError, match="groups of 64"):
         F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, config=G.MidConfig(16, 32, 4, 1))
 
@@ -102,20 +102,20 @@ def test_fp8_takes_the_mid_table_entry_of_its_group(monkeypatch, device):
     launched = []
     real = G.mid_fp8_linear
     monkeypatch.setattr(G, "mid_fp8_linear", lambda *a, **kw: launched.append(kw["gated"]) or real(*a, **kw))
-    codes, scale_inv, scale_row = _fp8([64], 128, (16, 64), device)
+    codes, scale_inv, scale_row = fp8_operands([64], 128, (16, 64), device)
     for m, expected in ((6, [False]), (12, [])):
-        x = _x(m, 128, torch.float32, device)
+        x = activations(m, 128, torch.float32, device)
         y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64)
         assert launched == expected
         torch.testing.assert_close(y.cpu(), _reference(x, codes, scale_inv, scale_row, 64), **tol(torch.float32))
         launched.clear()
-    x = _x(6, 128, torch.float32, device)
+    x = activations(6, 128, torch.float32, device)
     ref = _reference(x, codes, scale_inv, scale_row, 64)
     gated = F8.fp8_block_linear_silu_mul(x, codes, scale_inv, scale_row, 64)
     assert launched == [True]
     torch.testing.assert_close(gated.cpu(), ref_silu_and_mul(ref), **tol(torch.float32))
     launched.clear()
-    gated = F8.fp8_block_linear_silu_mul(_x(12, 128, torch.float32, device), codes, scale_inv, scale_row, 64)
+    gated = F8.fp8_block_linear_silu_mul(activations(12, 128, torch.float32, device), codes, scale_inv, scale_row, 64)
     assert launched == [] and gated.shape == (12, 32)
 
 
@@ -130,10 +130,10 @@ def test_fp8_linear_ops_gated_op_equals_the_norm_gemm_and_silu(monkeypatch, devi
     scheme = QuantScheme.fp8_block(16, 64)
     fused = TritonFusedOps(CudaMathOps())
     ops = Fp8BlockLinearOps(fused, scheme)
-    weight = _fp8([48, 48], 128, (16, 64), device)
-    x = _x(10, 128, torch.bfloat16, device)
-    residual = _x(10, 128, torch.bfloat16, device, 3)
-    norm_weight = _x(128, 1, torch.bfloat16, device, 4).reshape(128)
+    weight = fp8_operands([48, 48], 128, (16, 64), device)
+    x = activations(10, 128, torch.bfloat16, device)
+    residual = activations(10, 128, torch.bfloat16, device, 3)
+    norm_weight = activations(128, 1, torch.bfloat16, device, 4).reshape(128)
     act, h = ops.add_rms_norm_linear_silu_mul(x, residual, norm_weight, 1e-6, weight, None)
     out, h_ref = ops.add_rms_norm_linear(x, residual, norm_weight, 1e-6, weight, None)
     assert torch.equal(h, h_ref)
@@ -146,8 +146,8 @@ def test_fp8_linear_ops_gated_op_equals_the_norm_gemm_and_silu(monkeypatch, devi
 def test_fp8_mid_qwen3_4b_shapes_on_gpu(m):
     """Every tile form the tuner tries for FP8, at Qwen3-4B's decode shapes, against the W8A8 reference."""
     for n, k in ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)):
-        codes, scale_inv, scale_row = _fp8([n], k, (128, 128), "cuda", seed=n)
-        x = _x(m, k, torch.bfloat16, "cuda")
+        codes, scale_inv, scale_row = fp8_operands([n], k, (128, 128), "cuda", seed=n)
+        x = activations(m, k, torch.bfloat16, "cuda")
         ref = _reference(x, codes, scale_inv, scale_row, 128).float()
         for config in (G.MidConfig(64, 128, 4, 4), G.MidConfig(128, 128, 8, 3, 4), G.MidConfig(64, 128, 4, 6, 3)):
             y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=config)
@@ -161,9 +161,9 @@ def test_fp8_mid_gated_and_split_k_replay_in_a_cuda_graph(m):
     """The gated gate / up op and the split-K o_proj inside CUDA graphs: replays give the eager answer on new
     inputs; the gated output equals the plain kernel's through SiLU-and-mul."""
     split_k.allocate_counters(torch.device("cuda"))
-    gate_up = _fp8([9728, 9728], 2560, (128, 128), "cuda", seed=1)
-    o_proj = _fp8([2560], 4096, (128, 128), "cuda", seed=2)
-    x1, x2 = _x(m, 2560, torch.bfloat16, "cuda"), _x(m, 4096, torch.bfloat16, "cuda")
+    gate_up = fp8_operands([9728, 9728], 2560, (128, 128), "cuda", seed=1)
+    o_proj = fp8_operands([2560], 4096, (128, 128), "cuda", seed=2)
+    x1, x2 = activations(m, 2560, torch.bfloat16, "cuda"), activations(m, 4096, torch.bfloat16, "cuda")
     gated_cfg, split_cfg = G.MidConfig(64, 128, 4, 3), G.MidConfig(64, 128, 4, 4, 3)
     run = lambda: (F8.fp8_block_linear_silu_mul(x1, *gate_up, 128, config=gated_cfg),  # noqa: E731
                    F8.fp8_block_linear(x2, *o_proj, 128, config=split_cfg))
@@ -172,8 +172,8 @@ def test_fp8_mid_gated_and_split_k_replay_in_a_cuda_graph(m):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = run()
-    x1.copy_(_x(m, 2560, torch.bfloat16, "cuda", seed=5))
-    x2.copy_(_x(m, 4096, torch.bfloat16, "cuda", seed=6))
+    x1.copy_(activations(m, 2560, torch.bfloat16, "cuda", seed=5))
+    x2.copy_(activations(m, 4096, torch.bfloat16, "cuda", seed=6))
     graph.replay()
     expected = run()
     torch.cuda.synchronize()

@@ -12,30 +12,7 @@ import torch
 from infer_backend_cpu.quant_math import awq_dequantize, fp8_block_linear as ref_fp8_linear, quantize_activation_fp8
 from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8
 from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
-from tests.worker.quant_checkpoints import quantize_awq, quantize_fp8_block
-
-
-def _awq(n: int, k: int, group: int, device: str, seed: int = 0):
-    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
-    tensors, _ = quantize_awq(w, group)
-    return [tensors[name].to(device) for name in ("qweight", "qzeros", "scales")]
-
-
-def _fp8(parts: list[int], k: int, block: tuple[int, int], device: str, seed: int = 0):
-    """A fused FP8 weight of `parts` (each part its own, possibly partial, last block of scale rows)."""
-    g = torch.Generator().manual_seed(seed)
-    codes, scales, rows, first = [], [], [], 0
-    for size in parts:
-        tensors, _ = quantize_fp8_block(torch.randn(size, k, generator=g) * 0.05, block, torch.float32)
-        codes.append(tensors["weight"])
-        scales.append(tensors["weight_scale_inv"])
-        rows.append(first + torch.arange(size, dtype=torch.int32) // block[0])
-        first += scales[-1].shape[0]
-    return torch.cat(codes).to(device), torch.cat(scales).to(device), torch.cat(rows).to(device)
-
-
-def _x(m: int, k: int, dtype: torch.dtype, device: str, seed: int = 1) -> torch.Tensor:
-    return torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).to(dtype=dtype, device=device)
+from tests.backend_cuda.quant_operands import QWEN3_4B, activations, awq_operands, fp8_operands
 
 
 def _awq_reference(x, qweight, qzeros, scales, bias=None):
@@ -48,9 +25,9 @@ def _awq_reference(x, qweight, qzeros, scales, bias=None):
 @pytest.mark.parametrize("m,config", [(1, None), (3, A.AwqConfig(4, 16, 32, 2, 1)), (5, None),
                                       (3, A.AwqConfig(16, 16, 32, 4, 1)), (19, A.AwqConfig(16, 32, 16, 4, 1))])
 def test_awq_linear_matches_the_dequantized_reference(m, config, dtype, device):
-    qweight, qzeros, scales = _awq(40, 64, 32, device)  # N = 40: a partial column tile
-    bias = _x(40, 1, torch.float32, device, 7).reshape(40).to(dtype)
-    x = _x(m, 64, dtype, device)
+    qweight, qzeros, scales = awq_operands(40, 64, 32, device)  # N = 40: a partial column tile
+    bias = activations(40, 1, torch.float32, device, 7).reshape(40).to(dtype)
+    x = activations(m, 64, dtype, device)
     out = poison(torch.empty((m, 40), dtype=dtype, device=device))
     y = A.awq_linear(x, qweight, qzeros, scales, bias, out=out, config=config)
     assert y is out
@@ -63,8 +40,8 @@ def test_awq_linear_matches_the_dequantized_reference(m, config, dtype, device):
 def test_awq_group_sizes_odd_rows_and_partial_column_tiles(group, m, config, device):
     """N = 72: no power-of-two column tile of 16 or more divides it (the last tile is one word); K = 256 is two to eight
     groups; the row counts leave partial row tiles on both product paths, with and without split-K."""
-    qweight, qzeros, scales = _awq(72, 256, group, device, seed=group)
-    x = _x(m, 256, torch.float32, device)
+    qweight, qzeros, scales = awq_operands(72, 256, group, device, seed=group)
+    x = activations(m, 256, torch.float32, device)
     out = poison(torch.empty((m, 72), dtype=torch.float32, device=device))
     y = A.awq_linear(x, qweight, qzeros, scales, out=out, config=config)
     torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales), **tol(torch.float32))
@@ -74,9 +51,9 @@ def test_awq_group_sizes_odd_rows_and_partial_column_tiles(group, m, config, dev
 def test_awq_split_k_sums_every_range_once(m, split, device):
     """K = 96 in groups of 32 with 16-row steps: split 3 gives three whole groups, split 4 ranges of 32, and a
     request beyond K / block_k is cut to one step per range; each adds the bias once."""
-    qweight, qzeros, scales = _awq(40, 96, 32, device)
-    bias = _x(40, 1, torch.float32, device, 7).reshape(40)
-    x = _x(m, 96, torch.float32, device)
+    qweight, qzeros, scales = awq_operands(40, 96, 32, device)
+    bias = activations(40, 1, torch.float32, device, 7).reshape(40)
+    x = activations(m, 96, torch.float32, device)
     out = poison(torch.empty((m, 40), dtype=torch.float32, device=device))
     y = A.awq_linear(x, qweight, qzeros, scales, bias, out=out, config=A.AwqConfig(4, 16, 16, 2, 1, split))
     torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales, bias), **tol(torch.float32))
@@ -86,9 +63,9 @@ def test_awq_split_k_last_range_stops_at_k(device):
     """K = 160 in groups of 32 with 16-row steps: 10 steps in ranges of 3, so the last range would run two steps
     past K. The scale rows after the last group are NaN here (memory past the tensor, as on the H200, where
     reading it gave NaN partials and then an illegal address): a kernel that reads them cannot match."""
-    qweight, qzeros, scales = _awq(40, 160, 32, device)
+    qweight, qzeros, scales = awq_operands(40, 160, 32, device)
     padded = torch.cat([scales, torch.full_like(scales[:1], float("nan"))])
-    x = _x(1, 160, torch.float32, device)
+    x = activations(1, 160, torch.float32, device)
     out = poison(torch.empty((1, 40), dtype=torch.float32, device=device))
     y = A.awq_linear(x, qweight, qzeros, padded[:5], out=out, config=A.AwqConfig(1, 16, 16, 2, 1, 4))
     torch.testing.assert_close(y.cpu(), _awq_reference(x, qweight, qzeros, scales), **tol(torch.float32))
@@ -101,9 +78,9 @@ def test_awq_gemv_rows_groups_and_split_k(m, splits, group, device):
     """The CUDA-core GEMV (block_m <= 8): N = 40 is five words, so a 16-column program ends in a half-masked one
     and a 256-column one masks most of its words; K is three groups, one range each when split. The GEMV
     multiplies the exact dequantized weights (no rounding to x's dtype): in fp32 it is the reference."""
-    qweight, qzeros, scales = _awq(40, 3 * group, group, device, seed=group + m)
-    bias = _x(40, 1, torch.float32, device, 7).reshape(40)
-    x = _x(m, 3 * group, torch.float32, device)
+    qweight, qzeros, scales = awq_operands(40, 3 * group, group, device, seed=group + m)
+    bias = activations(40, 1, torch.float32, device, 7).reshape(40)
+    x = activations(m, 3 * group, torch.float32, device)
     for block_n in (16, 256):
         out = poison(torch.empty((m, 40), dtype=torch.float32, device=device))
         cfg = A.AwqConfig(A.next_pow2(m), block_n, A.group_block_k(group, 16), 2, 1, splits)
@@ -118,8 +95,8 @@ def test_awq_decode_kernels_multiply_the_exact_dequantized_weights(m, cfg, devic
     decode tiles (SCALE_AFTER: the integers q - z, then the scales) do not. A bf16 output matches the reference
     within the bf16 tolerance; an fp32 output (no final rounding) is the exact fp32 product of x and the
     dequantized weights, which the rounded reference is not."""
-    qweight, qzeros, scales = _awq(72, 256, 64, device, seed=3)
-    x = _x(m, 256, torch.bfloat16, device)
+    qweight, qzeros, scales = awq_operands(72, 256, 64, device, seed=3)
+    x = activations(m, 256, torch.bfloat16, device)
     y = A.awq_linear(x, qweight, qzeros, scales, config=cfg).float().cpu()
     ref = _awq_reference(x, qweight, qzeros, scales)
     torch.testing.assert_close(y, ref, **tol(torch.bfloat16))
@@ -133,8 +110,8 @@ def test_awq_decode_kernels_multiply_the_exact_dequantized_weights(m, cfg, devic
 def test_awq_prefill_tiles_match_the_reference(dtype, device):
     """Row tiles past SCALE_AFTER_MAX_M scale the weight before the product (rounded to x's dtype, as the
     reference's dequantized GEMM does); 40 rows leave a partial 64-row tile, K = 256 four groups of 64."""
-    qweight, qzeros, scales = _awq(72, 256, 64, device, seed=3)
-    x = _x(40, 256, dtype, device)
+    qweight, qzeros, scales = awq_operands(72, 256, 64, device, seed=3)
+    x = activations(40, 256, dtype, device)
     cfg = A.AwqConfig(64, 32, 16, 4, 1, 2)
     assert cfg.block_m > A.SCALE_AFTER_MAX_M
     y = A.awq_linear(x, qweight, qzeros, scales, out=torch.empty((40, 72), device=device), config=cfg).cpu()
@@ -213,8 +190,8 @@ def test_fp8_block_linear_takes_the_table_entry(monkeypatch, device):
     """With no config given the GEMM launches the table's entry (a row-streaming entry too narrow for the rows
     is refused by its own check, so it was taken), and a cuBLASLt entry where cuBLASLt cannot take the operands
     (partial scale blocks, no Hopper) falls back to the default rules' result."""
-    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
-    x = _x(3, 200, torch.float32, device)
+    codes, scale_inv, scale_row = fp8_operands([40, 24], 200, (16, 64), device)
+    x = activations(3, 200, torch.float32, device)
     expected = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, config=F8.default_config(3, 64, 200, 64))
     monkeypatch.setattr(F8, "choose_config", lambda *args: F8.Fp8Config(2, 8, 2, 1, 1, 2))
     with pytest.raises(ValueError, match="row-streaming"):
@@ -282,16 +259,16 @@ def test_awq_refuses_groups_the_kernels_cannot_step(device):
     assert A.group_block_k(128, 64) == 64 and A.group_block_k(96, 64) == 32 and A.group_block_k(32, 64) == 32
     with pytest.raises(ValueError, match="divisible by 16"):
         A.check_group(8)
-    qweight, qzeros, scales = _awq(40, 96, 32, device)
+    qweight, qzeros, scales = awq_operands(40, 96, 32, device)
     with pytest.raises(ValueError, match="whole number of groups"):  # K = 100: 3 groups of 33 do not tile it
-        A.awq_linear(_x(1, 100, torch.float32, device), torch.cat([qweight, qweight[:4]]), qzeros, scales)
+        A.awq_linear(activations(1, 100, torch.float32, device), torch.cat([qweight, qweight[:4]]), qzeros, scales)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("k,group", [(64, 64), (200, 64),  # 200 = 3 groups of 64 and a partial one of 8
                                      (2245, 32)])  # 71 groups of 32, the last partial
 def test_fp8_activation_quant_equals_the_reference_bit_for_bit(k, group, dtype, device):
-    x = _x(5, k, dtype, device) * 3
+    x = activations(5, k, dtype, device) * 3
     x[2] = 0  # amax = 0: scale 1, codes 0
     x[3, group:2 * group] *= 1e3  # one group far above its row's others: scales are per group
     codes, scales = F8.fp8_quantize_activation(x, group)
@@ -305,9 +282,9 @@ def test_fp8_activation_quant_equals_the_reference_bit_for_bit(k, group, dtype, 
 def test_fp8_split_k_sums_every_group_once(m, splits, block_m, device):
     """K = 200 in groups of 64 (the last partial): 2 ranges of 2 groups, 4 of one, and a request beyond the group
     count cut to one group a range; the bias is added once."""
-    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
-    bias = _x(64, 1, torch.float32, device, 7).reshape(64)
-    x = _x(m, 200, torch.float32, device)
+    codes, scale_inv, scale_row = fp8_operands([40, 24], 200, (16, 64), device)
+    bias = activations(64, 1, torch.float32, device, 7).reshape(64)
+    x = activations(m, 200, torch.float32, device)
     out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, out=out,
                             config=F8.Fp8Config(block_m, 16, 4, 1, splits))
@@ -323,9 +300,9 @@ def test_fp8_split_k_sums_every_group_once(m, splits, block_m, device):
                                       (2, F8.Fp8Config(2, 128, 4, 1, 1, 4))])
 def test_fp8_block_linear_matches_the_w8a8_reference(m, config, dtype, device):
     # Parts 40 and 24 with blocks of 16 rows: part one ends in a partial block; K = 200 ends in a partial group.
-    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
-    bias = _x(64, 1, torch.float32, device, 7).reshape(64).to(dtype)
-    x = _x(m, 200, dtype, device)
+    codes, scale_inv, scale_row = fp8_operands([40, 24], 200, (16, 64), device)
+    bias = activations(64, 1, torch.float32, device, 7).reshape(64).to(dtype)
+    x = activations(m, 200, dtype, device)
     out = poison(torch.empty((m, 64), dtype=dtype, device=device))
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, out=out, config=config)
     assert y is out
@@ -337,9 +314,9 @@ def test_fp8_block_linear_matches_the_w8a8_reference(m, config, dtype, device):
                                       (2, F8.Fp8Config(2, 16, 2, 1, 1, 1))])
 def test_fp8_row_streaming_whole_tiles_match_the_reference(m, config, device):
     """K = 512 and N = 64 in whole tiles (the unmasked loads), with bias."""
-    codes, scale_inv, scale_row = _fp8([40, 24], 512, (16, 128), device)
-    bias = _x(64, 1, torch.float32, device, 7).reshape(64)
-    x = _x(m, 512, torch.float32, device) * 4
+    codes, scale_inv, scale_row = fp8_operands([40, 24], 512, (16, 128), device)
+    bias = activations(64, 1, torch.float32, device, 7).reshape(64)
+    x = activations(m, 512, torch.float32, device) * 4
     out = poison(torch.empty((m, 64), dtype=torch.float32, device=device))
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, bias, out=out, config=config)
     ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, bias.cpu())
@@ -352,8 +329,8 @@ def test_fp8_decode_quantizes_its_own_activations_as_the_reference(m, splits, dt
     """The skinny kernel quantizes x in its K loop: rows far apart in magnitude (each group its own scale), a
     zero row (scale 1) and a partial last group must give the reference's codes, so the outputs agree to fp32
     summation order (a code one e4m3 step off moves an output by ~1e-2 of its size)."""
-    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
-    x = _x(m, 200, torch.float32, device) * torch.logspace(-3, 3, m).reshape(m, 1).to(device)
+    codes, scale_inv, scale_row = fp8_operands([40, 24], 200, (16, 64), device)
+    x = activations(m, 200, torch.float32, device) * torch.logspace(-3, 3, m).reshape(m, 1).to(device)
     x[m // 2, :] = 0
     x[0, 64:128] *= 50  # one group of the first row far above the others
     x = x.to(dtype)
@@ -370,9 +347,9 @@ def test_fp8_decode_quantizes_its_own_activations_as_the_reference(m, splits, dt
 def test_fp8_mid_row_tiles_match_the_w8a8_reference(m, config, device):
     """65-257 rows (decode batches past 64): partial 64- and 128-row tiles, 64 columns in partial scale blocks
     (parts 40 and 24 in blocks of 16), K = 200 ending in a partial group, split-K with a bias added once."""
-    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
-    bias = _x(64, 1, torch.float32, device, 7).reshape(64).to(torch.bfloat16)
-    x = _x(m, 200, torch.bfloat16, device) * torch.logspace(-2, 2, m).reshape(m, 1).to(device=device,
+    codes, scale_inv, scale_row = fp8_operands([40, 24], 200, (16, 64), device)
+    bias = activations(64, 1, torch.float32, device, 7).reshape(64).to(torch.bfloat16)
+    x = activations(m, 200, torch.bfloat16, device) * torch.logspace(-2, 2, m).reshape(m, 1).to(device=device,
                                                                                           dtype=torch.bfloat16)
     out = poison(torch.empty((m, 64), dtype=torch.bfloat16, device=device))
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 64, bias, out=out, config=config)
@@ -387,9 +364,9 @@ def test_fp8_tiles_in_one_scale_block_match_the_general_path_bit_for_bit(m, conf
     """Regular 128-row scale blocks (parts 256 + 64: the last block partial, N = 320 a partial 128-column tile)
     with column tiles dividing 128 take one weight scale per group: the same fp32 products as the per-column
     path, so the same bits, and the reference's values."""
-    codes, scale_inv, scale_row = _fp8([256, 64], 384, (128, 128), device)
+    codes, scale_inv, scale_row = fp8_operands([256, 64], 384, (128, 128), device)
     assert F8._uniform_tiles(config.block_n, scale_row)
-    x = _x(m, 384, torch.float32, device) * 3
+    x = activations(m, 384, torch.float32, device) * 3
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=config)
     irregular = scale_row.clone()  # same values, unknown to the regularity memo, so checked again: force it off
     F8.fp8_scaled_mm._regular[id(irregular)] = (lambda: irregular, False)
@@ -402,7 +379,7 @@ def test_fp8_tiles_in_one_scale_block_match_the_general_path_bit_for_bit(m, conf
 def test_fp8_activation_quant_pads_rows_with_zeros(device):
     """The cuBLAS path's layout: codes with rows past M, scales M-major (a transposed view): the real rows equal
     the reference's, the padding is codes 0 and scale 1."""
-    x = _x(5, 200, torch.bfloat16, device) * 3
+    x = activations(5, 200, torch.bfloat16, device) * 3
     codes = torch.full((8, 200), 1.0, device=device).to(torch.float8_e4m3fn)
     scales_t = torch.full((4, 8), float("nan"), device=device)
     F8.fp8_quantize_activation(x, 64, codes, scales_t.t())
@@ -415,8 +392,8 @@ def test_fp8_activation_quant_pads_rows_with_zeros(device):
 def test_fp8_scaled_mm_stays_off_without_a_hopper_gpu(device):
     """On CPU / the interpreter the cuBLAS path is never probed: 80 rows of a regular 128-block weight take the
     Triton kernel and match the reference."""
-    codes, scale_inv, scale_row = _fp8([256], 512, (128, 128), device)
-    x = _x(80, 512, torch.bfloat16, device)
+    codes, scale_inv, scale_row = fp8_operands([256], 512, (128, 128), device)
+    x = activations(80, 512, torch.bfloat16, device)
     if device == "cpu":
         assert not F8.fp8_scaled_mm.available(x.device, None, None)
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128)
@@ -450,9 +427,9 @@ def test_fp8_scaled_mm_operands_have_the_recipe_layout(m, with_out, device, monk
     if device != "cpu":
         pytest.skip("emulates torch._scaled_mm on CPU tensors")
     monkeypatch.setattr(torch, "_scaled_mm", _emulated_block_scaled_mm)
-    codes, scale_inv, scale_row = _fp8([256, 128], 512, (128, 128), device)
-    bias = _x(384, 1, torch.float32, device, 7).reshape(384).to(torch.bfloat16)
-    x = _x(m, 512, torch.bfloat16, device)
+    codes, scale_inv, scale_row = fp8_operands([256, 128], 512, (128, 128), device)
+    bias = activations(384, 1, torch.float32, device, 7).reshape(384).to(torch.bfloat16)
+    x = activations(m, 512, torch.bfloat16, device)
     out = poison(torch.empty((m, 384), dtype=torch.bfloat16)) if with_out else None
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, bias, out=out,
                             config=F8.Fp8Config(0, 0, 0, 0, scaled_mm=True))
@@ -461,16 +438,13 @@ def test_fp8_scaled_mm_operands_have_the_recipe_layout(m, with_out, device, monk
     torch.testing.assert_close(y.float(), ref.float(), **tol(torch.bfloat16))
 
 
-QWEN3_4B = ((6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728))  # qkv, o, gate_up, down
-
-
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 33, 257])
 def test_awq_qwen3_4b_shapes_on_gpu(m):
     for n, k in QWEN3_4B:
-        qweight, qzeros, scales = _awq(n, k, 128, "cuda", seed=n)
-        x = _x(m, k, torch.bfloat16, "cuda")
+        qweight, qzeros, scales = awq_operands(n, k, 128, "cuda", seed=n)
+        x = activations(m, k, torch.bfloat16, "cuda")
         y = A.awq_linear(x, qweight, qzeros, scales)
         ref = _awq_reference(x, qweight, qzeros, scales)
         torch.testing.assert_close(y.float().cpu(), ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
@@ -521,8 +495,8 @@ def test_fp8_scaled_mm_path_matches_the_triton_kernel_on_gpu(m):
     if not F8.scaled_mm_available(torch.device("cuda")):
         pytest.skip("no block-scaled torch._scaled_mm on this GPU / torch")
     for n, k in QWEN3_4B:
-        codes, scale_inv, scale_row = _fp8([n], k, (128, 128), "cuda", seed=n)
-        x = _x(m, k, torch.bfloat16, "cuda")
+        codes, scale_inv, scale_row = fp8_operands([n], k, (128, 128), "cuda", seed=n)
+        x = activations(m, k, torch.bfloat16, "cuda")
         y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=F8.Fp8Config(0, 0, 0, 0, scaled_mm=True))
         triton_y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=F8.default_config(m, n, k, 128))
         assert y.shape == (m, n) and y.is_contiguous()
@@ -540,8 +514,8 @@ def test_fp8_scaled_mm_path_matches_the_triton_kernel_on_gpu(m):
 def test_fp8_partial_scale_blocks_keep_the_triton_kernel_on_gpu():
     """SmolLM2-like fused parts (576 + 192 + 192 rows: partial 128-blocks) at 96 rows: the scale rows are not the
     regular grid, so the default is the Triton kernel whatever the device offers, and it matches the reference."""
-    codes, scale_inv, scale_row = _fp8([576, 192, 192], 1024, (128, 128), "cuda")
-    x = _x(96, 1024, torch.bfloat16, "cuda")
+    codes, scale_inv, scale_row = fp8_operands([576, 192, 192], 1024, (128, 128), "cuda")
+    x = activations(96, 1024, torch.bfloat16, "cuda")
     y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128)
     assert torch.equal(y, F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128,
                                               config=F8.default_config(96, 960, 1024, 128)))
@@ -555,14 +529,14 @@ def test_fp8_scaled_mm_path_replays_in_a_cuda_graph():
     """96 rows of Qwen3-4B's o_proj (the cuBLAS path where the device has it): captured, then replayed on new
     input, it gives what an eager call gives."""
     n, k, m = 2560, 4096, 96
-    operands = _fp8([n], k, (128, 128), "cuda")
-    x = _x(m, k, torch.bfloat16, "cuda")
+    operands = fp8_operands([n], k, (128, 128), "cuda")
+    x = activations(m, k, torch.bfloat16, "cuda")
     eager = F8.fp8_block_linear(x, *operands, 128)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = F8.fp8_block_linear(x, *operands, 128)
-    x.copy_(_x(m, k, torch.bfloat16, "cuda", seed=5))
+    x.copy_(activations(m, k, torch.bfloat16, "cuda", seed=5))
     graph.replay()
     expected = F8.fp8_block_linear(x, *operands, 128)
     torch.cuda.synchronize()
@@ -576,8 +550,8 @@ def test_fp8_scaled_mm_path_replays_in_a_cuda_graph():
 def test_fp8_qwen3_4b_shapes_on_gpu(m):
     for n, k in QWEN3_4B + ((576 + 192 + 192, 576),):  # and SmolLM2's qkv: partial blocks both ways
         parts = [576, 192, 192] if k == 576 else [n]
-        codes, scale_inv, scale_row = _fp8(parts, k, (128, 128), "cuda", seed=n)
-        x = _x(m, k, torch.bfloat16, "cuda")
+        codes, scale_inv, scale_row = fp8_operands(parts, k, (128, 128), "cuda", seed=n)
+        x = activations(m, k, torch.bfloat16, "cuda")
         xq, xs = F8.fp8_quantize_activation(x, 128)
         ref_q, ref_s = quantize_activation_fp8(x.cpu(), 128)
         assert torch.equal(xs.cpu(), ref_s)
@@ -593,12 +567,12 @@ def test_fp8_qwen3_4b_shapes_on_gpu(m):
 @pytest.mark.parametrize("m", [1, 8, 40])
 def test_quantized_gemms_replay_in_a_cuda_graph(fmt, m):
     n, k = 2560, 4096
-    x = _x(m, k, torch.bfloat16, "cuda")
+    x = activations(m, k, torch.bfloat16, "cuda")
     if fmt == "awq":
-        operands = _awq(n, k, 128, "cuda")
+        operands = awq_operands(n, k, 128, "cuda")
         run = lambda: A.awq_linear(x, *operands)  # noqa: E731
     else:
-        operands = _fp8([n], k, (128, 128), "cuda")
+        operands = fp8_operands([n], k, (128, 128), "cuda")
         run = lambda: F8.fp8_block_linear(x, *operands, 128)  # noqa: E731
     eager = run()
     torch.cuda.synchronize()
@@ -606,7 +580,7 @@ def test_quantized_gemms_replay_in_a_cuda_graph(fmt, m):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = run()
-    x.copy_(_x(m, k, torch.bfloat16, "cuda", seed=5))
+    x.copy_(activations(m, k, torch.bfloat16, "cuda", seed=5))
     graph.replay()
     expected = run()
     torch.cuda.synchronize()
@@ -616,9 +590,9 @@ def test_quantized_gemms_replay_in_a_cuda_graph(fmt, m):
 # ------------------------------------------------------------------ the RMSNorm done by the quantization pass
 
 def _norm_inputs(m: int, k: int, dtype: torch.dtype, device: str):
-    x = _x(m, k, dtype, device) * torch.logspace(-2, 2, m).reshape(m, 1).to(device=device, dtype=dtype)
-    residual = _x(m, k, dtype, device, seed=3)
-    weight = (1 + 0.1 * _x(1, k, torch.float32, device, seed=4)).reshape(k).to(dtype)
+    x = activations(m, k, dtype, device) * torch.logspace(-2, 2, m).reshape(m, 1).to(device=device, dtype=dtype)
+    residual = activations(m, k, dtype, device, seed=3)
+    weight = (1 + 0.1 * activations(1, k, torch.float32, device, seed=4)).reshape(k).to(dtype)
     return x, residual, weight
 
 
@@ -673,8 +647,8 @@ def test_fp8_norm_quantize_refuses_a_residual_without_its_output(device):
 def test_fp8_gemm_with_the_norm_prologue_equals_the_norm_then_the_gemm_bit_for_bit(m, config, device):
     from infer_backend_cuda.kernels import add_rms_norm
 
-    codes, scale_inv, scale_row = _fp8([40, 24], 200, (16, 64), device)
-    bias = _x(64, 1, torch.float32, device, 7).reshape(64).to(torch.bfloat16)
+    codes, scale_inv, scale_row = fp8_operands([40, 24], 200, (16, 64), device)
+    bias = activations(64, 1, torch.float32, device, 7).reshape(64).to(torch.bfloat16)
     x, residual, weight = _norm_inputs(m, 200, torch.bfloat16, device)
     normed, ref_stream = add_rms_norm(x, residual, weight, 1e-5)
     ref = F8.fp8_block_linear(normed, codes, scale_inv, scale_row, 64, bias, config=config)
@@ -696,7 +670,7 @@ def test_fp8_linear_ops_fold_the_norm_into_the_quantization_with_the_switch(rows
 
     scheme = QuantScheme.fp8_block(16, 64)
     fp8 = linear_ops.CudaLinears(CudaMathOps(), TritonFusedOps(CudaMathOps())).bind(scheme)
-    weight = _fp8([40, 24], 200, (16, 64), device)
+    weight = fp8_operands([40, 24], 200, (16, 64), device)
     x, residual, norm_weight = _norm_inputs(rows, 200, torch.bfloat16, device)
     res = residual if with_residual else None
     monkeypatch.setattr(linear_ops, "FP8_NORM_QUANT", False)
@@ -716,7 +690,7 @@ def test_fp8_norm_prologue_on_qwen3_4b_shapes_equals_the_norm_then_the_gemm_and_
     from infer_backend_cuda.kernels import add_rms_norm
 
     for n in (6144, 19456):
-        operands = _fp8([n], 2560, (128, 128), "cuda", seed=n)
+        operands = fp8_operands([n], 2560, (128, 128), "cuda", seed=n)
         x, residual, weight = _norm_inputs(m, 2560, torch.bfloat16, "cuda")
         normed, ref_stream = add_rms_norm(x, residual, weight, 1e-6)
         ref = F8.fp8_block_linear(normed, *operands, 128)
@@ -728,7 +702,7 @@ def test_fp8_norm_prologue_on_qwen3_4b_shapes_equals_the_norm_then_the_gemm_and_
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             captured = F8.fp8_block_linear(x, *operands, 128, norm=norm)
-        x.copy_(_x(m, 2560, torch.bfloat16, "cuda", seed=5))
+        x.copy_(activations(m, 2560, torch.bfloat16, "cuda", seed=5))
         graph.replay()
         normed, ref_stream = add_rms_norm(x, residual, weight, 1e-6)
         expected = F8.fp8_block_linear(normed, *operands, 128)

@@ -11,7 +11,7 @@ import torch
 
 from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, split_k
 from tests.backend_cuda.conftest import gpu, needs_cuda, poison
-from tests.backend_cuda.test_quant_gemm import QWEN3_4B, _awq, _fp8, _x
+from tests.backend_cuda.quant_operands import QWEN3_4B, activations, awq_operands, fp8_operands
 
 # (kernel, rows, config): odd row counts and partial row tiles on every product path; N = 72 (AWQ) and 60 (FP8)
 # below end in a partial column tile at every block_n here; several split counts
@@ -31,12 +31,12 @@ def _gemm(kind: str, m: int, dtype: torch.dtype, device: str, with_bias: bool):
     """A closure `run(out, config)` over one operand set, and the output width."""
     if kind.startswith("awq"):
         n, k = 72, 256
-        operands = _awq(n, k, 64, device, seed=m)
+        operands = awq_operands(n, k, 64, device, seed=m)
     else:
         n, k = 60, 200  # parts of 40 and 20 rows in blocks of 16; K = 200 in groups of 64: a partial last group
-        operands = _fp8([40, 20], k, (16, 64), device, seed=m)
-    bias = _x(n, 1, torch.float32, device, 7).reshape(n).to(dtype) if with_bias else None
-    x = _x(m, k, dtype, device)
+        operands = fp8_operands([40, 20], k, (16, 64), device, seed=m)
+    bias = activations(n, 1, torch.float32, device, 7).reshape(n).to(dtype) if with_bias else None
+    x = activations(m, k, dtype, device)
 
     def run(out, config):
         if kind.startswith("awq"):
@@ -125,9 +125,9 @@ def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, 
     on new inputs: each replay equals an eager call of the reduce path, and the counters stay at 0."""
     shapes = QWEN3_4B + ((2600, 2560),)
     for i, (n, k) in enumerate(shapes):
-        operands = _awq(n, k, 128, "cuda", seed=n) if fmt == "awq" else _fp8([n], k, (128, 128), "cuda", seed=n)
-        bias = _x(n, 1, torch.bfloat16, "cuda", 7).reshape(n) if i % 2 else None
-        x = _x(m, k, torch.bfloat16, "cuda")
+        operands = awq_operands(n, k, 128, "cuda", seed=n) if fmt == "awq" else fp8_operands([n], k, (128, 128), "cuda", seed=n)
+        bias = activations(n, 1, torch.bfloat16, "cuda", 7).reshape(n) if i % 2 else None
+        x = activations(m, k, torch.bfloat16, "cuda")
 
         def run(fixup: bool) -> torch.Tensor:
             monkeypatch.setattr(split_k, "FIXUP", fixup)
@@ -142,9 +142,9 @@ def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, 
         assert _counters_zero("cuda")
 
     n, k = QWEN3_4B[1]
-    operands = _awq(n, k, 128, "cuda") if fmt == "awq" else _fp8([n], k, (128, 128), "cuda")
-    bias = _x(n, 1, torch.bfloat16, "cuda", 7).reshape(n)
-    x = _x(m, k, torch.bfloat16, "cuda")
+    operands = awq_operands(n, k, 128, "cuda") if fmt == "awq" else fp8_operands([n], k, (128, 128), "cuda")
+    bias = activations(n, 1, torch.bfloat16, "cuda", 7).reshape(n)
+    x = activations(m, k, torch.bfloat16, "cuda")
 
     def gemm() -> torch.Tensor:
         return A.awq_linear(x, *operands, bias) if fmt == "awq" else F8.fp8_block_linear(x, *operands, 128, bias)
@@ -157,7 +157,7 @@ def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, 
     with torch.cuda.graph(graph):
         captured = gemm()
     for seed in (5, 6, 7):
-        x.copy_(_x(m, k, torch.bfloat16, "cuda", seed=seed))
+        x.copy_(activations(m, k, torch.bfloat16, "cuda", seed=seed))
         graph.replay()
         monkeypatch.setattr(split_k, "FIXUP", False)
         expected = gemm()
