@@ -18,12 +18,11 @@ import json
 import torch
 import triton
 
-from graph_timing import graph_replay_us
+from graph_timing import copy_bandwidth, graph_replay_us
 from infer_backend_cuda.kernels import attention_decode as A
 from infer_backend_cuda.kernels._common import resident_programs
 
 HQ, HKV, D, BS = 32, 8, 128, 16
-BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
 CASES = ((1, 300), (12, 3000), (32, 1000), (64, 384), (96, 350), (128, 384), (256, 640), (32, 16384))
 
 
@@ -68,7 +67,7 @@ def main() -> None:
         q, rope = served_rope(batch, ctx, bt) if args.rope else (
             torch.randn((batch, HQ, D), device="cuda", dtype=torch.bfloat16), None)
         lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        floor_us = 2 * batch * ctx * HKV * D * 2 / BW * 1e6  # K and V read once, at the copy rate
+        floor_us = 2 * batch * ctx * HKV * D * 2 / copy_bandwidth() * 1e6  # K and V read once, at the copy rate
         row = {"batch": batch, "ctx": ctx, "floor_us": floor_us}
         for w in waves if not args.configs else ():
             splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))

@@ -14,14 +14,13 @@ import json
 import torch
 import triton
 
-from graph_timing import graph_replay_us
+from graph_timing import copy_bandwidth, graph_replay_us
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda import numba_kernels
 from infer_backend_cuda.sampler import CudaSampler, cut_thresholds
 from infer_core.ports.sampler import SamplingBatch
 
 H, I, HQ, HKV, D, V, BS = 2560, 9728, 32, 8, 128, 151936, 16
-BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
 dev = "cuda"
 bf = torch.bfloat16
 
@@ -62,7 +61,7 @@ def main() -> None:
 
     def add(name, t, nbytes, flops=0.0):
         eager, us = t
-        rows.append(dict(kernel=name, eager_us=round(eager, 2), graph_us=round(us, 2), floor_us=round(nbytes / BW * 1e6, 2), gbps=round(nbytes / us / 1e3, 1), tflops=round(flops / us / 1e6, 1)))
+        rows.append(dict(kernel=name, eager_us=round(eager, 2), graph_us=round(us, 2), floor_us=round(nbytes / copy_bandwidth() * 1e6, 2), gbps=round(nbytes / us / 1e3, 1), tflops=round(flops / us / 1e6, 1)))
 
     for T in (1, 64, 2048):
         x = torch.randn((T, H), device=dev, dtype=bf)

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench_skinny_gemm import BW, MODEL_SHAPES
-from graph_timing import tune_against
+from bench_skinny_gemm import MODEL_SHAPES
+from graph_timing import copy_bandwidth, tune_against
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import fp8_gemm as F8, mid_gemm as G, skinny_gemm as S, split_k, tuned_table
 
@@ -128,7 +128,7 @@ def main() -> None:
         t = tune_against(case.baseline, case.mid, configs, len(case.ws), 0.02,
                          lambda timed: timed > 0 and time.perf_counter() > deadline)
         row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(t.baseline_us, 2), mid_us=round(t.best_us, 2),
-                   floor_us=round(nbytes / BW * 1e6, 2), baseline_tbps=round(nbytes / t.baseline_us / 1e6, 2),
+                   floor_us=round(nbytes / copy_bandwidth() * 1e6, 2), baseline_tbps=round(nbytes / t.baseline_us / 1e6, 2),
                    mid_tbps=round(nbytes / t.best_us / 1e6, 2), configs_tried=t.tried, configs=len(configs),
                    best=t.best._asdict() if t.best else None)
         rows.append(row)

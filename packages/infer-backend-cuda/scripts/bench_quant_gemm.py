@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from bench_skinny_gemm import BW, MODEL_SHAPES
-from graph_timing import graph_replay_us
+from bench_skinny_gemm import MODEL_SHAPES
+from graph_timing import copy_bandwidth, graph_replay_us
 from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, split_k, tuned_table
 
 DECODE_SHAPES = ("qkv", "o_proj", "gate_up", "down")
@@ -180,7 +180,7 @@ class Tuning:
         best_us, best = min(self.timed, key=lambda t: t[0]) if self.timed else (float("nan"), None)
         default_us = next((us for us, cfg in self.timed if cfg == self.default), float("nan"))
         return dict(fmt=self.fmt, m=self.m, shape=self.shape, n=n, k=k,
-                    floor_us=round(self.case.nbytes / BW * 1e6, 2), default_us=round(default_us, 2),
+                    floor_us=round(self.case.nbytes / copy_bandwidth() * 1e6, 2), default_us=round(default_us, 2),
                     best_us=round(best_us, 2), cublas_bf16_us=round(self.cublas, 2), tried=len(self.timed),
                     default=tuple(self.default), best=tuple(best) if best else None)
 

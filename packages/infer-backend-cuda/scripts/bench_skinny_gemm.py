@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from graph_timing import tune_against
+from graph_timing import copy_bandwidth, tune_against
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import skinny_gemm as S, tuned_table
 from infer_backend_cuda.ops import CudaMathOps
@@ -43,7 +43,6 @@ NORMED = ("in_proj", "qkv", "gate_up")  # the linears after a residual add + RMS
 def op_shapes(shapes: dict[str, tuple[int, int]]) -> dict[str, tuple[str, ...]]:
     """Which shapes each op serves in a decode layer."""
     return {"linear": tuple(shapes), "add_rms_norm_linear": tuple(s for s in NORMED if s in shapes)}
-BW = 4.27e12  # D2D copy bandwidth (read + write) measured on the H200 (docs/benchmarks.md)
 
 
 def dot_candidates() -> list[S.SkinnyConfig]:
@@ -134,7 +133,7 @@ def main() -> None:
                 t = tune_against(case.baseline, case.skinny, configs, len(case.ws), 0.05,
                                  lambda _: time.perf_counter() - t_start > args.budget_s)
                 row = dict(op=op, m=m, shape=shape, n=n, k=k, baseline_us=round(t.baseline_us, 2),
-                           skinny_us=round(t.best_us, 2), floor_us=round(nbytes / BW * 1e6, 2),
+                           skinny_us=round(t.best_us, 2), floor_us=round(nbytes / copy_bandwidth() * 1e6, 2),
                            baseline_tbps=round(nbytes / t.baseline_us / 1e6, 2),
                            skinny_tbps=round(nbytes / t.best_us / 1e6, 2), configs_tried=t.tried,
                            best=t.best._asdict() if t.best else None)

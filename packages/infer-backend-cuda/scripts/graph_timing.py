@@ -9,6 +9,16 @@ from typing import Callable, Generic, NamedTuple, Sequence, TypeVar
 import torch
 
 
+# Device-to-device copy bandwidth (read + write, B/s) that bench/decode_roofline.py measured on each GPU: the rate of
+# the benches' floor columns. H200 4.27 TB/s (2026-11-29), H100 80GB HBM3 3.03 TB/s (twenty-first session).
+COPY_BANDWIDTH = {"NVIDIA H200": 4.27e12, "NVIDIA H100 80GB HBM3": 3.03e12}
+
+
+def copy_bandwidth() -> float:
+    """This GPU's copy rate from COPY_BANDWIDTH (the H200's for a GPU it lacks)."""
+    return COPY_BANDWIDTH.get(torch.cuda.get_device_name(), COPY_BANDWIDTH["NVIDIA H200"])
+
+
 def graph_replay_us(call: Callable[[int], object], calls: int, reps: int = 20) -> float:
     """Microseconds of GPU time per call: `call(0) .. call(calls - 1)` captured in one graph (each warmed up first,
     and once more on a side stream as the torch docs recommend), the median of `reps` replays / `calls`."""
