@@ -3,6 +3,9 @@
 #   CALL=ttft: BF16 decode replays at 1, 2 and 4 rows (context 400; on an H100 the skinny table's new H100 entries),
 #           then BF16 chat at qps LEVELS (1,8,32) with per-request timelines (`serve_sweep.py --timeline`): the client
 #           TTFT p99 against the server's TTFT histogram, after the tokenizer tables moved to asset loading.
+#   CALL=cap: BF16 chat at qps CAP_LEVELS (8,32) with timelines on engines whose prefill_tokens_while_decoding is each of
+#           CAPS (0 64 128): at qps 32 most gaps above twice the median are mixed steps (a ~137-token prompt beside ~85
+#           decodes, padded to the 256-token graph); a cap spreads a prompt over steps of the 128-token graph.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=ttft COMMIT=abc1234 bash scripts/device_session21.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
@@ -18,6 +21,12 @@ case ${CALL:-ttft} in
       grep -E "time_to_first_token_seconds_bucket\{le=\"0.(04|06|1|25)\"|time_to_first_token_seconds_count" \
         "$LOGS/metrics_bf16.txt"
     fi ;;
+  cap)
+    for cap in ${CAPS:-0 64 128}; do
+      engine_up "cap$cap" RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=$cap || continue
+      sweep "cap${cap}_chat" "${CAP_LEVELS:-8,32}" --timeline
+      engine_down "cap$cap"; pack
+    done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
