@@ -6,6 +6,8 @@
 #   CALL=cap: BF16 chat at qps CAP_LEVELS (8,32) with timelines on engines whose prefill_tokens_while_decoding is each of
 #           CAPS (0 64 128): at qps 32 most gaps above twice the median are mixed steps (a ~137-token prompt beside ~85
 #           decodes, padded to the 256-token graph); a cap spreads a prompt over steps of the 128-token graph.
+#   CALL=final: chat on bench/serve_h200.toml as committed (its prefill cap included): BF16 at qps BF16_LEVELS (1,8,32),
+#           then FP8 (qwen3-4b-fp8 dummy) at qps FP8_LEVELS (8,32): issue 15's FP8-against-BF16 ITL p50 at qps 32.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=ttft COMMIT=abc1234 bash scripts/device_session21.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
@@ -26,6 +28,13 @@ case ${CALL:-ttft} in
       engine_up "cap$cap" RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=$cap || continue
       sweep "cap${cap}_chat" "${CAP_LEVELS:-8,32}" --timeline
       engine_down "cap$cap"; pack
+    done ;;
+  final)
+    for run in "bf16:qwen3-4b:${BF16_LEVELS:-1,8,32}" "fp8:qwen3-4b-fp8:${FP8_LEVELS:-8,32}"; do
+      IFS=: read -r fmt model levels <<< "$run"
+      engine_up "$fmt" RUSTINFER_MODEL="$(model_dir "$model")" RUSTINFER_MAX_MODEL_LEN=32768 || continue
+      sweep "${fmt}_chat" "$levels"
+      engine_down "$fmt"; pack
     done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
