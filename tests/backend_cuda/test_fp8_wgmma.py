@@ -73,7 +73,7 @@ def test_qwen3_4b_shapes_against_the_w8a8_reference_and_the_mid_gemm(m):
         x = x.to(torch.bfloat16)
         y = _wgmma(x, codes, scale_inv, scale_row, out=poison(torch.empty((m, n), dtype=torch.bfloat16,
                                                                           device="cuda")))
-        ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128).float()
+        ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, None).float()
         torch.testing.assert_close(y.float().cpu(), ref, atol=1e-2 * ref.abs().max().item(), rtol=2e-2)
         mid = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=G.MidConfig(64, 128, 4, 4))
         torch.testing.assert_close(y, mid, atol=2e-3 * mid.float().abs().max().item(), rtol=1e-2)
