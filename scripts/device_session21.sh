@@ -8,9 +8,8 @@
 #           decodes, padded to the 256-token graph); a cap spreads a prompt over steps of the 128-token graph.
 #   CALL=final: chat on bench/serve_h200.toml as committed (its prefill cap included): BF16 at qps BF16_LEVELS (1,8,32),
 #           then FP8 (qwen3-4b-fp8 dummy) at qps FP8_LEVELS (8,32): issue 15's FP8-against-BF16 ITL p50 at qps 32.
-#   CALL=wgmma: the Gluon block-FP8 GEMM (kernels/fp8_wgmma.py): its GPU tests, then bench_fp8_wgmma.py against the
-#           FP8 path the model runs now at 16-128 rows (Qwen3-4B shapes). Predicted at 128 rows: gate_up near its
-#           50 MB weight floor (~17 us on an H100) against 35 us for the mid GEMM and 31.6 for cuBLASLt.
+#   CALL=wgmma (c5c7170, removed with the kernel after calls 7 and 8): the Gluon block-FP8 GEMM's GPU tests and
+#           bench_fp8_wgmma.py; docs/benchmarks.md, twenty-first session.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=ttft COMMIT=abc1234 bash scripts/device_session21.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline
@@ -39,11 +38,6 @@ case ${CALL:-ttft} in
       sweep "${fmt}_chat" "$levels"
       engine_down "$fmt"; pack
     done ;;
-  wgmma)
-    gpu_tests wgmma 100 tests/backend_cuda/test_fp8_wgmma.py
-    timeout "${WGMMA_TIMEOUT:-150}" python3 "$SCRIPTS/bench_fp8_wgmma.py" --ms "${MS:-16,32,64,96,128}" \
-      --json "$LOGS/wgmma.json" > "$LOGS/wgmma.log" 2>&1
-    echo "bench_fp8_wgmma rc=$?"; grep -v "^\s*$" "$LOGS/wgmma.log" | grep -v "leaked\|nanobind\|skipped rem" | tail -40 ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
