@@ -4,8 +4,8 @@
 #           then BF16 chat at qps LEVELS (1,8,32) with per-request timelines (`serve_sweep.py --timeline`): the client
 #           TTFT p99 against the server's TTFT histogram, after the tokenizer tables moved to asset loading.
 #   CALL=cap: BF16 chat at qps CAP_LEVELS (8,32) with timelines on engines whose prefill_tokens_while_decoding is each of
-#           CAPS (0 64 128): at qps 32 most gaps above twice the median are mixed steps (a ~137-token prompt beside ~85
-#           decodes, padded to the 256-token graph); a cap spreads a prompt over steps of the 128-token graph.
+#           CAPS (0 64 128): at qps 32 most gaps above twice the median are mixed steps; with no cap two ~137-token
+#           prompts can share a step beside ~85 decodes (the 512-token graph), with a cap of 128-192 a step carries one.
 #   CALL=final: chat on bench/serve_h200.toml as committed (its prefill cap included): BF16 at qps BF16_LEVELS (1,8,32),
 #           then FP8 (qwen3-4b-fp8 dummy) at qps FP8_LEVELS (8,32): issue 15's FP8-against-BF16 ITL p50 at qps 32.
 #   CALL=wgmma (c5c7170, removed with the kernel after calls 7 and 8): the Gluon block-FP8 GEMM's GPU tests and
