@@ -31,7 +31,7 @@ def complete(cluster: ServedCluster, prompt: list[int], max_tokens: int = 8) -> 
 def test_a_failed_step_fails_its_requests_and_the_worker_serves_on(tmp_path: Path, tiny_model_dir: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFER_WORKER_FAULT_ON_TOKEN", str(FAULT))
-    cluster = ServedCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=1024, block_size=4,
+    cluster = ServedCluster(tmp_path, model=str(tiny_model_dir), model_name=MODEL, num_blocks=2048, block_size=4,
                             request_timeout_secs=120.0)
     cluster.start(timeout=300)
     try:
@@ -44,8 +44,9 @@ def test_a_failed_step_fails_its_requests_and_the_worker_serves_on(tmp_path: Pat
         events: list[Any] = []
         started = threading.Event()
 
-        def stream() -> None:  # decodes for a long time: it shares the poisoned request's step
-            body = {"model": MODEL, "prompt": [7, 8, 9], "temperature": 0, "max_tokens": 2000, "ignore_eos": True,
+        def stream() -> None:  # decodes for a long time: it shares the poisoned request's step (on a loaded 2-core
+            # machine 2,000 tokens of the tiny model once ended before the poisoned request was scheduled)
+            body = {"model": MODEL, "prompt": [7, 8, 9], "temperature": 0, "max_tokens": 4000, "ignore_eos": True,
                     "stream": True}
             with httpx.stream("POST", f"{cluster.url}/v1/completions", json=body, timeout=120) as resp:
                 for line in resp.iter_lines():
