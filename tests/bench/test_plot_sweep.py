@@ -44,7 +44,8 @@ def record_bodies(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     bodies: list[dict] = []
 
     def recording(request: httpx.Request) -> httpx.Response:
-        bodies.append(json.loads(request.content))
+        if request.method == "POST":  # not the GET with which each client opens its connection
+            bodies.append(json.loads(request.content))
         return fake_chat_stream(request)
 
     monkeypatch.setattr(httpx, "AsyncClient",
@@ -60,8 +61,10 @@ def sweep_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     paths = []
     for label in ("baseline", "candidate"):
         out = tmp_path / f"{label}.json"
+        # seed 1: every level's first arrival (Poisson from the start) within its 0.2 s (0.072 s at qps 2)
         monkeypatch.setattr(sys, "argv", ["serve_sweep.py", "--model", "fake", "--qps", "2,4,8", "--duration", "0.2",
-                                          "--max-tokens", str(OUTPUT_TOKENS), "--label", label, "--out", str(out)])
+                                          "--max-tokens", str(OUTPUT_TOKENS), "--label", label, "--out", str(out),
+                                          "--seed", "1"])
         serve_sweep.main()
         paths.append(out)
     return paths
