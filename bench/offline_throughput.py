@@ -20,10 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
-from client_processes import run_in_processes, start_time  # noqa: E402
+from client_processes import load_client, run_in_processes, start_time  # noqa: E402
 from host_budget import HostBudget  # noqa: E402
 from sse_tokens import token_text  # noqa: E402
 
@@ -47,9 +46,8 @@ async def drive(url: str, model: str, jobs: list[Job], timeline: bool,
                 start_at: float) -> tuple[list[int], list[Mark], float, float]:
     """Submits every job at wall-clock time `start_at`: (output tokens a job, the streamed marks, the wall-clock time
     the jobs were submitted, the time the last one ended)."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     marks: list[Mark] = []
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+    async with load_client(url) as client:
 
         async def one(prompt: list[int], n_out: int) -> int:
             body = {"model": model, "prompt": prompt, "max_tokens": n_out, "temperature": 0, "ignore_eos": True}

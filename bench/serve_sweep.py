@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ holds host_budget, also when loaded by path
-from client_processes import run_in_processes, start_time  # noqa: E402
+from client_processes import load_client, run_in_processes, start_time  # noqa: E402
 import itl_gaps  # noqa: E402
 from host_budget import HostBudget, describe  # noqa: E402
 import request_phases  # noqa: E402
@@ -206,11 +206,7 @@ async def drive(url: str, model: str, qps: float, duration: float, max_tokens: i
     """Poisson arrivals at `qps` for `duration` seconds from wall-clock time `start_at`; the records and the wall
     time until the last request ended."""
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
-        # A client process's first request pays httpx's own set-up and a connection (~0.1 s, measured): done here,
-        # before the level, it is not counted as the server's TTFT.
-        await client.get(f"{url}/health")
+    async with load_client(url) as client:
         await asyncio.sleep(max(0.0, start_at - time.time()))
         tasks: list[asyncio.Task[RequestRecord]] = []
         start = time.perf_counter()
