@@ -34,6 +34,7 @@ if not _has_cuda():
 XDIST_WORKERS = 2
 SERIAL = "serial"
 PARALLEL_DIRS = frozenset({"backend_cuda", "backend_cpu", "architecture"})  # no processes of their own, no ports
+_SERIAL_UNITS = pytest.StashKey[bool]()  # set where this run schedules SERIAL and PARALLEL_DIRS' tests as above
 
 
 def work_unit(nodeid: str) -> str:
@@ -57,9 +58,6 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     option.dist = "loadscope"
     option.loadscopereorder = True  # the largest unit (SERIAL) first, so that it starts at once
     config.stash[_SERIAL_UNITS] = True
-
-
-_SERIAL_UNITS = pytest.StashKey[bool]()
 
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: without xdist installed (the GPU image) it is never called
