@@ -38,7 +38,7 @@ import triton.language as tl
 from infer_backend_cuda.kernels import split_k, tuned_table
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
 from infer_backend_cuda.kernels.skinny_gemm import MAX_M as SKINNY_MAX_M
-from infer_backend_cuda.kernels.skinny_gemm import gated_epilogue
+from infer_backend_cuda.kernels.skinny_gemm import gated_epilogue, gated_weight_rows
 
 # From 2 rows: at 2-8 rows it serves the shapes the skinny GEMM's table leaves to cuBLAS (o_proj / down on the
 # H200: 40 column tiles without split-K were too few programs), its rows padded to 16. One row is the skinny GEMM's.
@@ -83,13 +83,8 @@ def _mid_gemm_kernel(
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
-    if GATED:  # gate row c, then up row c, for each output column c (pairs adjacent: the epilogue splits them)
-        HALF_N: tl.constexpr = BLOCK_N // 2
-        j = tl.arange(0, BLOCK_N)
-        col = pid_n * HALF_N + j // 2
-        n_mask = col < N // 2
-        col = col % (N // 2)
-        rn = tl.where(j % 2 == 0, col, N // 2 + col)
+    if GATED:
+        rn, n_mask = gated_weight_rows(pid_n, N, BLOCK_N)
         rn_load = rn
     else:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

@@ -108,12 +108,8 @@ def _skinny_gemm_kernel(
         if not PREFETCH:
             tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
-    if GATED:  # gate row c, then up row c, for each output column c (pairs adjacent: the epilogue splits them)
-        HALF_N: tl.constexpr = BLOCK_N // 2
-        j = tl.arange(0, BLOCK_N)
-        col = pid * HALF_N + j // 2
-        rn = tl.where(j % 2 == 0, col, N // 2 + col)
-        n_mask = col < N // 2
+    if GATED:
+        rn, n_mask = gated_weight_rows(pid, N, BLOCK_N)
     else:
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = rn < N
@@ -181,6 +177,19 @@ def _skinny_gemm_kernel(
     else:
         out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def gated_weight_rows(pid, N, BLOCK_N: tl.constexpr):
+    """The weight rows of a gated program (weight `[gate | up]`, `N` rows): gate row c, then up row c, for each of
+    its `BLOCK_N / 2` output columns c, the pairs adjacent for `gated_epilogue` to split. Returns the rows, in
+    bounds (a column past the last one wraps to the first ones, its lanes masked), and the mask of the real columns."""
+    HALF_N: tl.constexpr = BLOCK_N // 2
+    j = tl.arange(0, BLOCK_N)
+    col = pid * HALF_N + j // 2
+    n_mask = col < N // 2
+    col = col % (N // 2)
+    return tl.where(j % 2 == 0, col, N // 2 + col), n_mask
 
 
 @triton.jit
