@@ -1,6 +1,7 @@
 """The paged prefill attention kernel alone at long-prompt shapes: one `--tokens`-long prompt prefilled in chunks
 of each `--chunks` size (as the scheduler splits it: each chunk attends causally to itself and to the paged cache
-of all earlier chunks), timed per launch with CUDA events, for the default tile config and candidates.
+of all earlier chunks), timed per launch (CUDA graph replays of ten launches, CUDA events), for the default tile
+config and candidates.
 
     python bench/attention_prefill.py                       # Qwen3-4B shape, 16k tokens in 1, 2 and 8 chunks
     python bench/attention_prefill.py --head-dim 256 --heads 16 --kv-heads 4    # Qwen3.5's full-attention layers
@@ -44,23 +45,35 @@ def chunk_flops(q_len: int, ctx: int, heads: int, head_dim: int) -> float:
     return 4.0 * head_dim * heads * (q_len * (ctx - q_len) + q_len * (q_len + 1) / 2)
 
 
-def time_call(fn: Callable[[], object], device: str, reps: int) -> float:
-    """Median seconds of one call (CUDA events on the GPU)."""
+def time_call(fn: Callable[[], object], device: str, reps: int, per_sample: int = 10) -> float:
+    """Median seconds of one call. On the GPU: replays of a CUDA graph of `per_sample` calls, timed with CUDA
+    events, so that the host's launch time (tens of microseconds a Triton launch, as long as a 512-token chunk's
+    kernel) is not counted, as in the served engine's graphs."""
     fn()
     fn()
-    samples = []
-    for _ in range(reps):
-        if device == "cuda":
+    if device == "cuda":
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            for _ in range(per_sample):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph.replay()
+        samples = []
+        for _ in range(reps):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            fn()
+            graph.replay()
             end.record()
             end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t)
+            samples.append(start.elapsed_time(end) / 1e3 / per_sample)
+        return statistics.median(samples)
+    samples = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
     return statistics.median(samples)
 
 
