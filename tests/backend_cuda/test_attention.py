@@ -51,11 +51,6 @@ PREFILL_TILED = [
     (([100, 1, 70], [180, 333, 70], 8, 2, 32, 16), (128, 128, 8, 2)),
     # GQA 3 (a token's heads straddle row tiles) with 64-row tiles over 32-key tiles, a prefix of 37.
     (([50, 5], [87, 5], 6, 2, 16, 16), (64, 32, 4, 2)),
-    # The key loop that issues the next tile's scores before this tile's softmax (a fifth config element of 1), on
-    # the cases above: tiles with no whole key tile before them, with exactly one (the peeled tile alone) and more.
-    (([40, 33, 20, 1], [53, 47, 35, 70], 4, 2, 16, 8), (32, 16, 4, 1, 1)),
-    (([100, 1, 70], [180, 333, 70], 8, 2, 32, 16), (128, 128, 8, 2, 1)),
-    (([50, 5], [87, 5], 6, 2, 16, 16), (64, 32, 4, 2, 1)),
 ]
 # (ctx_lens, Hq, Hkv, head_dim, block_size, num_splits)
 DECODE_SMALL = [
@@ -202,7 +197,6 @@ def test_mixed_split_with_gpu_tiles(device):
     case = ([40, 1, 70, 1, 1, 33], [45, 90, 70, 17, 3, 100], 8, 2, 32, 16, 2)
     _mixed(case, torch.float32, device, config=(128, 64, 8, 3))
     _mixed(case, torch.float32, device, config=(128, 128, 8, 2))
-    _mixed(case, torch.float32, device, config=(128, 128, 8, 2, 1))
 
 
 def test_ragged_decode_refuses_a_query_start_loc_of_another_batch(device):

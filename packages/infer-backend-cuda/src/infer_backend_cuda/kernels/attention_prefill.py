@@ -102,18 +102,9 @@ def _kv_tile(
         m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
         m_ref = m_new
         p = tl.exp2(s * qk_scale - m_ref[:, None])
-    acc, l_i = _rescale_and_pv(acc, l_i, m_i, m_ref, p, q, v_base, kv_off, kv_mask, CAUSAL_MASK or BLOCK_D != HEAD_DIM,
-                               DOT_F32)
-    return acc, l_i, m_new
-
-
-@triton.jit
-def _rescale_and_pv(acc, l_i, m_i, m_ref, p, q, v_base, kv_off, kv_mask, MASKED: tl.constexpr,
-                    DOT_F32: tl.constexpr):
-    """The accumulator and row sums rescaled from the running max `m_i` to `m_ref`, plus the tile's `p` and `p V`."""
     alpha = tl.exp2(m_i - m_ref)
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if MASKED:
+    if CAUSAL_MASK or BLOCK_D != HEAD_DIM:
         v = tl.load(v_base + kv_off, mask=kv_mask, other=0.0)
     else:
         v = tl.load(v_base + kv_off)
@@ -122,40 +113,6 @@ def _rescale_and_pv(acc, l_i, m_i, m_ref, p, q, v_base, kv_off, kv_mask, MASKED:
         acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     else:
         acc = tl.dot(p.to(q.dtype), v.to(q.dtype), acc)
-    return acc, l_i
-
-
-@triton.jit
-def _kv_offsets(bt_row, start, offs_d, kv_s0, kv_s1, PAGE: tl.constexpr, OFF64: tl.constexpr,
-                BLOCK_N: tl.constexpr):
-    """The K / V element offsets `[BLOCK_N, BLOCK_D]` of the whole key tile at `start` (every key visible)."""
-    offs_n = start + tl.arange(0, BLOCK_N)
-    page = tl.load(bt_row + offs_n // PAGE)
-    if OFF64:
-        page = page.to(tl.int64)
-    return (page * kv_s0 + (offs_n % PAGE) * kv_s1)[:, None] + offs_d[None, :]
-
-
-@triton.jit
-def _scores(q, k_base, kv_off, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr):
-    """`q K^T` of a whole key tile (unscaled)."""
-    if BLOCK_D != HEAD_DIM:
-        k = tl.load(k_base + kv_off, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
-    else:
-        k = tl.load(k_base + kv_off)
-    if DOT_F32:
-        return tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-    return tl.dot(q, tl.trans(k.to(q.dtype)))
-
-
-@triton.jit
-def _softmax_pv(acc, l_i, m_i, s, q, v_base, kv_off, offs_d, qk_scale, HEAD_DIM: tl.constexpr,
-                BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr):
-    """The online softmax of a whole key tile's scores `s` and its `p V` into the accumulator."""
-    m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
-    p = tl.exp2(s * qk_scale - m_new[:, None])
-    acc, l_i = _rescale_and_pv(acc, l_i, m_i, m_new, p, q, v_base, kv_off, (offs_d < HEAD_DIM)[None, :],
-                               BLOCK_D != HEAD_DIM, DOT_F32)
     return acc, l_i, m_new
 
 
@@ -190,7 +147,6 @@ def _prefill_kernel(
     USE_PDL: tl.constexpr,
     BLOCK_B: tl.constexpr,
     SKIP_SINGLE: tl.constexpr,
-    PIPE_QK: tl.constexpr,
 ):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
@@ -239,26 +195,9 @@ def _prefill_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * bt_s0
     k_base = k_cache_ptr + kvh * kv_s2
     v_base = v_cache_ptr + kvh * kv_s2
-    if PIPE_QK:
-        # The next tile's q K^T is issued before this tile's softmax, so that its MMAs can run while the softmax
-        # keeps the CUDA cores and the exp2 units busy (FlashAttention-3's intra-warpgroup overlap, by hand); the
-        # last whole tile is peeled off so that no scores past it are computed.
-        if full_end > 0:
-            kv_off = _kv_offsets(bt_row, 0, offs_d, kv_s0, kv_s1, PAGE, OFF64, BLOCK_N)
-            s = _scores(q, k_base, kv_off, offs_d, HEAD_DIM, BLOCK_D, DOT_F32)
-            for start in range(0, full_end - BLOCK_N, BLOCK_N):
-                kv_off_next = _kv_offsets(bt_row, start + BLOCK_N, offs_d, kv_s0, kv_s1, PAGE, OFF64, BLOCK_N)
-                s_next = _scores(q, k_base, kv_off_next, offs_d, HEAD_DIM, BLOCK_D, DOT_F32)
-                acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, q, v_base, kv_off, offs_d, qk_scale, HEAD_DIM,
-                                            BLOCK_D, DOT_F32)
-                s = s_next
-                kv_off = kv_off_next
-            acc, l_i, m_i = _softmax_pv(acc, l_i, m_i, s, q, v_base, kv_off, offs_d, qk_scale, HEAD_DIM, BLOCK_D,
-                                        DOT_F32)
-    else:
-        for start in range(0, full_end, BLOCK_N):
-            acc, l_i, m_i = _kv_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, start, kv_end, q_pos, offs_d,
-                                     kv_s0, kv_s1, qk_scale, PAGE, OFF64, HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_F32)
+    for start in range(0, full_end, BLOCK_N):
+        acc, l_i, m_i = _kv_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, start, kv_end, q_pos, offs_d,
+                                 kv_s0, kv_s1, qk_scale, PAGE, OFF64, HEAD_DIM, BLOCK_N, BLOCK_D, False, DOT_F32)
     for start in range(full_end, kv_end, BLOCK_N):
         acc, l_i, m_i = _kv_tile(acc, l_i, m_i, q, k_base, v_base, bt_row, start, kv_end, q_pos, offs_d,
                                  kv_s0, kv_s1, qk_scale, PAGE, OFF64, HEAD_DIM, BLOCK_N, BLOCK_D, True, DOT_F32)
@@ -269,9 +208,8 @@ def _prefill_kernel(
     tl.store(o_ptr + o_off, out.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) of a launch, optionally with a fifth element: 1 for the key loop
-# that issues the next tile's q K^T before this tile's softmax (`PIPE_QK`), 0 (the default) for the plain one.
-PrefillConfig = tuple[int, int, int, int] | tuple[int, int, int, int, int]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) of a launch.
+PrefillConfig = tuple[int, int, int, int]
 
 
 def _prefill_config(head_dim: int, element_size: int) -> PrefillConfig:
@@ -325,7 +263,7 @@ def paged_attention_prefill(
     n_seq = seq_lens.shape[0]
     if n_tok == 0 or n_seq == 0 or max_query_len <= 0:
         return out
-    bm, bn, num_warps, num_stages, *pipe = config or _prefill_config(head_dim, q.element_size())
+    bm, bn, num_warps, num_stages = config or _prefill_config(head_dim, q.element_size())
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     group = num_q_heads // num_kv_heads
     # Every sequence's tiles but its last are full, so the batch has at most cdiv(T * group, bm) + B of them.
@@ -359,7 +297,6 @@ def paged_attention_prefill(
         DOT_F32=dot_in_fp32(q.dtype),
         BLOCK_B=ragged_block_b(n_seq),
         SKIP_SINGLE=skip_single_token,
-        PIPE_QK=bool(pipe and pipe[0]),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
