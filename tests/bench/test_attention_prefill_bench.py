@@ -30,3 +30,16 @@ def test_dry_run_table(monkeypatch, capsys):
     assert [(r[0], r[2], r[3]) for r in rows] == [("1", "40", "default"), ("1", "40", "32,16,4,1"),
                                                   ("3", "16", "default"), ("3", "16", "32,16,4,1")]
     assert all(float(r[-1]) < 2e-2 for r in rows)  # max |diff| from the first config (bf16)
+
+
+@pytest.mark.parametrize("backend", [None, "math"])
+def test_sdpa_yardstick_equals_the_kernel_on_the_last_chunk(backend) -> None:  # noqa: ANN001
+    """The sdpa rows' dense K/V, lower-right causal mask and forced backend compute the chunk the paged kernel does."""
+    import argparse
+
+    args = argparse.Namespace(device="cpu", block_size=4, tokens=40, kv_heads=2, head_dim=16, heads=4)
+    prompt = bench.Prompt(args)
+    start, n = 24, 16
+    prompt.kernel(start, n, None)()
+    got = prompt.sdpa(start, n, backend)()[0].transpose(0, 1)
+    torch.testing.assert_close(got.float(), prompt.out[start : start + n].float(), atol=2e-2, rtol=2e-2)
