@@ -7,7 +7,7 @@
 #           1-16 rows (context 400). The sixteenth session had 64:4:3 at 45.9 against 53.8 us a layer at 12 x 3,000 in
 #           the plain kernel, and slower in the model at 64 rows, where its 512 programs need 1.3 waves. Last, the
 #           decode attention's GPU tests on the tree's stage rule.
-# Ran once (call 5, tree 043c98f plus a decode stage rule, both dropped after it: 6cd9c9e reverted PIPE_QK, so the
+# Ran once (call 5, tree 043c98f plus a decode stage rule, both dropped after it: 4b72b02 reverted PIPE_QK, so the
 # `,1` configs no longer parse; docs/benchmarks.md, twenty-third session). The sdpa part now lives in
 # `bench/attention_prefill.py --sdpa-backends cudnn flash`.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=stages COMMIT=abc1234 bash scripts/device_session23.sh
