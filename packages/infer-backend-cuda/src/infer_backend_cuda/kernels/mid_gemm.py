@@ -84,7 +84,7 @@ def _mid_gemm_kernel(
         tl.extra.cuda.gdc_wait()
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     if GATED:
-        rn, n_mask = gated_weight_rows(pid_n, N, BLOCK_N)
+        rn, n_mask = gated_weight_rows(pid_n, N, BLOCK_N, True)
         rn_load = rn
     else:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

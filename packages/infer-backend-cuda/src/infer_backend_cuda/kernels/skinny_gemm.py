@@ -109,7 +109,7 @@ def _skinny_gemm_kernel(
             tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     if GATED:
-        rn, n_mask = gated_weight_rows(pid, N, BLOCK_N)
+        rn, n_mask = gated_weight_rows(pid, N, BLOCK_N, False)
     else:
         rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         n_mask = rn < N
@@ -180,15 +180,17 @@ def _skinny_gemm_kernel(
 
 
 @triton.jit
-def gated_weight_rows(pid, N, BLOCK_N: tl.constexpr):
+def gated_weight_rows(pid, N, BLOCK_N: tl.constexpr, IN_BOUNDS: tl.constexpr):
     """The weight rows of a gated program (weight `[gate | up]`, `N` rows): gate row c, then up row c, for each of
-    its `BLOCK_N / 2` output columns c, the pairs adjacent for `gated_epilogue` to split. Returns the rows, in
-    bounds (a column past the last one wraps to the first ones, its lanes masked), and the mask of the real columns."""
+    its `BLOCK_N / 2` output columns c, the pairs adjacent for `gated_epilogue` to split; and the mask of the real
+    columns. IN_BOUNDS: a column past the last one wraps to the first ones (for unmasked loads; an integer modulo
+    by N that kernels masking their loads leave out)."""
     HALF_N: tl.constexpr = BLOCK_N // 2
     j = tl.arange(0, BLOCK_N)
     col = pid * HALF_N + j // 2
     n_mask = col < N // 2
-    col = col % (N // 2)
+    if IN_BOUNDS:
+        col = col % (N // 2)
     return tl.where(j % 2 == 0, col, N // 2 + col), n_mask
 
 
