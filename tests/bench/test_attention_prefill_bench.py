@@ -37,9 +37,10 @@ def test_sdpa_yardstick_equals_the_kernel_on_the_last_chunk(backend) -> None:  #
     """The sdpa rows' dense K/V, lower-right causal mask and forced backend compute the chunk the paged kernel does."""
     import argparse
 
-    args = argparse.Namespace(device="cpu", block_size=4, tokens=40, kv_heads=2, head_dim=16, heads=4)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU machine the kernel runs compiled
+    args = argparse.Namespace(device=device, block_size=4, tokens=40, kv_heads=2, head_dim=16, heads=4)
     prompt = bench.Prompt(args)
     start, n = 24, 16
     prompt.kernel(start, n, None)()
     got = prompt.sdpa(start, n, backend)()[0].transpose(0, 1)
-    torch.testing.assert_close(got.float(), prompt.out[start : start + n].float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got.float().cpu(), prompt.out[start : start + n].float().cpu(), atol=2e-2, rtol=2e-2)
