@@ -1,11 +1,12 @@
 """The paged prefill attention kernel alone at long-prompt shapes: one `--tokens`-long prompt prefilled in chunks
 of each `--chunks` size (as the scheduler splits it: each chunk attends causally to itself and to the paged cache
-of all earlier chunks), timed per launch (CUDA graph replays of ten launches, CUDA events), for the default tile
-config and candidates.
+of all earlier chunks), timed per launch (CUDA graph replays of ten launches, CUDA events), for the default kernel
+(with INFER_CUDA_GLUON_PREFILL=1, on Hopper at head_dim 128, the Gluon kernel `attention_prefill_gluon.py`), the Triton
+kernel's default tile (`triton`) and other Triton tiles.
 
     python bench/attention_prefill.py                       # Qwen3-4B shape, 16k tokens in 1, 2 and 8 chunks
     python bench/attention_prefill.py --head-dim 256 --heads 16 --kv-heads 4    # Qwen3.5's full-attention layers
-    python bench/attention_prefill.py --configs default 64,64,4,2 --chunks 8192
+    python bench/attention_prefill.py --configs default triton 64,64,4,2 --chunks 8192
 
 Prints per (chunk size, config): the kernel time of one layer for the whole prompt, its TFLOP/s (4 * D * Hq per
 visible query-key pair), the time x `--layers`, and the same for the prompt's last chunk alone (the one after
@@ -32,12 +33,16 @@ from infer_backend_cuda.kernels import attention_prefill
 Config = tuple[int, int, int, int] | None  # (BLOCK_M, BLOCK_N, num_warps, num_stages); None: the kernel's choice
 # Tried after the default when --configs is not given, per head_dim class (64,64,4,2 was the tile before the
 # 128-row one; 128,128,8,2 and 128,32,8,2 are at the edge of the registers on sm_90).
-CANDIDATES = {128: ["default", "64,64,4,3", "64,64,4,2", "128,128,8,2"], 256: ["default", "128,32,8,2", "64,32,8,3"]}
+CANDIDATES = {128: ["default", "triton", "64,64,4,2"], 256: ["default", "128,32,8,2", "64,32,8,3"]}
 
 
-def parse_config(text: str) -> Config:
+def parse_config(text: str, head_dim: int = 128) -> Config:
+    """'default': the launcher's choice (the Gluon kernel where enabled and it serves); 'triton': the Triton
+    kernel's default tile; else BLOCK_M,BLOCK_N,warps,stages of the Triton kernel."""
     if text == "default":
         return None
+    if text == "triton":
+        return attention_prefill._prefill_config(head_dim, 2)
     bm, bn, warps, stages = (int(x) for x in text.split(","))
     return bm, bn, warps, stages
 
@@ -145,12 +150,15 @@ def main() -> None:
     args.configs = args.configs or CANDIDATES[128 if args.head_dim <= 128 else 256]
     prompt = Prompt(args)
     default = attention_prefill._prefill_config(args.head_dim, 2)
+    gluon_kernel = attention_prefill.attention_prefill_gluon
+    gluon = gluon_kernel.ENABLED and gluon_kernel.supported(prompt.q, prompt.k_cache)
     print(f"prompt {args.tokens} tokens, Hq {args.heads} Hkv {args.kv_heads} D {args.head_dim}, pages of "
-          f"{args.block_size}; default config {default}; x{args.layers} layers")
+          f"{args.block_size}; 'default' runs the {'Gluon' if gluon else 'Triton'} kernel, 'triton' the Triton tile "
+          f"{default}; x{args.layers} layers")
     print(f"{'chunks':>12} {'config':>14} {'ms/layer':>9} {'TFLOP/s':>8} {'ms x L':>8} | {'last ms':>8} {'TFLOP/s':>8}"
           f" {'max|diff|':>9}")
     variants: list[tuple[str, Callable[[int, int], Callable[[], object]]]] = [
-        (text, lambda s, n, c=parse_config(text): prompt.kernel(s, n, c)) for text in args.configs]
+        (text, lambda s, n, c=parse_config(text, args.head_dim): prompt.kernel(s, n, c)) for text in args.configs]
     if not args.no_sdpa and args.device == "cuda":
         variants.append(("sdpa", prompt.sdpa))
         variants += [(f"sdpa:{be}", lambda s, n, be=be: prompt.sdpa(s, n, be)) for be in args.sdpa_backends]
