@@ -4,6 +4,7 @@ torch reference and the Triton kernel, over the shapes where its masks and stage
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
@@ -26,6 +27,17 @@ def test_the_value_mma_runs_under_the_softmax(skip_single):
     assert waits == {"0", "1"}
     assert "cp.async" in kernel.asm["ptx"]  # the pages are gathered asynchronously
     assert kernel.metadata.shared <= 227 * 1024  # Q, two K and two V tiles of 128 x 128 in one SM's shared memory
+
+
+def test_refuses_a_tile_that_does_not_fit_shared_memory(monkeypatch):
+    monkeypatch.setenv("INFER_CUDA_GLUON_PREFILL_STAGES", "4")  # 4 x 2 x 32 KB of K / V tiles at 128 keys
+    try:
+        with pytest.raises(ValueError, match="keys 128 take 2-3 stages"):
+            importlib.reload(G)
+    finally:
+        monkeypatch.delenv("INFER_CUDA_GLUON_PREFILL_STAGES")
+        importlib.reload(G)
+    assert (G.BLOCK_N, G.STAGES) == (128, 2)
 
 
 def test_serves_only_hopper_bf16_fp16_head_dim_128():

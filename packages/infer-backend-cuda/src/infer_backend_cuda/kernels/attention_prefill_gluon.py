@@ -53,6 +53,9 @@ BLOCK_N = int(os.environ.get("INFER_CUDA_GLUON_PREFILL_KEYS", "128"))
 # INFER_CUDA_GLUON_PREFILL_STAGES for A/B runs; at 128 keys three stages fill 224 of the 227 KB of shared memory.
 STAGES = int(os.environ.get("INFER_CUDA_GLUON_PREFILL_STAGES", "2"))
 NUM_WARPS = 8
+if BLOCK_N not in (64, 128) or not 2 <= STAGES <= (3 if BLOCK_N == 128 else 4):
+    raise ValueError(f"INFER_CUDA_GLUON_PREFILL_KEYS={BLOCK_N} / _STAGES={STAGES}: keys 128 take 2-3 stages, keys 64 "
+                     "take 2-4 (shared memory)")
 # INFER_CUDA_GLUON_PREFILL=1 serves prefill attention with this kernel where it can (A/B runs); off by default: on the
 # H100 it measured 5-10 % below the Triton kernel (docs/benchmarks.md, twenty-fourth session). Read once at import.
 ENABLED_ENV = "INFER_CUDA_GLUON_PREFILL"
