@@ -4,8 +4,8 @@
 #           it now serves, then the kernel alone against the Triton kernel's default tile (`triton`) at the ~3,000-token
 #           workload's chunks and on a 16k prompt (cuDNN's sdpa as the yardstick), then the 500-token step beside 12
 #           decodes at 3k context with it (INFER_CUDA_GLUON_PREFILL=1) and without.
-#   CALL=stages: its GPU tests at 3 stages (128 keys) and 4 (64 keys), then the kernel at 128 / 64 keys x 2-4 stages
-#           against the Triton kernel at the 3k workload's chunks and on a 16k prompt.
+#   CALL=stages: the kernel at 128 keys x 2 / 3 stages and 64 keys x 4 stages against the Triton kernel at the 3k
+#           workload's chunks and on a 16k prompt, then its GPU tests at 3 stages.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=gluon COMMIT=abc1234 bash scripts/device_session24.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, gpu_tests, pack
@@ -20,7 +20,7 @@ mixed_step() {  # mixed_step TAG [env assignments...]: the 3k workload's mixed s
 
 variants() {  # variants TAG ARGS...: bench/attention_prefill.py's default (Gluon) kernel at each keys x stages, then Triton
   local tag=$1; shift
-  for ks in 128:2 128:3 64:3 64:4; do
+  for ks in 128:2 128:3 64:4; do
     INFER_CUDA_GLUON_PREFILL_KEYS=${ks%:*} INFER_CUDA_GLUON_PREFILL_STAGES=${ks#*:} timeout 60 \
       python3 bench/attention_prefill.py --no-sdpa --configs default "$@" > "$LOGS/attention_${tag}_${ks/:/-}.log" 2>&1
     echo "gluon $ks rc=$?"; grep -E "default" "$LOGS/attention_${tag}_${ks/:/-}.log"
@@ -46,11 +46,9 @@ case ${CALL:-gluon} in
     mixed_step triton INFER_CUDA_GLUON_PREFILL=0 ;;
   stages)  # call 2: copies issued STAGES - 1 iterations ahead, at 64 and 128 keys
     export INFER_CUDA_GLUON_PREFILL=1  # 'default' runs the Gluon kernel (off by default since call 1)
-    INFER_CUDA_GLUON_PREFILL_STAGES=3 gpu_tests stages3 150 tests/backend_cuda/test_attention_prefill_gluon.py
-    INFER_CUDA_GLUON_PREFILL_KEYS=64 INFER_CUDA_GLUON_PREFILL_STAGES=4 gpu_tests keys64 150 \
-      tests/backend_cuda/test_attention_prefill_gluon.py
     variants 3k --tokens 3072 --chunks 512 3072
-    variants 16k --tokens 16384 --chunks 16384 ;;
+    variants 16k --tokens 16384 --chunks 16384
+    INFER_CUDA_GLUON_PREFILL_STAGES=3 gpu_tests stages3 150 tests/backend_cuda/test_attention_prefill_gluon.py ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
