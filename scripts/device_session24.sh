@@ -48,7 +48,7 @@ case ${CALL:-gluon} in
     export INFER_CUDA_GLUON_PREFILL=1  # 'default' runs the Gluon kernel (off by default since call 1)
     variants 3k --tokens 3072 --chunks 512 3072
     variants 16k --tokens 16384 --chunks 16384
-    INFER_CUDA_GLUON_PREFILL_STAGES=3 gpu_tests stages3 150 tests/backend_cuda/test_attention_prefill_gluon.py ;;
+    INFER_CUDA_GLUON_PREFILL_STAGES=3 gpu_tests stages3 90 tests/backend_cuda/test_attention_prefill_gluon.py ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
