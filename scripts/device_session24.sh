@@ -4,8 +4,8 @@
 #           it now serves, then the kernel alone against the Triton kernel's default tile (`triton`) at the ~3,000-token
 #           workload's chunks and on a 16k prompt (cuDNN's sdpa as the yardstick), then the 500-token step beside 12
 #           decodes at 3k context with it (INFER_CUDA_GLUON_PREFILL=1) and without.
-#   CALL=stages: the kernel at 128 keys x 2 / 3 stages and 64 keys x 4 stages against the Triton kernel at the 3k
-#           workload's chunks and on a 16k prompt, then its GPU tests at 3 stages.
+#   CALL=stages: the kernel at 128 keys x 3 / 2 stages and 64 keys x 4 stages against the Triton kernel (same process)
+#           at the 3k workload's chunks, 128 x 3 on a 16k prompt, then its GPU tests at 3 stages.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=gluon COMMIT=abc1234 bash scripts/device_session24.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, gpu_tests, pack
@@ -18,19 +18,20 @@ mixed_step() {  # mixed_step TAG [env assignments...]: the 3k workload's mixed s
   echo "mixed $tag rc=$?"; tail -5 "$LOGS/mixed_$tag.log"; pack
 }
 
-variants() {  # variants TAG ARGS...: bench/attention_prefill.py's default (Gluon) kernel at each keys x stages, then Triton
-  local tag=$1; shift
-  for ks in 128:2 128:3 64:4; do
+variants() {  # variants TAG KEYS:STAGES... -- ARGS...: bench/attention_prefill.py, the Gluon kernel at each keys x stages
+  # beside the Triton kernel in the same process (its max|diff| row checks the Gluon output)
+  local tag=$1; shift; local list=(); while [ "$1" != "--" ]; do list+=("$1"); shift; done; shift
+  for ks in "${list[@]}"; do
     INFER_CUDA_GLUON_PREFILL_KEYS=${ks%:*} INFER_CUDA_GLUON_PREFILL_STAGES=${ks#*:} timeout 60 \
-      python3 bench/attention_prefill.py --no-sdpa --configs default "$@" > "$LOGS/attention_${tag}_${ks/:/-}.log" 2>&1
-    echo "gluon $ks rc=$?"; grep -E "default" "$LOGS/attention_${tag}_${ks/:/-}.log"
+      python3 bench/attention_prefill.py --no-sdpa --configs default triton "$@" \
+      > "$LOGS/attention_${tag}_${ks/:/-}.log" 2>&1
+    echo "gluon $ks rc=$?"; grep -E " (default|triton) " "$LOGS/attention_${tag}_${ks/:/-}.log"; pack
   done
-  timeout 60 python3 bench/attention_prefill.py --no-sdpa --configs triton "$@" > "$LOGS/attention_${tag}_triton.log" 2>&1
-  echo "triton rc=$?"; grep -E "triton " "$LOGS/attention_${tag}_triton.log" | grep -v prompt; pack
 }
 
 case ${CALL:-gluon} in
-  gluon)  # call 1 (a6bbc6b + the kernel at 128 keys, 2 stages)
+  gluon)  # call 1 (a6bbc6b + the kernel at 128 keys, 2 stages, on by default then)
+    export INFER_CUDA_GLUON_PREFILL=1  # 'default' runs the Gluon kernel; the mixed steps below set it each way
     gpu_tests gluon 150 tests/backend_cuda/test_attention_prefill_gluon.py tests/backend_cuda/test_attention.py \
       -k "gluon or prefill or mixed"
     timeout 120 python3 bench/attention_prefill.py --tokens 3072 --chunks 512 1024 3072 --no-sdpa \
@@ -46,8 +47,8 @@ case ${CALL:-gluon} in
     mixed_step triton INFER_CUDA_GLUON_PREFILL=0 ;;
   stages)  # call 2: copies issued STAGES - 1 iterations ahead, at 64 and 128 keys
     export INFER_CUDA_GLUON_PREFILL=1  # 'default' runs the Gluon kernel (off by default since call 1)
-    variants 3k --tokens 3072 --chunks 512 3072
-    variants 16k --tokens 16384 --chunks 16384
+    variants 3k 128:3 64:4 128:2 -- --tokens 3072 --chunks 512 3072
+    variants 16k 128:3 -- --tokens 16384 --chunks 16384
     INFER_CUDA_GLUON_PREFILL_STAGES=3 gpu_tests stages3 90 tests/backend_cuda/test_attention_prefill_gluon.py ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
