@@ -29,6 +29,15 @@ def test_the_value_mma_runs_under_the_softmax(skip_single):
     assert kernel.metadata.shared <= 227 * 1024  # Q, two K and two V tiles of 128 x 128 in one SM's shared memory
 
 
+@pytest.mark.parametrize("block_n,stages", [(128, 3), (64, 4)])
+def test_the_a_b_tiles_fit_shared_memory(block_n, stages):
+    """The key tiles and stage counts the switches allow at their largest (the refusal below covers the rest)."""
+    kernel = G.compile_sm90(block_n=block_n, stages=stages)
+    assert kernel.metadata.shared <= 227 * 1024
+    # The loop's wait leaves stages - 2 copy groups in flight: a tile's copies get stages - 1 iterations to land.
+    assert str(stages - 2) in re.findall(r"cp\.async\.wait_group\s+(\d+);", kernel.asm["ptx"])
+
+
 def test_refuses_a_tile_that_does_not_fit_shared_memory(monkeypatch):
     monkeypatch.setenv("INFER_CUDA_GLUON_PREFILL_STAGES", "4")  # 4 x 2 x 32 KB of K / V tiles at 128 keys
     try:

@@ -274,9 +274,10 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: t
     )
 
 
-def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False):  # noqa: ANN201 - a CompiledKernel
-    """The kernel compiled for sm_90 without a GPU (tests check that it builds, its registers and the wait that
-    keeps the value MMA in flight)."""
+def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False, block_n: int | None = None,
+                 stages: int | None = None):  # noqa: ANN201 - a CompiledKernel
+    """The kernel compiled for sm_90 without a GPU, at the module's key tile and stages unless named (tests check
+    that it builds, its shared memory and the wait that keeps the value MMA in flight)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -286,8 +287,8 @@ def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False):  # 
     types |= dict.fromkeys(("qsl_ptr", "seq_lens_ptr", "bt_ptr"), "*i32")
     types |= dict.fromkeys(("q_s0", "q_s1", "o_s0", "o_s1", "kv_s0", "kv_s1", "kv_s2", "bt_s0"), "i32")
     types |= {"qk_scale": "fp32", "n_kv_heads": "i32", "n_seq": "i32"}
-    constexprs = {"PAGE": page, "GROUP": group, "HEAD_DIM": HEAD_DIM, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N,
-                  "STAGES": STAGES, "BLOCK_B": ragged_block_b(1), "SKIP_SINGLE": skip_single, "num_warps": NUM_WARPS}
+    constexprs = {"PAGE": page, "GROUP": group, "HEAD_DIM": HEAD_DIM, "BLOCK_M": BLOCK_M, "BLOCK_N": block_n or BLOCK_N,
+                  "STAGES": stages or STAGES, "BLOCK_B": ragged_block_b(1), "SKIP_SINGLE": skip_single, "num_warps": NUM_WARPS}
     # Launched with 16-divisible pointers and strides (the cache and q strides are multiples of head_dim).
     divisible = pointers + ("q_s0", "q_s1", "o_s0", "o_s1", "kv_s0", "kv_s1", "kv_s2")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
