@@ -267,8 +267,8 @@ def paged_attention_prefill(
         return out
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     if config is None and attention_prefill_gluon.ENABLED and attention_prefill_gluon.supported(q, k_cache):
-        attention_prefill_gluon.launch(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables, scale,
-                                       skip_single_token)
+        attention_prefill_gluon.launch(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
+                                       float(scale) * LOG2_E, skip_single_token)
         return out
     bm, bn, num_warps, num_stages = config or _prefill_config(head_dim, q.element_size())
     group = num_q_heads // num_kv_heads

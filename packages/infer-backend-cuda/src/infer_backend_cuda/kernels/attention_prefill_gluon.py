@@ -43,7 +43,6 @@ from infer_backend_cuda.kernels._ragged import ragged_block_b
 _cp_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
 _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
-LOG2_E = 1.4426950408889634
 HEAD_DIM = 128
 BLOCK_M = 128  # (token, query head) rows: two warpgroups of 64
 # Keys a tile: 128 (the scores tile as wide as the head); INFER_CUDA_GLUON_PREFILL_KEYS=64 for A/B runs (half the
@@ -255,9 +254,10 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 
 def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
-           query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+           query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, qk_scale: float,
            skip_single_token: bool) -> None:
-    """The kernel over operands `attention_prefill.paged_attention_prefill` has checked (see `supported`)."""
+    """The kernel over operands `attention_prefill.paged_attention_prefill` has checked (see `supported`);
+    `qk_scale` is the softmax scale times log2(e), as the Triton kernel takes it."""
     n_tok, num_q_heads, _ = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     check_last_dim_contiguous("out", out)
@@ -268,7 +268,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: t
         q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        float(scale) * LOG2_E, num_kv_heads, n_seq,
+        qk_scale, num_kv_heads, n_seq,
         PAGE=block_size, GROUP=group, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         BLOCK_B=ragged_block_b(n_seq), SKIP_SINGLE=skip_single_token, num_warps=NUM_WARPS,
     )
