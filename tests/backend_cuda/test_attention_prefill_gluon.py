@@ -1,6 +1,7 @@
-"""The Gluon prefill attention (kernels/attention_prefill_gluon.py): compiled for sm_90 without a GPU (Gluon kernels
-do not run under the interpreter), its value MMA kept in flight across the softmax; on the GPU, against the plain
-torch reference and the Triton kernel, over the shapes where its masks and stages are easiest to get wrong."""
+"""The Gluon prefill attentions (kernels/attention_prefill_gluon.py, and the warp-specialised
+kernels/attention_prefill_ws.py): compiled for sm_90 without a GPU (Gluon kernels do not run under the interpreter),
+their value MMA kept in flight across the softmax; on the GPU, each against the plain torch reference and the Triton
+kernel, over the shapes where its masks and stages are easiest to get wrong."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from infer_backend_cuda import kernels as K
 from infer_backend_cuda.kernels import attention_prefill as A
 from infer_backend_cuda.kernels import attention_prefill_gluon as G
+from infer_backend_cuda.kernels import attention_prefill_ws as W
 from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
 from tests.backend_cuda.reference import make_paged_batch, ref_paged_attention
 from tests.backend_cuda.test_attention import _mixed
@@ -54,10 +56,31 @@ def test_serves_only_hopper_bf16_fp16_head_dim_128():
     assert not G.supported(q, torch.empty((2, 16, 2, 128), dtype=torch.bfloat16))
 
 
-@pytest.fixture
-def gluon_on(monkeypatch):
-    """The launcher picks the Gluon kernel (INFER_CUDA_GLUON_PREFILL=1; off by default)."""
-    monkeypatch.setattr(G, "ENABLED", True)
+def test_ws_kernel_hands_stages_over_by_mbarrier_and_tma():
+    """The warp-specialised kernel: the producer's TMA copies complete on mbarriers, the consumers wait on them and
+    free the stages by arriving (no CTA-wide barrier in the loop), the value MMA stays in flight across the softmax,
+    and the three partitions' registers fit the SM's file (setmaxnreg)."""
+    kernel = W.compile_sm90(group=4, page=16, skip_single=True)
+    ptx = kernel.asm["ptx"]
+    assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive" in ptx
+    assert set(re.findall(r"wgmma\.wait_group\.sync\.aligned (\d+);", ptx)) == {"0", "1"}
+    # Only the partitions' own named barriers (128 threads) and the region entry's (barrier 1) remain.
+    assert not re.search(r"bar\.sync\s+0;", ptx)
+    assert "setmaxnreg" in ptx and kernel.metadata.shared <= 227 * 1024
+
+
+def test_ws_kernel_serves_only_contiguous_pages_on_hopper():
+    q = torch.empty((4, 8, 128), dtype=torch.bfloat16)  # a CPU tensor: never
+    assert not W.supported(q, torch.empty((2, 16, 2, 128), dtype=torch.bfloat16))
+
+
+@pytest.fixture(params=["gluon", "ws"])
+def gluon_on(request, monkeypatch):
+    """The launcher picks one of the Gluon kernels (INFER_CUDA_GLUON_PREFILL=1 / INFER_CUDA_WS_PREFILL=1; both off
+    by default). Yields its module."""
+    module = {"gluon": G, "ws": W}[request.param]
+    monkeypatch.setattr(module, "ENABLED", True)
+    return module
 
 
 def _is_hopper() -> bool:
@@ -86,7 +109,7 @@ GLUON_CASES = [
 def test_matches_the_reference_and_the_triton_kernel(case, dtype, gluon_on):
     q_lens, ctx_lens, hq, hkv, d, bs = case
     pb = make_paged_batch(q_lens, ctx_lens, hq, hkv, d, bs, dtype, "cuda", seed=len(q_lens) + hq)
-    assert G.supported(pb.q, pb.k_cache)
+    assert gluon_on.supported(pb.q, pb.k_cache)
     scale = d**-0.5
     args = (pb.q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables, pb.max_query_len, scale)
     gluon = K.paged_attention_prefill(*args, out=poison(torch.empty_like(pb.q)))
