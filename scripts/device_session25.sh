@@ -3,7 +3,7 @@
 #   CALL=ws: the warp-specialised Gluon prefill attention (kernels/attention_prefill_ws.py): its GPU tests, then the
 #           kernel against the Triton kernel's default tile (`triton`, same process) at the ~3,000-token workload's
 #           chunks and on a 16k prompt (cuDNN's sdpa as the yardstick), then the 500-token step beside 12 decodes at
-#           3k context with it (INFER_CUDA_WS_PREFILL=1) and without.
+#           3k context with it (INFER_CUDA_WS_PREFILL=1) and without; 3 stages (Q in registers) beside 2 at 3k.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=ws COMMIT=abc1234 bash scripts/device_session25.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, gpu_tests, pack
@@ -19,9 +19,12 @@ mixed_step() {  # mixed_step TAG [env assignments...]: the 3k workload's mixed s
 case ${CALL:-ws} in
   ws)
     gpu_tests ws 120 tests/backend_cuda/test_attention_prefill_gluon.py -k "ws"
-    INFER_CUDA_WS_PREFILL=1 timeout 100 python3 bench/attention_prefill.py --tokens 3072 --chunks 512 3072 --no-sdpa \
-      --configs default triton > "$LOGS/attention_3k.log" 2>&1
-    echo "attention 3k rc=$?"; tail -8 "$LOGS/attention_3k.log"; pack
+    for st in 2 3; do
+      INFER_CUDA_WS_PREFILL=1 INFER_CUDA_WS_PREFILL_STAGES=$st timeout 100 python3 bench/attention_prefill.py \
+        --tokens 3072 --chunks 512 3072 --no-sdpa --configs default triton > "$LOGS/attention_3k_$st.log" 2>&1
+      echo "attention 3k stages $st rc=$?"; tail -8 "$LOGS/attention_3k_$st.log"; pack
+    done
+    INFER_CUDA_WS_PREFILL_STAGES=3 gpu_tests ws3 100 tests/backend_cuda/test_attention_prefill_gluon.py -k "ws and matches"
     INFER_CUDA_WS_PREFILL=1 timeout 120 python3 bench/attention_prefill.py --chunks 16384 2048 --configs default \
       triton --sdpa-backends cudnn > "$LOGS/attention_16k.log" 2>&1
     echo "attention 16k rc=$?"; tail -10 "$LOGS/attention_16k.log"; pack

@@ -54,14 +54,17 @@ HEAD_DIM = 128
 BLOCK_M = 128  # (token, query head) rows a program: two consumer warpgroups of 64
 HALF_M = BLOCK_M // 2
 BLOCK_N = 128
+# K and V tiles in flight (a ring of STAGES each). Two keep Q in shared memory (the scores MMA's A from there, 160
+# KB); three hold Q in registers (32 a thread) to make room for the third stage (192 KB). A/B switch.
 STAGES = int(os.environ.get("INFER_CUDA_WS_PREFILL_STAGES", "2"))
 CONSUMER_WARPS = 4
 PRODUCER_WARPS = 1
-# Registers a thread in each worker partition (the second consumer warpgroup, the producer warp): the 9 warps
-# launch with at most 224 each (65,536 / 288), the producer needs few.
-WORKER_REGS = (224, 40)
-if not 2 <= STAGES <= 2:
-    raise ValueError(f"INFER_CUDA_WS_PREFILL_STAGES={STAGES}: 2 (shared memory: Q, two K and two V tiles, 160 KB)")
+# Registers a thread in each worker partition (the second consumer warpgroup, the producer warp): the 12 warps (three
+# warpgroups, the producer's padded) launch with 168 each (65,536 / 384, rounded down to 8); the first consumer
+# gets what is left, 240 (at 224 / 40 the consumers spilled on Triton 3.6).
+WORKER_REGS = (240, 24)
+if STAGES not in (2, 3):
+    raise ValueError(f"INFER_CUDA_WS_PREFILL_STAGES={STAGES}: 2 or 3 (shared memory)")
 ENABLED_ENV = "INFER_CUDA_WS_PREFILL"
 ENABLED = os.environ.get(ENABLED_ENV, "0").strip() == "1"
 
@@ -114,9 +117,13 @@ def _consumer(q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt
     q_rows = (q_start + tok_io).to(gl.int64) * q_s0 + (kvh * GROUP + r_io % GROUP) * q_s1
     io_mask = gl.expand_dims(tok_io < q_len, 1) & gl.expand_dims(dims >= 0, 0)
     q = gl.load(q_ptr + gl.expand_dims(q_rows, 1) + gl.expand_dims(dims, 0), mask=io_mask, other=0.0)
-    q_smem.store(q)
-    fence_async_shared()
-    _partition_barrier()
+    if STAGES > 2:
+        q_a = gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=mma_s, k_width=2))
+    else:
+        q_smem.store(q)
+        fence_async_shared()
+        _partition_barrier()
+        q_a = q_smem
 
     r_s = mt * BLOCK_M + HALF * HALF_M + gl.arange(0, HALF_M, layout=gl.SliceLayout(1, mma_s))
     q_pos = ctx - q_len + r_s // GROUP
@@ -125,7 +132,7 @@ def _consumer(q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt
     o = gl.zeros([HALF_M, HEAD_DIM], gl.float32, mma_o)
     if n_tiles > 0:
         mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_s),
+        s = warpgroup_mma(q_a, k_smem.index(0).permute((1, 0)), gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_s),
                           use_acc=False, is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         mbarrier.arrive(k_free.index(0))
@@ -138,7 +145,7 @@ def _consumer(q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt
             stage = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(stage).permute((1, 0)),
+            s = warpgroup_mma(q_a, k_smem.index(stage).permute((1, 0)),
                               gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_s), use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             o = warpgroup_mma(p_op, v_smem.index(prev), o, is_async=True)
@@ -175,10 +182,12 @@ def _consumer(q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt
 
     l_o = gl.convert_layout(l_i, gl.SliceLayout(1, mma_o))
     out = o / gl.expand_dims(gl.where(l_o == 0.0, 1.0, l_o), 1)  # no visible key (padding): zeros, never NaN
-    # Through this warpgroup's Q buffer (its last reader, the last scores MMA, has retired) for 16-byte stores.
-    q_smem.store(out.to(dtype))
-    _partition_barrier()
-    out_io = q_smem.load(io)
+    if STAGES > 2:
+        out_io = gl.convert_layout(out.to(dtype), io)
+    else:  # through this warpgroup's Q buffer (its last reader, the last scores MMA, has retired)
+        q_smem.store(out.to(dtype))
+        _partition_barrier()
+        out_io = q_smem.load(io)
     o_rows = (q_start + tok_io).to(gl.int64) * o_s0 + (kvh * GROUP + r_io % GROUP) * o_s1
     gl.store(o_ptr + gl.expand_dims(o_rows, 1) + gl.expand_dims(dims, 0), out_io, mask=io_mask)
 
@@ -209,9 +218,12 @@ def _prefill_kernel(q_ptr, o_ptr, k_desc, v_desc, qsl_ptr, seq_lens_ptr, bt_ptr,
     full_tiles = gl.maximum(ctx - q_len + first_tok + 1, 0) // BLOCK_N
 
     tiles: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], tiles)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tiles)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], tiles)
+    if STAGES > 2:
+        q_smem = v_smem  # unused: Q in registers
+    else:
+        q_smem = gl.allocate_shared_memory(dtype, [2, HALF_M, HEAD_DIM], tiles)
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -279,7 +291,8 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: t
     )
 
 
-def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False):  # noqa: ANN201 - a CompiledKernel
+def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False,
+                 stages: int | None = None):  # noqa: ANN201 - a CompiledKernel
     """The kernel compiled for sm_90 without a GPU (tests check that it builds and how it synchronises)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -293,7 +306,7 @@ def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False):  # 
     types |= dict.fromkeys(("q_s0", "q_s1", "o_s0", "o_s1", "bt_s0", "n_kv_heads", "n_seq", "oob_row"), "i32")
     types |= {"qk_scale": "fp32"}
     constexprs = {"PAGE": page, "GROUP": group, "HEAD_DIM": HEAD_DIM, "BLOCK_M": BLOCK_M, "HALF_M": HALF_M,
-                  "BLOCK_N": BLOCK_N, "STAGES": STAGES, "BLOCK_B": ragged_block_b(1), "SKIP_SINGLE": skip_single,
+                  "BLOCK_N": BLOCK_N, "STAGES": stages or STAGES, "BLOCK_B": ragged_block_b(1), "SKIP_SINGLE": skip_single,
                   "WORKER_REGS_0": WORKER_REGS[0], "WORKER_REGS_1": WORKER_REGS[1], "num_warps": CONSUMER_WARPS}
     divisible = ("q_ptr", "o_ptr", "qsl_ptr", "seq_lens_ptr", "bt_ptr", "q_s0", "q_s1", "o_s0", "o_s1")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
