@@ -69,6 +69,23 @@ def test_ws_kernel_hands_stages_over_by_mbarrier_and_tma():
     assert "setmaxnreg" in ptx and kernel.metadata.shared <= 227 * 1024
 
 
+def test_ws_kernel_three_stages_hold_q_in_registers_within_shared_memory():
+    kernel = W.compile_sm90(stages=3)
+    assert kernel.metadata.shared <= 227 * 1024  # three K and three V tiles of 128 x 128, no Q tile
+    assert "cp.async.bulk.tensor.2d" in kernel.asm["ptx"]
+
+
+def test_ws_kernel_refuses_a_stage_count_it_has_no_room_for(monkeypatch):
+    monkeypatch.setenv("INFER_CUDA_WS_PREFILL_STAGES", "4")
+    try:
+        with pytest.raises(ValueError, match="INFER_CUDA_WS_PREFILL_STAGES=4: 2 or 3"):
+            importlib.reload(W)
+    finally:
+        monkeypatch.delenv("INFER_CUDA_WS_PREFILL_STAGES")
+        importlib.reload(W)
+    assert W.STAGES == 2
+
+
 def test_ws_kernel_serves_only_contiguous_pages_on_hopper():
     q = torch.empty((4, 8, 128), dtype=torch.bfloat16)  # a CPU tensor: never
     assert not W.supported(q, torch.empty((2, 16, 2, 128), dtype=torch.bfloat16))
