@@ -3,7 +3,8 @@
 #   CALL=ws: the warp-specialised Gluon prefill attention (kernels/attention_prefill_ws.py): its GPU tests, then the
 #           kernel against the Triton kernel's default tile (`triton`, same process) at the ~3,000-token workload's
 #           chunks and on a 16k prompt (cuDNN's sdpa as the yardstick), then the 500-token step beside 12 decodes at
-#           3k context with it (INFER_CUDA_WS_PREFILL=1) and without; 3 stages (Q in registers) beside 2 at 3k.
+#           3k context with it (INFER_CUDA_WS_PREFILL=1) and without; 3 stages (Q in registers) beside 2 at 3k;
+#           last the mixed step with twice the decode attention's split waves (its 12 decodes sit in a 16-row bucket).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=ws COMMIT=abc1234 bash scripts/device_session25.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, gpu_tests, pack
@@ -29,7 +30,8 @@ case ${CALL:-ws} in
       triton --sdpa-backends cudnn > "$LOGS/attention_16k.log" 2>&1
     echo "attention 16k rc=$?"; tail -10 "$LOGS/attention_16k.log"; pack
     mixed_step ws INFER_CUDA_WS_PREFILL=1
-    mixed_step triton INFER_CUDA_WS_PREFILL=0 ;;
+    mixed_step triton INFER_CUDA_WS_PREFILL=0
+    mixed_step ws_waves4 INFER_CUDA_WS_PREFILL=1 INFER_CUDA_DECODE_SPLIT_WAVES=4 ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
