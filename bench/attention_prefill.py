@@ -1,8 +1,8 @@
 """The paged prefill attention kernel alone at long-prompt shapes: one `--tokens`-long prompt prefilled in chunks
 of each `--chunks` size (as the scheduler splits it: each chunk attends causally to itself and to the paged cache
 of all earlier chunks), timed per launch (CUDA graph replays of ten launches, CUDA events), for the default kernel
-(with INFER_CUDA_GLUON_PREFILL=1, on Hopper at head_dim 128, the Gluon kernel `attention_prefill_gluon.py`), the Triton
-kernel's default tile (`triton`) and other Triton tiles.
+(on Hopper at head_dim 128 the warp-specialised Gluon kernel `attention_prefill_ws.py`, unless
+INFER_CUDA_WS_PREFILL=0), the Triton kernel's default tile (`triton`) and other Triton tiles.
 
     python bench/attention_prefill.py                       # Qwen3-4B shape, 16k tokens in 1, 2 and 8 chunks
     python bench/attention_prefill.py --head-dim 256 --heads 16 --kv-heads 4    # Qwen3.5's full-attention layers
@@ -150,10 +150,10 @@ def main() -> None:
     args.configs = args.configs or CANDIDATES[128 if args.head_dim <= 128 else 256]
     prompt = Prompt(args)
     default = attention_prefill._prefill_config(args.head_dim, 2)
-    gluon_kernel = attention_prefill.attention_prefill_gluon
-    gluon = gluon_kernel.ENABLED and gluon_kernel.supported(prompt.q, prompt.k_cache)
+    ws_kernel = attention_prefill.attention_prefill_ws
+    gluon = ws_kernel.ENABLED and ws_kernel.supported(prompt.q, prompt.k_cache)
     print(f"prompt {args.tokens} tokens, Hq {args.heads} Hkv {args.kv_heads} D {args.head_dim}, pages of "
-          f"{args.block_size}; 'default' runs the {'Gluon' if gluon else 'Triton'} kernel, 'triton' the Triton tile "
+          f"{args.block_size}; 'default' runs the {'warp-specialised Gluon' if gluon else 'Triton'} kernel, 'triton' the Triton tile "
           f"{default}; x{args.layers} layers")
     print(f"{'chunks':>12} {'config':>14} {'ms/layer':>9} {'TFLOP/s':>8} {'ms x L':>8} | {'last ms':>8} {'TFLOP/s':>8}"
           f" {'max|diff|':>9}")

@@ -20,17 +20,17 @@ mixed_step() {  # mixed_step TAG [env assignments...]: the 3k workload's mixed s
 case ${CALL:-ws} in
   ws)
     # One case first, bounded: a kernel that deadlocks on its mbarriers must not eat the call.
-    timeout -k 5 -s INT 60 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/backend_cuda/test_attention_prefill_gluon.py \
-      -k "ws and matches and case0 and dtype0" > "$LOGS/pytest_smoke.log" 2>&1
+    timeout -k 5 -s INT 60 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/backend_cuda/test_attention_prefill_ws.py \
+      -k "matches and case0 and dtype0" > "$LOGS/pytest_smoke.log" 2>&1
     rc=$?; echo "smoke rc=$rc"; tail -3 "$LOGS/pytest_smoke.log"; pack
     [ $rc -eq 0 ] || exit 0
-    gpu_tests ws 120 tests/backend_cuda/test_attention_prefill_gluon.py -k "ws"
+    gpu_tests ws 120 tests/backend_cuda/test_attention_prefill_ws.py
     for st in 2 3; do
       INFER_CUDA_WS_PREFILL=1 INFER_CUDA_WS_PREFILL_STAGES=$st timeout 100 python3 bench/attention_prefill.py \
         --tokens 3072 --chunks 512 3072 --no-sdpa --configs default triton > "$LOGS/attention_3k_$st.log" 2>&1
       echo "attention 3k stages $st rc=$?"; tail -8 "$LOGS/attention_3k_$st.log"; pack
     done
-    INFER_CUDA_WS_PREFILL_STAGES=3 gpu_tests ws3 100 tests/backend_cuda/test_attention_prefill_gluon.py -k "ws and matches"
+    INFER_CUDA_WS_PREFILL_STAGES=3 gpu_tests ws3 100 tests/backend_cuda/test_attention_prefill_ws.py -k "matches"
     INFER_CUDA_WS_PREFILL=1 timeout 120 python3 bench/attention_prefill.py --chunks 16384 2048 --configs default \
       triton --sdpa-backends cudnn > "$LOGS/attention_16k.log" 2>&1
     echo "attention 16k rc=$?"; tail -10 "$LOGS/attention_16k.log"; pack

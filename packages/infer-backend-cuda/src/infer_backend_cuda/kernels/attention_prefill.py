@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels import attention_prefill_gluon, attention_prefill_ws
+from infer_backend_cuda.kernels import attention_prefill_ws
 from infer_backend_cuda.kernels._common import (
     check_last_dim_contiguous,
     dot_in_fp32,
@@ -247,9 +247,9 @@ def paged_attention_prefill(
     """q `[T, Hq, D]`, caches `[num_blocks, block_size, Hkv, D]`, query_start_loc `[B+1]`, seq_lens `[B]`,
     block_tables `[B, max_blocks]` -> `[T, Hq, D]` in q's dtype. Rows not owned by any sequence are left
     unwritten. `skip_single_token`: the rows of sequences whose query length is 1 are left unwritten too (the
-    decode kernel runs them: `paged_attention_decode` with `query_start_loc`). With INFER_CUDA_WS_PREFILL=1
-    (`attention_prefill_ws.py`) or INFER_CUDA_GLUON_PREFILL=1 (`attention_prefill_gluon.py`) and no `config`, bf16 /
-    fp16 at head_dim 128 on sm_90 run that Gluon kernel (A/B runs); `config` names a tile of this module's Triton kernel (tests, benchmarks)."""
+    decode kernel runs them: `paged_attention_decode` with `query_start_loc`). With no `config`, bf16 / fp16 at
+    head_dim 128 on sm_90 run the warp-specialised Gluon kernel (`attention_prefill_ws.py`; INFER_CUDA_WS_PREFILL=0
+    for A/B runs); `config` names a tile of this module's Triton kernel (tests, benchmarks)."""
     n_tok, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape:
@@ -269,10 +269,6 @@ def paged_attention_prefill(
     if config is None and attention_prefill_ws.ENABLED and attention_prefill_ws.supported(q, k_cache):
         attention_prefill_ws.launch(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
                                     float(scale) * LOG2_E, skip_single_token)
-        return out
-    if config is None and attention_prefill_gluon.ENABLED and attention_prefill_gluon.supported(q, k_cache):
-        attention_prefill_gluon.launch(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
-                                       float(scale) * LOG2_E, skip_single_token)
         return out
     bm, bn, num_warps, num_stages = config or _prefill_config(head_dim, q.element_size())
     group = num_q_heads // num_kv_heads

@@ -4,10 +4,17 @@ partition with 64 of the tile's 128 query rows, run the MMAs and the softmax wit
 
 The same contract as `attention_prefill.paged_attention_prefill` (ragged query chunks attending causally to their
 sequence's paged context, GQA rows packed `(token, query head)`, the flattened longest-first grid, single-token
-sequences skipped in mixed steps); see that module for the row packing and the masks. What differs from the
-twenty-fourth session's `attention_prefill_gluon.py` (same loop in each warpgroup, FlashAttention-3's
-intra-warpgroup overlap: tile j's scores and tile j - 1's value MMA in flight together, tile j's softmax under the
-value MMA) is who moves the bytes and how the stages are handed over:
+sequences skipped in mixed steps); see that module for the row packing and the masks. Each consumer runs
+FlashAttention-3's intra-warpgroup overlap:
+
+    S_j = Q K_j^T              (wgmma, async)
+    O  += P_{j-1} V_{j-1}      (wgmma, async, P from registers)
+    wait until one group is in flight: S_j is ready, P_{j-1} V_{j-1} still runs
+    softmax of S_j -> P_j, the rescale factor
+    wait for P_{j-1} V_{j-1}; O *= the rescale factor
+
+(Triton's pipeliner waits for every scores MMA at once before the softmax that reads it, so there the tensor cores
+idle during each tile's softmax.) Who moves the bytes and how the stages are handed over:
 
 - A page of one KV head is 16 rows of `head_dim` strided by `Hkv * head_dim` in the cache viewed as
   `[num_blocks * page, Hkv * head_dim]`: one TMA box. A 128-key tile is `128 / page` boxes into slices of its stage,
@@ -16,17 +23,20 @@ value MMA) is who moves the bytes and how the stages are handed over:
   entry past the context.
 - Each consumer warpgroup arrives on a stage's free barrier (count 2) once its MMA reading the stage has retired;
   the producer waits on it before reusing the stage. No CTA barrier in the loop: the two warpgroups drift apart,
-  so one's softmax runs under the other's MMAs.
+  so one's softmax runs under the other's MMAs. (The twenty-fourth session's kernel, all 8 warps gathering pages by
+  `cp.async` with a CTA barrier an iteration, ran this loop 5-10 % below the Triton kernel; this one runs 40 % above.)
 - Rows of the last tile past its last visible key may hold anything (a page's unused rows, NaN in the tests): their
   scores are masked, but 0 * NaN in the value MMA is NaN, so each consumer zeroes those value rows in shared memory
   before its last value MMA (the other warpgroup writes the same zeros).
 
 Only head_dim 128 in bf16 / fp16 on sm_90, with a cache whose pages are contiguous `[page, Hkv, head_dim]` blocks
-(`supported`); everything else runs the Triton kernel. Opt-in, `INFER_CUDA_WS_PREFILL=1` (A/B runs).
+(`supported`); everything else runs the Triton kernel. On by default; `INFER_CUDA_WS_PREFILL=0` serves the Triton
+kernel instead (A/B runs).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -44,7 +54,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, interpreting
 from infer_backend_cuda.kernels._ragged import ragged_block_b
-from infer_backend_cuda.kernels.attention_prefill_gluon import _softmax_tile, _tile_sequence
 
 # Names that moved between Triton 3.6 (the device image) and 3.9 (this workspace).
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -65,8 +74,54 @@ PRODUCER_WARPS = 1
 WORKER_REGS = (240, 24)
 if STAGES not in (2, 3):
     raise ValueError(f"INFER_CUDA_WS_PREFILL_STAGES={STAGES}: 2 or 3 (shared memory)")
+# INFER_CUDA_WS_PREFILL=0 serves the Triton kernel where this one could (A/B runs). Read once at import.
 ENABLED_ENV = "INFER_CUDA_WS_PREFILL"
-ENABLED = os.environ.get(ENABLED_ENV, "0").strip() == "1"
+ENABLED = os.environ.get(ENABLED_ENV, "1").strip() != "0"
+
+
+# Reductions through gl.reduce with Gluon combine functions: gl.sum / gl.max wrap triton.language's, which are
+# interpreter functions when TRITON_INTERPRET=1 (the CPU test run) and then do not compile for sm_90.
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _max(a, b):
+    return gl.maximum(a, b)
+
+
+@gluon.jit
+def _tile_sequence(cu_ptr, n_seq, tile, BLOCK_M: gl.constexpr, BLOCK_B: gl.constexpr, GROUP: gl.constexpr,
+                   num_warps: gl.constexpr):
+    """(sequence, tile within it) of the batch's `tile`-th query tile: `_ragged.batch_block` in Gluon."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+    offs_b = gl.arange(0, BLOCK_B, layout=layout)
+    b_mask = offs_b < n_seq
+    lens = gl.load(cu_ptr + offs_b + 1, mask=b_mask, other=0) - gl.load(cu_ptr + offs_b, mask=b_mask, other=0)
+    blocks = (lens * GROUP + BLOCK_M - 1) // BLOCK_M
+    ends = gl.associative_scan(blocks, 0, _add)
+    seq = gl.reduce((ends <= tile).to(gl.int32), 0, _add)
+    return seq, tile - gl.reduce(gl.where(offs_b == seq, ends - blocks, 0), 0, _add)
+
+
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, start, q_pos, qk_scale, keys_layout: gl.constexpr, MASKED: gl.constexpr,
+                  BLOCK_N: gl.constexpr):
+    """Online softmax (base 2) of one tile of raw scores -> (P, rescale factor, running max, running sum)."""
+    if MASKED:
+        keys = start + gl.arange(0, BLOCK_N, layout=keys_layout)
+        visible = gl.expand_dims(keys, 0) <= gl.expand_dims(q_pos, 1)
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.reduce(s, 1, _max))
+        m_ref = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees no key yet: exp2(-inf) = 0
+        p = gl.exp2(s - gl.expand_dims(m_ref, 1))
+    else:
+        m_new = gl.maximum(m_i, gl.reduce(s, 1, _max) * qk_scale)
+        m_ref = m_new
+        p = gl.exp2(s * qk_scale - gl.expand_dims(m_ref, 1))
+    alpha = gl.exp2(m_i - m_ref)
+    return p, alpha, m_new, l_i * alpha + gl.reduce(p, 1, _add)
 
 
 @gluon.jit
@@ -257,14 +312,19 @@ def _shared_layout() -> gl.NVMMASharedLayout:
     return gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
 
+@functools.lru_cache(maxsize=8)
+def _is_sm90(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) == (9, 0)
+
+
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """Whether this kernel can serve these operands: sm_90, head_dim 128, bf16 / fp16, pages of contiguous rows
-    (else the Triton kernel)."""
+    (else the Triton kernel). Asked at every launch: shape checks and a cached capability."""
     _, page, heads, dim = k_cache.shape
     return (q.is_cuda and not interpreting() and q.dtype in (torch.bfloat16, torch.float16)
             and k_cache.dtype == q.dtype and q.shape[-1] == HEAD_DIM and dim == HEAD_DIM
             and BLOCK_N % page == 0 and k_cache.stride() == (page * heads * dim, heads * dim, dim, 1)
-            and torch.cuda.get_device_capability(q.device) == (9, 0))
+            and _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device()))
 
 
 def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
