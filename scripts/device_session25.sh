@@ -37,6 +37,21 @@ case ${CALL:-ws} in
     mixed_step ws INFER_CUDA_WS_PREFILL=1
     mixed_step triton INFER_CUDA_WS_PREFILL=0
     mixed_step ws_waves4 INFER_CUDA_WS_PREFILL=1 INFER_CUDA_DECODE_SPLIT_WAVES=4 ;;
+  pingpong)  # call 3: the consumers taking turns at the MMAs (INFER_CUDA_WS_PREFILL_PINGPONG=1) against free drift
+    export INFER_CUDA_WS_PREFILL_PINGPONG=1
+    timeout -k 5 -s INT 60 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/backend_cuda/test_attention_prefill_ws.py \
+      -k "matches and case0 and dtype0" > "$LOGS/pytest_smoke_pp.log" 2>&1
+    rc=$?; echo "smoke rc=$rc"; tail -3 "$LOGS/pytest_smoke_pp.log"; pack
+    [ $rc -eq 0 ] || exit 0
+    for pp in 1 0; do
+      INFER_CUDA_WS_PREFILL_PINGPONG=$pp timeout 100 python3 bench/attention_prefill.py --tokens 3072 --chunks 512 3072 \
+        --no-sdpa --configs default triton > "$LOGS/attention_3k_pp$pp.log" 2>&1
+      echo "attention 3k pingpong $pp rc=$?"; tail -5 "$LOGS/attention_3k_pp$pp.log"; pack
+    done
+    INFER_CUDA_WS_PREFILL_PINGPONG=1 timeout 100 python3 bench/attention_prefill.py --tokens 16384 --chunks 16384 \
+      --no-sdpa --configs default triton > "$LOGS/attention_16k_pp1.log" 2>&1
+    echo "attention 16k pingpong rc=$?"; tail -3 "$LOGS/attention_16k_pp1.log"; pack
+    gpu_tests pp 100 tests/backend_cuda/test_attention_prefill_ws.py ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
