@@ -133,3 +133,23 @@ def test_leaves_rows_past_the_batch_unwritten(ws_on):
     K.paged_attention_prefill(q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables,
                               pb.max_query_len, 128**-0.5, out=out)
     assert torch.isnan(out[-7:].float()).all() and not torch.isnan(out[:-7].float()).any()
+
+
+@gpu
+@needs_cuda
+@pytest.mark.skipif(not _is_hopper(), reason="the kernel is sm_90's")
+def test_graph_replay_equals_eager(ws_on):
+    """Captured in a CUDA graph (its TMA descriptors are launch parameters, fixed at capture), a replay over new
+    queries in the same buffers writes what an eager launch writes."""
+    pb = make_paged_batch([300, 77, 1], [2348, 77, 500], 32, 8, 128, 16, torch.bfloat16, "cuda", seed=5)
+    args = (pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables, pb.max_query_len, 128**-0.5)
+    out = torch.empty_like(pb.q)
+    K.paged_attention_prefill(pb.q, *args, out=out)  # compiled before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        K.paged_attention_prefill(pb.q, *args, out=out)
+    pb.q.copy_(torch.randn_like(pb.q))
+    graph.replay()
+    eager = K.paged_attention_prefill(pb.q, *args, out=poison(torch.empty_like(pb.q)))
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

@@ -64,12 +64,11 @@ BLOCK_M = 128  # (token, query head) rows a program: two consumer warpgroups of 
 HALF_M = BLOCK_M // 2
 BLOCK_N = 128
 # K and V tiles in flight (a ring of STAGES each). Two keep Q in shared memory (the scores MMA's A from there, 160
-# KB); three hold Q in registers (32 a thread) to make room for the third stage (192 KB). A/B switch.
+# KB); three hold Q in registers (32 a thread) to make room for the third stage (192 KB of tiles). A/B switch.
 STAGES = int(os.environ.get("INFER_CUDA_WS_PREFILL_STAGES", "2"))
 # INFER_CUDA_WS_PREFILL_PINGPONG=1: the consumers take turns issuing their MMAs (A/B runs; `_consumer`).
 PINGPONG = os.environ.get("INFER_CUDA_WS_PREFILL_PINGPONG", "0").strip() == "1"
-CONSUMER_WARPS = 4
-PRODUCER_WARPS = 1
+CONSUMER_WARPS = 4  # a warpgroup a consumer; the producer is one warp (`_prefill_kernel`'s `[num_warps, 1]`)
 # Registers a thread in each worker partition (the second consumer warpgroup, the producer warp): the 12 warps (three
 # warpgroups, the producer's padded) launch with 168 each (65,536 / 384, rounded down to 8); the first consumer
 # gets what is left, 240 (at 224 / 40 the consumers spilled on Triton 3.6).
