@@ -1,6 +1,7 @@
 """On the GPU: the CUDA backend gives the CPU reference's greedy tokens (fp32), BF16 logits stay close, and
 CUDA-graph replay gives the eager tokens. Checkpoints are SmolLM2-shaped and Qwen3-shaped random models the
-test writes (the embedded SmolLM2's GGUF is 98 MB and cannot travel to the device machine)."""
+test writes (the embedded SmolLM2's GGUF is 98 MB and cannot travel to the device machine); `qwen3_hd128` has
+head_dim 128, where the Hopper prefill attention (`attention_prefill_ws.py`) serves the BF16 runs."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _write(kind: str, path: Path) -> Path:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common, rope_theta=100000.0,
                                                                         tie_word_embeddings=True))
     else:
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=64,
+        head_dim = 128 if kind == "qwen3_hd128" else 64
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**common, head_dim=head_dim,
                                                                         tie_word_embeddings=True))
     model.to(torch.float32).save_pretrained(path, safe_serialization=True)
     return path
@@ -73,7 +75,7 @@ def test_cuda_fp32_greedy_equals_cpu(kind: str, tmp_path: Path) -> None:
     assert cuda == cpu
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_hd128"])
 def test_cuda_graph_replay_equals_eager(kind: str, tmp_path: Path) -> None:
     model_dir = _write(kind, tmp_path / kind)
     eager = _greedy(_runner(model_dir, "cuda", DType.BFLOAT16))
@@ -83,8 +85,9 @@ def test_cuda_graph_replay_equals_eager(kind: str, tmp_path: Path) -> None:
     assert replayed == eager
 
 
-def test_cuda_bf16_logits_close_to_cpu_fp32(tmp_path: Path) -> None:
-    model_dir = _write("qwen3", tmp_path / "q")
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_hd128"])
+def test_cuda_bf16_logits_close_to_cpu_fp32(kind: str, tmp_path: Path) -> None:
+    model_dir = _write(kind, tmp_path / kind)
     ref, got = {}, {}
     for name, dtype, store in (("cpu", DType.FLOAT32, ref), ("cuda", DType.BFLOAT16, got)):
         runner = _runner(model_dir, name, dtype)
