@@ -59,9 +59,20 @@ def test_refuses_a_stage_count_it_has_no_room_for(monkeypatch):
     assert W.STAGES == 2
 
 
-def test_serves_only_hopper_bf16_fp16_head_dim_128_contiguous_pages():
-    q = torch.empty((4, 8, 128), dtype=torch.bfloat16)  # a CPU tensor: never
-    assert not W.supported(q, torch.empty((2, 16, 2, 128), dtype=torch.bfloat16))
+def test_serves_only_bf16_fp16_head_dim_128_and_contiguous_pages():
+    q = torch.empty((4, 8, 128), dtype=torch.bfloat16)
+    cache = torch.empty((2, 16, 2, 128), dtype=torch.bfloat16)
+    assert W.operands_fit(q, cache)
+    assert W.operands_fit(q.half(), cache.half()) and W.operands_fit(q, torch.empty((2, 32, 2, 128), dtype=q.dtype))
+    assert not W.supported(q, cache)  # a CPU tensor: never
+    refused = [
+        (q.float(), cache.float()),  # fp32 (the CPU-comparison path)
+        (q, cache.half()),  # a cache of another dtype
+        (torch.empty((4, 8, 64), dtype=q.dtype), torch.empty((2, 16, 2, 64), dtype=q.dtype)),  # head_dim 64
+        (q, torch.empty((2, 48, 2, 128), dtype=q.dtype)),  # pages that do not divide the 128-key tile
+        (q, torch.empty((2, 2, 16, 2, 128), dtype=q.dtype)[:, 0]),  # pages strided apart (K and V interleaved)
+    ]
+    assert not any(W.operands_fit(a, b) for a, b in refused)
 
 
 @pytest.fixture

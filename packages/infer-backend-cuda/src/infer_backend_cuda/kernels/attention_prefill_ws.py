@@ -335,13 +335,19 @@ def _is_sm90(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index) == (9, 0)
 
 
-def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether this kernel can serve these operands: sm_90, head_dim 128, bf16 / fp16, pages of contiguous rows
-    (else the Triton kernel). Asked at every launch: shape checks and a cached capability."""
+def operands_fit(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """The operands' side of `supported`: bf16 / fp16, head_dim 128 in q and the cache, pages that divide the key
+    tile and hold contiguous `[page, Hkv, head_dim]` rows (one TMA box a page)."""
     _, page, heads, dim = k_cache.shape
-    return (q.is_cuda and not interpreting() and q.dtype in (torch.bfloat16, torch.float16)
-            and k_cache.dtype == q.dtype and q.shape[-1] == HEAD_DIM and dim == HEAD_DIM
-            and BLOCK_N % page == 0 and k_cache.stride() == (page * heads * dim, heads * dim, dim, 1)
+    return (q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype and q.shape[-1] == HEAD_DIM
+            and dim == HEAD_DIM and BLOCK_N % page == 0
+            and k_cache.stride() == (page * heads * dim, heads * dim, dim, 1))
+
+
+def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether this kernel can serve these operands (else the Triton kernel): `operands_fit` on an sm_90 GPU. Asked
+    at every launch: shape checks and a cached capability."""
+    return (q.is_cuda and not interpreting() and operands_fit(q, k_cache)
             and _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device()))
 
 
