@@ -19,13 +19,15 @@ mixed_step() {  # mixed_step TAG [env assignments...]: the 3k workload's mixed s
   echo "mixed $tag rc=$?"; tail -5 "$LOGS/mixed_$tag.log"; pack
 }
 
+smoke() {  # smoke TAG: one case first, bounded: a kernel that deadlocks on its mbarriers must not eat the call
+  timeout -k 5 -s INT 60 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/backend_cuda/test_attention_prefill_ws.py \
+    -k "matches and case0 and dtype0" > "$LOGS/pytest_$1.log" 2>&1
+  local rc=$?; echo "$1 rc=$rc"; tail -3 "$LOGS/pytest_$1.log"; pack; return $rc
+}
+
 case ${CALL:-ws} in
   ws)
-    # One case first, bounded: a kernel that deadlocks on its mbarriers must not eat the call.
-    timeout -k 5 -s INT 60 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/backend_cuda/test_attention_prefill_ws.py \
-      -k "matches and case0 and dtype0" > "$LOGS/pytest_smoke.log" 2>&1
-    rc=$?; echo "smoke rc=$rc"; tail -3 "$LOGS/pytest_smoke.log"; pack
-    [ $rc -eq 0 ] || exit 0
+    smoke smoke || exit 0
     gpu_tests ws 120 tests/backend_cuda/test_attention_prefill_ws.py
     for st in 2 3; do
       INFER_CUDA_WS_PREFILL=1 INFER_CUDA_WS_PREFILL_STAGES=$st timeout 100 python3 bench/attention_prefill.py \
@@ -41,10 +43,7 @@ case ${CALL:-ws} in
     mixed_step ws_waves4 INFER_CUDA_WS_PREFILL=1 INFER_CUDA_DECODE_SPLIT_WAVES=4 ;;
   pingpong)  # call 3: the consumers taking turns at the MMAs (INFER_CUDA_WS_PREFILL_PINGPONG=1) against free drift
     export INFER_CUDA_WS_PREFILL_PINGPONG=1
-    timeout -k 5 -s INT 60 python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/backend_cuda/test_attention_prefill_ws.py \
-      -k "matches and case0 and dtype0" > "$LOGS/pytest_smoke_pp.log" 2>&1
-    rc=$?; echo "smoke rc=$rc"; tail -3 "$LOGS/pytest_smoke_pp.log"; pack
-    [ $rc -eq 0 ] || exit 0
+    smoke smoke_pp || exit 0
     for pp in 1 0; do
       INFER_CUDA_WS_PREFILL_PINGPONG=$pp timeout 100 python3 bench/attention_prefill.py --tokens 3072 --chunks 512 3072 \
         --no-sdpa --configs default triton > "$LOGS/attention_3k_pp$pp.log" 2>&1

@@ -126,6 +126,20 @@ def _softmax_tile(s, m_i, l_i, start, q_pos, qk_scale, keys_layout: gl.constexpr
 
 
 @gluon.jit
+def _tile_copies(desc, dst, ready, free, free_phase, bt_row, j, kv_end, kv_col, oob_row, tile_bytes: gl.constexpr,
+                 PAGE: gl.constexpr, PAGES: gl.constexpr):
+    """Key tile j of K or V into the stage `dst`: once both consumers have freed it, one TMA box a page, all counted
+    on `ready`; pages past the last visible key from a row past the tensor (zeros)."""
+    mbarrier.wait(free, free_phase)
+    mbarrier.expect(ready, tile_bytes)
+    for i in gl.static_range(PAGES):
+        key = (j * PAGES + i) * PAGE
+        row = gl.load(bt_row + j * PAGES + i, mask=key < kv_end, other=0) * PAGE
+        row = gl.where(key < kv_end, row, oob_row)
+        _tma_load(desc, [row, kv_col], ready, dst.slice(i * PAGE, PAGE))
+
+
+@gluon.jit
 def _producer(k_desc, v_desc, bt_row, kv_end, n_tiles, kv_col, oob_row, k_smem, v_smem, k_ready, v_ready, k_free,
               v_free, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """K_j then V_j for every key tile j, each stage refilled once both consumers have freed it."""
@@ -134,20 +148,10 @@ def _producer(k_desc, v_desc, bt_row, kv_end, n_tiles, kv_col, oob_row, k_smem, 
     for j in range(n_tiles):
         stage = j % STAGES
         free_phase = ((j // STAGES) & 1) ^ 1  # the first round finds every stage free
-        mbarrier.wait(k_free.index(stage), free_phase)
-        mbarrier.expect(k_ready.index(stage), tile_bytes)
-        for i in gl.static_range(PAGES):
-            key = (j * PAGES + i) * PAGE
-            row = gl.load(bt_row + j * PAGES + i, mask=key < kv_end, other=0) * PAGE
-            row = gl.where(key < kv_end, row, oob_row)
-            _tma_load(k_desc, [row, kv_col], k_ready.index(stage), k_smem.index(stage).slice(i * PAGE, PAGE))
-        mbarrier.wait(v_free.index(stage), free_phase)
-        mbarrier.expect(v_ready.index(stage), tile_bytes)
-        for i in gl.static_range(PAGES):
-            key = (j * PAGES + i) * PAGE
-            row = gl.load(bt_row + j * PAGES + i, mask=key < kv_end, other=0) * PAGE
-            row = gl.where(key < kv_end, row, oob_row)
-            _tma_load(v_desc, [row, kv_col], v_ready.index(stage), v_smem.index(stage).slice(i * PAGE, PAGE))
+        _tile_copies(k_desc, k_smem.index(stage), k_ready.index(stage), k_free.index(stage), free_phase, bt_row, j,
+                     kv_end, kv_col, oob_row, tile_bytes, PAGE, PAGES)
+        _tile_copies(v_desc, v_smem.index(stage), v_ready.index(stage), v_free.index(stage), free_phase, bt_row, j,
+                     kv_end, kv_col, oob_row, tile_bytes, PAGE, PAGES)
 
 
 @gluon.jit
