@@ -413,3 +413,38 @@ def test_a_grammar_compiled_while_the_worker_idles_releases_its_held_request(con
     assert [(e.request_id, e.code, e.status) for e in errors] == [("bad", "invalid_grammar", 400)]
     assert sum(len(o.token_ids) for o in outs["g"]) == 3 and outs["g"][-1].finish_reason == "length"
     wait_for(lambda: srv.ping().stats.num_running == 0)
+
+
+@pytest.mark.parametrize("slack_ms, joins_after", [(10.0, 1), (0.0, 2)], ids=["paced", "unpaced"])
+def test_a_paced_plan_takes_in_a_request_that_arrives_while_the_step_before_runs(config, servers, workers, slack_ms,
+                                                                                 joins_after):
+    """Steps of 60 ms. Without pacing, step k+1's plan leaves as step k starts, so a request arriving 0-25 ms into
+    step k waits for step k+2; held until ~10 ms before step k ends, the plan of step k+1 takes it in."""
+    cfg = msgspec.structs.replace(config, plan_slack_ms=slack_ms)
+    svc = Service(cfg)
+    t = threading.Thread(target=svc.run, daemon=True)
+    t.start()
+    worker = workers(cfg, step_delay=0.06)
+    srv = servers()
+    try:
+        wait_for(lambda: srv.ping().ready)
+        srv.send(make_submit([1, 2, 3], max_tokens=40, rid="stream", ignore_eos=True))
+        wait_for(lambda: len(worker.plans) >= 6)  # a few decode steps measured
+        running = len(worker.plans)
+        wait_for(lambda: len(worker.plans) > running, timeout=1.0)  # a step has just started on the worker
+        step_k = worker.plans[-1].step
+        srv.send(make_submit([4, 5, 6, 7], max_tokens=2, rid="late"))
+        outs, errors = collect(srv, {"stream", "late"})
+        assert not errors and len(outs["late"]) >= 1
+        stream_seq = worker.plans[0].new_seqs[0].seq_id
+        joined = next(p.step for p in worker.plans if any(n.seq_id != stream_seq for n in p.new_seqs))
+        assert joined == step_k + joins_after
+        stats = srv.ping().stats
+        if slack_ms:  # every decode step after the first few measured ones held its successor's plan, in time
+            assert stats.plans_held >= 20 and stats.plans_held_past_step_end <= 2
+        else:
+            assert svc.pacer is None and stats.plans_held == 0
+    finally:
+        svc.stop()
+        svc.stop()
+        t.join(5)

@@ -90,7 +90,7 @@ class FakeScheduler:
     stats: SchedulerStats = field(default_factory=lambda: SchedulerStats(
         num_running=3, num_waiting=2, num_total_blocks=100, num_free_blocks=60, num_cached_blocks=15,
         prefix_cache_queries_tokens=1000, prefix_cache_hits_tokens=250, num_preemptions=4, num_steps=77,
-        worker_restarts=2))
+        worker_restarts=2, plans_held=7, plans_held_past_step_end=1))
 
     def __post_init__(self) -> None:
         self.submits: list[Submit] = []

@@ -549,6 +549,8 @@ def test_metrics_text(server: ServerHarness) -> None:
         "rustinfer_prefix_cache_hits_tokens_total 250.0",
         "rustinfer_num_preemptions_total 4.0",
         "rustinfer_worker_restarts_total 2.0",
+        "rustinfer_scheduler_plans_held_total 7.0",
+        "rustinfer_scheduler_plans_held_past_step_end_total 1.0",
         "rustinfer_scheduler_ready 1.0",
     ):
         assert line in text, line

@@ -110,6 +110,11 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         description="RadixTree prefix cache: reuse the KV of shared, page-aligned prompt prefixes")] = True
     enable_overlap: Annotated[bool, Meta(
         description="plan step k+1 before step k's tokens are back (one step ahead); false = synchronous")] = True
+    plan_slack_ms: Annotated[float, Meta(
+        description="with enable_overlap: hold the next step's plan until this many ms (beyond the measured "
+                    "planning and worker launch times) before the running step is predicted to end, so that a "
+                    "request arriving meanwhile joins the next step rather than the one after; 0 = send it as "
+                    "soon as a step starts")] = 0.0
     ignore_eos: Annotated[bool, Meta(description="default for requests: keep generating past EOS (benchmarks)")] = False
     # KV cache
     mem_fraction_static: Annotated[float, Meta(
@@ -203,7 +208,7 @@ def _validate(c: Config) -> None:
         _positive(name, getattr(c, name))
     _positive("request_body_timeout_secs", c.request_body_timeout_secs)
     for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs",
-                 "prefill_tokens_while_decoding"):
+                 "prefill_tokens_while_decoding", "plan_slack_ms"):
         if getattr(c, name) < 0:
             raise ConfigError(f"config field '{name}' must be >= 0, got {getattr(c, name)!r}")
     if not 0.0 < c.mem_fraction_static <= 1.0:

@@ -168,6 +168,10 @@ class SchedulerStats(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     apply_ms: float = 0.0  # the scheduler applying a step's result (stop rules, outputs)
     worker_launch_ms: float = 0.0  # the worker applying a plan, preparing inputs and queueing the step
     worker_step_ms: float = 0.0  # the worker from taking a plan to its result being ready (device time included)
+    # plan pacing (plan_slack_ms): plans held until shortly before the running step's end, and of those the ones
+    # still held when that step's result arrived (the device waited for them)
+    plans_held: int = 0
+    plans_held_past_step_end: int = 0
 
 
 class ModelInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -22,6 +22,7 @@ steps are in flight.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections import defaultdict, deque
@@ -55,6 +56,7 @@ from infer_protocol.messages import (
 from infer_protocol.process_gc import tune_gc
 
 from infer_scheduler.engine import Engine, EngineError, ResultMismatch
+from infer_scheduler.plan_pacer import PlanPacer
 from infer_scheduler.step_timings import StepTimings
 
 log = logging.getLogger("infer_scheduler.service")
@@ -121,6 +123,12 @@ class Service:
         self._out: dict[bytes, list[TokenOutput]] = defaultdict(list)
         self._draining_since: float | None = None
         self._unsent: bytes | None = None  # an encoded plan the PUSH socket could not take yet
+        self._unsent_step = (0, 0)  # its (step, tokens)
+        # holds the one-step-ahead plan until shortly before the worker needs it (plan_slack_ms; None: never held)
+        self.pacer = PlanPacer(config.plan_slack_ms) if config.enable_overlap and config.plan_slack_ms > 0 else None
+        self._plan_due: float | None = None  # while a plan is held: when it is due (time.monotonic())
+        self._plans_held = 0
+        self._plans_held_past_step_end = 0
         self._bind()
 
     # ------------------------------------------------------------------ sockets
@@ -179,7 +187,7 @@ class Service:
             while True:
                 if self.stopping and self._drained():
                     break
-                events = dict(self.poller.poll(_POLL_MS if self._unsent is None else 2))
+                events = dict(self.poller.poll(self._poll_ms()))
                 if self.router in events:
                     self._drain(self.router, self._on_server_frames)
                 if self.pull in events:
@@ -193,6 +201,13 @@ class Service:
             self._linger()
         finally:
             self.close()
+
+    def _poll_ms(self) -> int:
+        if self._unsent is not None:
+            return 2
+        if self._plan_due is not None:  # wake for the held plan; ZMQ's poll counts whole milliseconds
+            return max(0, min(_POLL_MS, math.ceil((self._plan_due - time.monotonic()) * 1e3)))
+        return _POLL_MS
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
         for _ in range(1000):
@@ -266,7 +281,9 @@ class Service:
         else:
             stats = SchedulerStats(num_waiting=len(self._pending))
         carried = {name: getattr(stats, name) + getattr(self._carried, name) for name in _COUNTERS}
-        stats = msgspec.structs.replace(stats, worker_restarts=max(0, self._workers_adopted - 1), **carried)
+        stats = msgspec.structs.replace(stats, worker_restarts=max(0, self._workers_adopted - 1),
+                                        plans_held=self._plans_held,
+                                        plans_held_past_step_end=self._plans_held_past_step_end, **carried)
         status = f"shutting down (draining {len(self._owner)} requests)" if self.stopping else self.status
         return Pong(ready=self.ready and not self.stopping, stats=stats, model=self.model, status=status)
 
@@ -387,6 +404,11 @@ class Service:
         if isinstance(msg, StepResult):
             if self.engine is None or not self.engine.in_flight:
                 return  # a step of a worker we gave up on
+            if self.pacer is not None:
+                if self._plan_due is not None:  # held past the step's end: the device waits for this plan
+                    self._plans_held_past_step_end += 1
+                    self._plan_due = None
+                self.pacer.finished(msg.step, time.monotonic())
             started = time.perf_counter()
             if msg.seq_errors:
                 self._send_errors(self.engine.fail_sequences(msg.seq_errors))
@@ -426,6 +448,8 @@ class Service:
         """End the requests of a step that will give no (usable) result, with an error to their servers."""
         if self.engine is None:
             return
+        if self.pacer is not None:
+            self.pacer.finished(step, time.monotonic())
         self._send_errors(self.engine.fail_step(step, message, code=code))
 
     def _send_errors(self, errors: list[RequestError]) -> None:
@@ -500,6 +524,9 @@ class Service:
                 self._carried, **{name: getattr(self._carried, name) + getattr(stats, name) for name in _COUNTERS})
         self.engine = None
         self._unsent = None
+        self._plan_due = None
+        if self.pacer is not None:
+            self.pacer.reset()
         self.worker_lost = True
         self.status = f"the worker was lost: {reason}"
         self._tell_servers()
@@ -527,7 +554,7 @@ class Service:
             return
         while True:
             if self._unsent is None:
-                if not engine.can_plan:
+                if not engine.can_plan or (engine.has_work and self._hold_plan()):
                     return
                 started = time.perf_counter()
                 plan = engine.plan_step()
@@ -537,10 +564,26 @@ class Service:
                 if self._unscheduled and plan.new_seqs:
                     self._scheduled([ns.seq_id for ns in plan.new_seqs])
                 self._unsent = self._to_worker.encode(plan)
+                self._unsent_step = (plan.step, sum(s.num_tokens for s in plan.new_seqs)
+                                     + sum(s.num_tokens for s in plan.continuing))
             try:
                 self.push.send(self._unsent, zmq.NOBLOCK)
                 self._unsent = None
+                if self.pacer is not None:
+                    self.pacer.sent(*self._unsent_step)
             except zmq.Again:
                 # The plan pipe is still connecting (Ready came on the other socket) or the worker is gone:
                 # retry next turn; a worker that never takes it is caught by the worker timeout.
                 return
+
+    def _hold_plan(self) -> bool:
+        """Whether the next plan waits (the pacer's due time not reached); sets `_plan_due` for the poll."""
+        if self.pacer is None:
+            return False
+        lead = (self.timings.plan_ms + self.timings.worker_launch_ms) / 1e3  # planning to queued on the device
+        due = self.pacer.due(lead)
+        held = due is not None and due > time.monotonic()
+        if held and self._plan_due is None:
+            self._plans_held += 1
+        self._plan_due = due if held else None
+        return held

@@ -65,6 +65,10 @@ class SchedulerCollector(Collector):
         yield counter("rustinfer_scheduler_steps", "Steps the scheduler has run", stats.num_steps)
         yield counter("rustinfer_worker_restarts", "Workers the scheduler adopted after the first (restarts)",
                       stats.worker_restarts)
+        yield counter("rustinfer_scheduler_plans_held", "Plans held until shortly before the running step's end "
+                      "(plan_slack_ms)", stats.plans_held)
+        yield counter("rustinfer_scheduler_plans_held_past_step_end", "Held plans still held when the running step "
+                      "ended: the device waited for them", stats.plans_held_past_step_end)
         for name, doc, value in (
             ("plan", "The scheduler planning a step", stats.plan_ms),
             ("apply", "The scheduler applying a step's result", stats.apply_ms),
