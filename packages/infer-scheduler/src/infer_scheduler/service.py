@@ -205,8 +205,8 @@ class Service:
     def _poll_ms(self) -> int:
         if self._unsent is not None:
             return 2
-        if self._plan_due is not None:  # wake for the held plan; ZMQ's poll counts whole milliseconds
-            return max(0, min(_POLL_MS, math.ceil((self._plan_due - time.monotonic()) * 1e3)))
+        if self._plan_due is not None:  # wake for the held plan (never late: `_hold_plan` holds whole milliseconds)
+            return max(0, min(_POLL_MS, math.floor((self._plan_due - time.monotonic()) * 1e3)))
         return _POLL_MS
 
     def _drain(self, sock: zmq.Socket, handle: object) -> None:
@@ -582,7 +582,8 @@ class Service:
             return False
         lead = (self.timings.plan_ms + self.timings.worker_launch_ms) / 1e3  # planning to queued on the device
         due = self.pacer.due(lead)
-        held = due is not None and due > time.monotonic()
+        # ZMQ's poll counts whole milliseconds: hold only for one or more, so the wake-up is never after `due`
+        held = due is not None and due - time.monotonic() >= 1e-3
         if held and self._plan_due is None:
             self._plans_held += 1
         self._plan_due = due if held else None
