@@ -5,8 +5,7 @@
 #           chunks and on a 16k prompt (cuDNN's sdpa as the yardstick), then the 500-token step beside 12 decodes at
 #           3k context with it (INFER_CUDA_WS_PREFILL=1) and without; 3 stages (Q in registers) beside 2 at 3k;
 #           last the mixed step with twice the decode attention's split waves (its 12 decodes sit in a 16-row bucket).
-#   CALL=pingpong: the consumers taking turns at their MMAs (INFER_CUDA_WS_PREFILL_PINGPONG=1) against free drift at
-#           the 3k chunks and on a 16k prompt, then the kernel's GPU tests and the model-level CUDA tests with turns on.
+#   (CALL=pingpong, the consumers taking turns at their MMAs, ran in the twenty-sixth session; removed with the variant)
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=ws COMMIT=abc1234 bash scripts/device_session25.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, gpu_tests, pack
@@ -41,18 +40,6 @@ case ${CALL:-ws} in
     mixed_step ws INFER_CUDA_WS_PREFILL=1
     mixed_step triton INFER_CUDA_WS_PREFILL=0
     mixed_step ws_waves4 INFER_CUDA_WS_PREFILL=1 INFER_CUDA_DECODE_SPLIT_WAVES=4 ;;
-  pingpong)  # call 3: the consumers taking turns at the MMAs (INFER_CUDA_WS_PREFILL_PINGPONG=1) against free drift
-    export INFER_CUDA_WS_PREFILL_PINGPONG=1
-    smoke smoke_pp || exit 0
-    for pp in 1 0; do
-      INFER_CUDA_WS_PREFILL_PINGPONG=$pp timeout 100 python3 bench/attention_prefill.py --tokens 3072 --chunks 512 3072 \
-        --no-sdpa --configs default triton > "$LOGS/attention_3k_pp$pp.log" 2>&1
-      echo "attention 3k pingpong $pp rc=$?"; tail -5 "$LOGS/attention_3k_pp$pp.log"; pack
-    done
-    INFER_CUDA_WS_PREFILL_PINGPONG=1 timeout 100 python3 bench/attention_prefill.py --tokens 16384 --chunks 16384 \
-      --no-sdpa --configs default triton > "$LOGS/attention_16k_pp1.log" 2>&1
-    echo "attention 16k pingpong rc=$?"; tail -3 "$LOGS/attention_16k_pp1.log"; pack
-    gpu_tests pp 150 tests/backend_cuda/test_attention_prefill_ws.py tests/gpu/test_cuda_matches_cpu.py ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The twenty-sixth session's device calls, each part bounded, the logs packed into $OUT/s26.tar.gz after every part.
-#   CALL=pingpong: scripts/device_session25.sh's CALL=pingpong (the Hopper prefill attention's consumers taking turns
-#           at their MMAs against free drift; the kernel's and the model-level CUDA tests), logs in $OUT/s25.
+#   (call 3 ran scripts/device_session25.sh's CALL=pingpong, removed with the variant after the session)
 #   CALL=served: the ~3,000-token prompts at qps 4 with the warp-specialised prefill attention (the default), prefill
 #           caps 512 and 1,024 (graph-fitted chunks), then one 16k-token prompt's TTFT alone (median of 5).
 #   CALL=pace: paced plans (plan_slack_ms, for each of SLACKS, default "0 1"): the ~3,000-token prompts at qps 4 with
@@ -13,7 +12,6 @@ source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, 
 session_logs s26
 
 case ${CALL:-served} in
-  pingpong) CALL=pingpong bash "$(dirname "$0")/device_session25.sh" ;;
   served)
     for cap in 512 1024; do
       engine_up "ws_cap$cap" RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=$cap || continue

@@ -33,15 +33,6 @@ def test_stages_are_handed_over_by_mbarrier_and_tma(skip_single):
     assert "setmaxnreg" in ptx and kernel.metadata.shared <= 227 * 1024
 
 
-def test_ping_pong_makes_the_consumers_take_turns():
-    """With the consumers' turns on (`INFER_CUDA_WS_PREFILL_PINGPONG=1`), each waits for its turn before its MMAs
-    and passes it on: two more mbarrier waits in the PTX than without, the same shared memory but the turn barriers."""
-    free, turns = W.compile_sm90(pingpong=False), W.compile_sm90(pingpong=True)
-    waits = [len(re.findall(r"mbarrier\.try_wait", k.asm["ptx"])) for k in (free, turns)]
-    assert waits[1] == waits[0] + 2
-    assert turns.metadata.shared - free.metadata.shared == 32  # two 8-byte barriers, aligned
-
-
 def test_three_stages_hold_q_in_registers_within_shared_memory():
     kernel = W.compile_sm90(stages=3)
     assert kernel.metadata.shared <= 227 * 1024  # three K and three V tiles of 128 x 128, no Q tile

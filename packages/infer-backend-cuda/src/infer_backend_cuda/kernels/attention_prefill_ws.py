@@ -66,8 +66,6 @@ BLOCK_N = 128
 # K and V tiles in flight (a ring of STAGES each). Two keep Q in shared memory (the scores MMA's A from there, 160
 # KB); three hold Q in registers (32 a thread) to make room for the third stage (192 KB of tiles). A/B switch.
 STAGES = int(os.environ.get("INFER_CUDA_WS_PREFILL_STAGES", "2"))
-# INFER_CUDA_WS_PREFILL_PINGPONG=1: the consumers take turns issuing their MMAs (A/B runs; `_consumer`).
-PINGPONG = os.environ.get("INFER_CUDA_WS_PREFILL_PINGPONG", "0").strip() == "1"
 CONSUMER_WARPS = 4  # a warpgroup a consumer; the producer is one warp (`_prefill_kernel`'s `[num_warps, 1]`)
 # Registers a thread in each worker partition (the second consumer warpgroup, the producer warp): the 12 warps (three
 # warpgroups, the producer's padded) launch with 168 each (65,536 / 384, rounded down to 8); the first consumer
@@ -156,12 +154,12 @@ def _producer(k_desc, v_desc, bt_row, kv_end, n_tiles, kv_col, oob_row, k_smem, 
 
 @gluon.jit
 def _consumer(q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt, qk_scale, kv_end, n_tiles,
-              full_tiles, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, HALF: gl.constexpr,
+              full_tiles, q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, HALF: gl.constexpr,
               PAGE: gl.constexpr, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
-    """Rows `HALF * HALF_M` on of the program's query tile: the online softmax over every key tile. With PINGPONG
-    the two consumers take turns issuing their MMAs (`turn[HALF]` is this one's), so that one's softmax runs under
-    the other's MMAs (FlashAttention-3's ping-pong, on mbarriers)."""
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Rows `HALF * HALF_M` on of the program's query tile: the online softmax over every key tile. The two
+    consumers drift freely (taking turns at the MMAs, FlashAttention-3's ping-pong on mbarriers, measured no faster
+    on an H100: docs/benchmarks.md, twenty-sixth session)."""
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     warps: gl.constexpr = gl.num_warps()
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps, 1],
@@ -203,23 +201,14 @@ def _consumer(q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt
         else:
             p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, 0, q_pos, qk_scale, keys_layout, True, BLOCK_N)
         p_op = gl.convert_layout(p.to(dtype), p_operand)
-        if PINGPONG:
-            if HALF == 1:
-                mbarrier.arrive(turn.index(0))  # the first consumer goes first
         for j in range(1, n_tiles):
             stage = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(stage), (j // STAGES) & 1)
-            if PINGPONG:
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-                mbarrier.wait(turn.index(HALF), (j - 1) & 1)
             s = warpgroup_mma(q_a, k_smem.index(stage).permute((1, 0)),
                               gl.zeros([HALF_M, BLOCK_N], gl.float32, mma_s), use_acc=False, is_async=True)
-            if not PINGPONG:
-                mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
             o = warpgroup_mma(p_op, v_smem.index(prev), o, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn.index(1 - HALF))
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))  # the scores; P_{j-1} V_{j-1} still in flight
             mbarrier.arrive(k_free.index(stage))
             if j >= full_tiles:
@@ -267,7 +256,7 @@ def _consumer(q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt
 def _prefill_kernel(q_ptr, o_ptr, k_desc, v_desc, qsl_ptr, seq_lens_ptr, bt_ptr, q_s0, q_s1, o_s0, o_s1, bt_s0,
                     qk_scale, n_kv_heads, n_seq, oob_row, PAGE: gl.constexpr, GROUP: gl.constexpr,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                    STAGES: gl.constexpr, BLOCK_B: gl.constexpr, SKIP_SINGLE: gl.constexpr, PINGPONG: gl.constexpr,
+                    STAGES: gl.constexpr, BLOCK_B: gl.constexpr, SKIP_SINGLE: gl.constexpr,
                     WORKER_REGS_0: gl.constexpr, WORKER_REGS_1: gl.constexpr, num_warps: gl.constexpr):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
     pid = gl.program_id(0)
@@ -299,12 +288,6 @@ def _prefill_kernel(q_ptr, o_ptr, k_desc, v_desc, qsl_ptr, seq_lens_ptr, bt_ptr,
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    if PINGPONG:
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(turn.index(0), count=1)
-        mbarrier.init(turn.index(1), count=1)
-    else:
-        turn = k_ready  # unused: the kernel as measured, no turn barriers
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
@@ -314,11 +297,11 @@ def _prefill_kernel(q_ptr, o_ptr, k_desc, v_desc, qsl_ptr, seq_lens_ptr, bt_ptr,
     bt_row = bt_ptr + b.to(gl.int64) * bt_s0
     gl.warp_specialize([
         (_consumer, (q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt, qk_scale, kv_end, n_tiles,
-                     full_tiles, q_smem.index(0), k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, 0, PAGE,
-                     GROUP, HEAD_DIM, BLOCK_M, HALF_M, BLOCK_N, STAGES, PINGPONG)),
+                     full_tiles, q_smem.index(0), k_smem, v_smem, k_ready, v_ready, k_free, v_free, 0, PAGE,
+                     GROUP, HEAD_DIM, BLOCK_M, HALF_M, BLOCK_N, STAGES)),
         (_consumer, (q_ptr, o_ptr, q_s0, q_s1, o_s0, o_s1, q_start, q_len, ctx, kvh, mt, qk_scale, kv_end, n_tiles,
-                     full_tiles, q_smem.index(1), k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, 1, PAGE,
-                     GROUP, HEAD_DIM, BLOCK_M, HALF_M, BLOCK_N, STAGES, PINGPONG)),
+                     full_tiles, q_smem.index(1), k_smem, v_smem, k_ready, v_ready, k_free, v_free, 1, PAGE,
+                     GROUP, HEAD_DIM, BLOCK_M, HALF_M, BLOCK_N, STAGES)),
         (_producer, (k_desc, v_desc, bt_row, kv_end, n_tiles, kvh * HEAD_DIM, oob_row, k_smem, v_smem, k_ready,
                      v_ready, k_free, v_free, PAGE, BLOCK_N, STAGES)),
     ], [num_warps, 1], [WORKER_REGS_0, WORKER_REGS_1])
@@ -374,13 +357,13 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: t
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         qk_scale, num_kv_heads, n_seq, num_blocks * page,
         PAGE=page, GROUP=group, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, HALF_M=HALF_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
-        BLOCK_B=ragged_block_b(n_seq), SKIP_SINGLE=skip_single_token, PINGPONG=PINGPONG, WORKER_REGS_0=WORKER_REGS[0],
+        BLOCK_B=ragged_block_b(n_seq), SKIP_SINGLE=skip_single_token, WORKER_REGS_0=WORKER_REGS[0],
         WORKER_REGS_1=WORKER_REGS[1], num_warps=CONSUMER_WARPS,
     )
 
 
-def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False, stages: int | None = None,
-                 pingpong: bool | None = None):  # noqa: ANN201 - a CompiledKernel
+def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False,
+                 stages: int | None = None):  # noqa: ANN201 - a CompiledKernel
     """The kernel compiled for sm_90 without a GPU (tests check that it builds and how it synchronises)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -395,7 +378,6 @@ def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False, stag
     types |= {"qk_scale": "fp32"}
     constexprs = {"PAGE": page, "GROUP": group, "HEAD_DIM": HEAD_DIM, "BLOCK_M": BLOCK_M, "HALF_M": HALF_M,
                   "BLOCK_N": BLOCK_N, "STAGES": stages or STAGES, "BLOCK_B": ragged_block_b(1), "SKIP_SINGLE": skip_single,
-                  "PINGPONG": PINGPONG if pingpong is None else pingpong,
                   "WORKER_REGS_0": WORKER_REGS[0], "WORKER_REGS_1": WORKER_REGS[1], "num_warps": CONSUMER_WARPS}
     divisible = ("q_ptr", "o_ptr", "qsl_ptr", "seq_lens_ptr", "bt_ptr", "q_s0", "q_s1", "o_s0", "o_s1")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
