@@ -12,8 +12,8 @@ Five clusters, started at once and shared by the tests (module scope); `ref` is 
 | `tight` | on             | off                                     | 40 blocks of 4 = 160 tokens       |
 | `sync`  | on             | off                                     | as `tight`, synchronous pipeline  |
 
-Every cluster but `sync` runs the one-step-ahead pipeline (`enable_overlap`, the default); `both` also holds each
-plan until shortly before the worker needs it (`plan_slack_ms`).
+Every cluster but `sync` runs the one-step-ahead pipeline (`enable_overlap`, the default), each plan held until
+shortly before the worker needs it (`plan_slack_ms`, the default) but in `ref`, which sends it as a step starts.
 
 Exact token lists are compared across clusters (a cache hit, a chunk boundary or a preemption that changes a
 single token fails the test), and the scheduler's Prometheus counters are read back with exact deltas.
@@ -110,12 +110,12 @@ def _write_checkpoint(path: Path, tokenizer_dir: Path) -> None:
 # ------------------------------------------------------------------ clusters
 
 CLUSTERS: dict[str, dict[str, object]] = {
-    "ref": dict(enable_prefix_caching=False, block_size=16),
+    "ref": dict(enable_prefix_caching=False, block_size=16, plan_slack_ms=0.0),
     "chunk": dict(enable_prefix_caching=False, block_size=16, chunked_prefill_size=CHUNK,
                   max_batch_tokens=STEP_TOKENS),
     # `chunk` lets a lone prompt take the whole step budget (the default); `both` keeps its chunks of 8 alone too
     "both": dict(enable_prefix_caching=True, block_size=BOTH_BLOCK_SIZE, chunked_prefill_size=CHUNK,
-                 max_batch_tokens=STEP_TOKENS, idle_prefill_uses_step_budget=False, plan_slack_ms=0.5),
+                 max_batch_tokens=STEP_TOKENS, idle_prefill_uses_step_budget=False),
     # worker_timeout_secs: the refusal test stops this worker (SIGSTOP) for a moment; it must not be taken for lost
     "tight": dict(enable_prefix_caching=True, block_size=TIGHT_BLOCK_SIZE, num_blocks=TIGHT_BLOCKS,
                   worker_timeout_secs=60.0),

@@ -15,7 +15,6 @@ from infer_protocol.config_cli import FieldSpec, add_config_arguments, field_spe
 # Fields whose type-generic example below would be refused or would not differ from the default.
 EXAMPLES: dict[str, tuple[list[str], Any]] = {
     "api_key": (["--api-key", "12345,key-2"], "12345,key-2"),  # str | list[str]: the text as typed (digits too)
-    "plan_slack_ms": (["--plan-slack-ms", "1.5"], 1.5),  # a float whose default is 0
 }
 
 

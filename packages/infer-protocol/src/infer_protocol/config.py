@@ -114,7 +114,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
         description="with enable_overlap: hold the next step's plan until this many ms (beyond the measured "
                     "planning and worker launch times) before the running step is predicted to end, so that a "
                     "request arriving meanwhile joins the next step rather than the one after; 0 = send it as "
-                    "soon as a step starts")] = 0.0
+                    "soon as a step starts")] = 1.0
     ignore_eos: Annotated[bool, Meta(description="default for requests: keep generating past EOS (benchmarks)")] = False
     # KV cache
     mem_fraction_static: Annotated[float, Meta(
