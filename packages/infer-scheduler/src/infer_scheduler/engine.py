@@ -202,6 +202,11 @@ class Engine:
         return len(self._inflight)
 
     @property
+    def last_planned_tokens(self) -> int:
+        """Tokens the most recently planned step computes (0 with none in flight)."""
+        return self._inflight[-1].num_tokens if self._inflight else 0
+
+    @property
     def can_plan(self) -> bool:
         """Another step may be planned now (fewer than `max_inflight_steps` are in flight)."""
         return len(self._inflight) < self.max_inflight_steps

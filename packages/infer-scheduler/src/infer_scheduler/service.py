@@ -564,8 +564,7 @@ class Service:
                 if self._unscheduled and plan.new_seqs:
                     self._scheduled([ns.seq_id for ns in plan.new_seqs])
                 self._unsent = self._to_worker.encode(plan)
-                self._unsent_step = (plan.step, sum(s.num_tokens for s in plan.new_seqs)
-                                     + sum(s.num_tokens for s in plan.continuing))
+                self._unsent_step = (plan.step, engine.last_planned_tokens)
             try:
                 self.push.send(self._unsent, zmq.NOBLOCK)
                 self._unsent = None
