@@ -51,7 +51,7 @@ case ${CALL:-mid} in
     # table and without; then CALL=served in a second call
     gpu_tests next 100 tests/backend_cuda/test_mid_gemm.py tests/backend_cuda/test_compile_watch.py
     tune_mid next "${BUDGET:-150}"
-    ROOFLINE_TIMEOUT=120 replays_mid next 2,4,8,16,64,96 ;;
+    ROOFLINE_TIMEOUT=${ROOFLINE_TIMEOUT:-110} replays_mid next ${BATCHES:-1,2,4,8,64,96} ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
     if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G

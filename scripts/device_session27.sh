@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The twenty-seventh session's device calls, each part bounded, the logs packed into $OUT/s27.tar.gz after every part.
+#   CALL=mixed: what a chat prompt's chunk costs beside ~96 decodes (bench/mixed_step.py at the chat shape: 96 decodes
+#           at 400 tokens of context, padded to the 128-row decode graph, and chunks of 32 / 96 / 160 tokens in the
+#           128- and 256-token mixed graphs), kernels ranked at chunks 0 and 160. The chat ITL p99 at qps 32 is a mixed
+#           step; predicted: ~+1 ms at 160 tokens (the GEMMs at 256 rows past the weight stream), ~0 at 32 (same rows).
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mixed COMMIT=abc1234 bash scripts/device_session27.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, pack
+session_logs s27
+
+case ${CALL:-mixed} in
+  mixed)
+    timeout 240 python3 bench/mixed_step.py --model-dir bench/models/qwen3-4b --decodes "${DECODES:-96}" \
+      --context 400 --prompt 192 --chunks 0,32,96,160 --capture-tokens 64,128,256,512 --steps 20 --profile 0,32,160 \
+      --out "$LOGS/mixed_chat.json" > "$LOGS/mixed_chat.log" 2>&1
+    echo "mixed_step rc=$?"; grep -A6 "^ *chunk *tokens" "$LOGS/mixed_chat.log"
+    grep -A12 "^chunk .*kernels" "$LOGS/mixed_chat.log" | cut -c1-110 ;;
+  *) echo "unknown CALL ${CALL}" ;;
+esac
+pack
