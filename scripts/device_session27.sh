@@ -4,6 +4,10 @@
 #           at 400 tokens of context, padded to the 128-row decode graph, and chunks of 32 / 96 / 160 tokens in the
 #           128- and 256-token mixed graphs), kernels ranked at chunks 0 and 160. The chat ITL p99 at qps 32 is a mixed
 #           step; predicted: ~+1 ms at 160 tokens (the GEMMs at 256 rows past the weight stream), ~0 at 32 (same rows).
+#   CALL=buckets: chat at qps 32 (DURATION s) on three engines: the served config; finer mixed-graph token buckets
+#           (BUCKETS); those buckets with a 96-token prefill cap. A chat prompt beside ~96 decodes pads its mixed step to
+#           the 256-token graph: at 192 rows the GEMMs are still near the weight stream, at 256 past the ridge
+#           (~3.2 ms against ~2.4 on the H200). Predicted: ITL p99 -0.5 to -0.8 ms with both, p50 unchanged.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mixed COMMIT=abc1234 bash scripts/device_session27.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, pack
@@ -16,6 +20,19 @@ case ${CALL:-mixed} in
       --out "$LOGS/mixed_chat.json" > "$LOGS/mixed_chat.log" 2>&1
     echo "mixed_step rc=$?"; grep -A6 "^ *chunk *tokens" "$LOGS/mixed_chat.log"
     grep -A12 "^chunk .*kernels" "$LOGS/mixed_chat.log" | cut -c1-110 ;;
+  buckets)
+    buckets=${BUCKETS:-[64,128,160,192,224,256,320,384,512,1024,2048]}
+    for spec in "base" "fine" "fine96"; do
+      extra=()
+      case $spec in
+        fine) extra=("RUSTINFER_CAPTURE_TOKENS=$buckets") ;;
+        fine96) extra=("RUSTINFER_CAPTURE_TOKENS=$buckets" RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=96) ;;
+      esac
+      engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
+      grep -h "mixed steps of up to" "$LOGS/serve_$spec.log" | cut -c1-160
+      sweep "${spec}_chat" "${LEVELS:-32}"
+      engine_down "$spec"; pack
+    done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
 pack
