@@ -68,7 +68,8 @@ def main() -> None:
     dtype = DType.BFLOAT16 if args.backend == "cuda" else DType.FLOAT32
     model, spec = load_model(args.model_dir, backend, dtype, "dummy", 0)
     params = gemm_params(model)
-    n_steps = len(chunks) * (args.steps + 2) * (2 if args.eager else 1) + 8
+    profiled = [c for c in args.profile.split(",") if c]
+    n_steps = len(chunks) * (args.steps + 2) * (2 if args.eager else 1) + 3 * len(profiled) + 8
     decode_blocks = math.ceil((args.context + n_steps) / args.block_size)
     prompt_blocks = math.ceil((args.prompt + 1) / args.block_size)
     caches = allocate_caches(backend, spec, args.decodes * decode_blocks + prompt_blocks, args.block_size,

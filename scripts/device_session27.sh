@@ -8,6 +8,11 @@
 #           (BUCKETS); those buckets with a 96-token prefill cap. A chat prompt beside ~96 decodes pads its mixed step to
 #           the 256-token graph: at 192 rows the GEMMs are still near the weight stream, at 256 past the ridge
 #           (~3.2 ms against ~2.4 on the H200). Predicted: ITL p99 -0.5 to -0.8 ms with both, p50 unchanged.
+#   CALL=streams: the mixed step's prefill attention on a side stream (INFER_CUDA_MIXED_ATTENTION_STREAMS): its GPU
+#           test, then the chat-shape mixed step (CALL=mixed's, unprofiled) with the switch off and on. The mixed
+#           128-token graph took 8.35 ms against the 128-row decode graph's 6.94 (H100): the prefill attention of a
+#           32-token chunk ran after the decode attention, ~20 us a layer of few programs. Predicted: most of that
+#           hidden under the decode attention, -0.4 to -0.7 ms a mixed step.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mixed COMMIT=abc1234 bash scripts/device_session27.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, pack
@@ -32,6 +37,14 @@ case ${CALL:-mixed} in
       grep -h "mixed steps of up to" "$LOGS/serve_$spec.log" | cut -c1-160
       sweep "${spec}_chat" "${LEVELS:-32}"
       engine_down "$spec"; pack
+    done ;;
+  streams)
+    gpu_tests streams 120 tests/backend_cuda/test_attention.py -k "two_streams or mixed or port"
+    for on in 0 1; do
+      INFER_CUDA_MIXED_ATTENTION_STREAMS=$on timeout 150 python3 bench/mixed_step.py --model-dir bench/models/qwen3-4b \
+        --decodes 96 --context 400 --prompt 192 --chunks 0,32,96,160 --capture-tokens 64,128,256,512 --steps 20 \
+        --out "$LOGS/streams$on.json" > "$LOGS/streams$on.log" 2>&1
+      echo "mixed_step streams=$on rc=$?"; grep -A6 "^ *chunk *tokens" "$LOGS/streams$on.log"; pack
     done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac

@@ -332,3 +332,67 @@ H200 = dict(regs_per_sm=65536, shared_per_sm=233472, threads_per_sm=2048)
 def test_resident_programs_takes_the_tightest_resource(n_regs, warps, shared, programs) -> None:  # noqa: ANN001
     assert resident_programs(n_regs, warps, shared, **H200) == programs
 
+
+
+def _port_mixed_batch(pb, tokens: int, device) -> AttentionBatch:  # noqa: ANN001 - a PagedBatch
+    return AttentionBatch(
+        positions=torch.zeros(tokens, dtype=torch.int64, device=device),
+        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=device),
+        query_start_loc=pb.query_start_loc,
+        seq_lens=pb.seq_lens,
+        block_tables=pb.block_tables,
+        max_query_len=int((pb.query_start_loc[1:] - pb.query_start_loc[:-1]).max()),
+        max_seq_len=int(pb.seq_lens.max()),
+        is_decode=False,
+        block_size=pb.block_size,
+    )
+
+
+@gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mixed_attention_on_two_streams_equals_one_stream(monkeypatch):
+    """A chat-shaped mixed step (Qwen3-4B heads: a 40-token chunk beside 24 decodes at scattered contexts) with the
+    prefill attention forked to a side stream: eagerly and as a replayed CUDA graph, every row equals the one-stream
+    run bit for bit (the kernels write disjoint rows), and the reference."""
+    import infer_backend_cuda.ops as O
+
+    q_lens = [1] * 24 + [40]
+    ctx = [50 + 37 * i for i in range(24)] + [230]
+    pb = make_paged_batch(q_lens, ctx, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=21)
+    batch = _port_mixed_batch(pb, pb.q.shape[0], "cuda")
+    ops = TritonFusedOps(CudaMathOps())
+    monkeypatch.setattr(O, "MIXED_STREAMS", False)
+    one = ops.paged_attention(pb.q, pb.k_cache, pb.v_cache, batch, 128**-0.5)
+    monkeypatch.setattr(O, "MIXED_STREAMS", True)
+    two = ops.paged_attention(pb.q, pb.k_cache, pb.v_cache, batch, 128**-0.5)
+    torch.cuda.synchronize()
+    assert torch.equal(one, two)
+    torch.testing.assert_close(two.float().cpu(), ref_paged_attention(pb, 128**-0.5).float(), **tol(torch.bfloat16))
+
+    static_out = torch.empty_like(one)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as the backend's capture_graph does
+        static_out.copy_(ops.paged_attention(pb.q, pb.k_cache, pb.v_cache, batch, 128**-0.5))
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out.copy_(ops.paged_attention(pb.q, pb.k_cache, pb.v_cache, batch, 128**-0.5))
+    poison(static_out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, one)
+
+
+def test_mixed_attention_streams_leave_cpu_tensors_on_one_path(monkeypatch):
+    """The side stream is a CUDA one: with the switch on, a mixed batch of CPU tensors (the interpreted kernels)
+    still runs both kernels in order and equals the reference."""
+    import infer_backend_cuda.ops as O
+
+    if torch.cuda.is_available():
+        pytest.skip("the interpreted kernels run on CPU tensors only without a GPU")
+    monkeypatch.setattr(O, "MIXED_STREAMS", True)
+    pb = make_paged_batch([1, 6, 1], [9, 11, 26], 4, 2, 16, 4, torch.float32, "cpu", seed=7)
+    y = TritonFusedOps(CudaMathOps()).paged_attention(pb.q, pb.k_cache, pb.v_cache,
+                                                      _port_mixed_batch(pb, pb.q.shape[0], "cpu"), 0.25)
+    torch.testing.assert_close(y, ref_paged_attention(pb, 0.25), **tol(torch.float32))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -16,6 +19,17 @@ from infer_core.ports.fused_ops import (
 )
 
 GemmConfig = skinny.SkinnyConfig | mid.MidConfig
+# INFER_CUDA_MIXED_ATTENTION_STREAMS=1: a mixed step's prefill attention runs on a side stream beside the decode
+# attention (captured graphs hold the fork and join), so a small chunk's few prefill programs run under the decode
+# kernel's KV stream instead of after it (A/B runs; read once at import, like the other switches).
+MIXED_STREAMS_ENV = "INFER_CUDA_MIXED_ATTENTION_STREAMS"
+MIXED_STREAMS = os.environ.get(MIXED_STREAMS_ENV, "0").strip() != "0"
+
+
+@functools.cache
+def _side_stream(device_index: int) -> torch.cuda.Stream:
+    """The stream a mixed step's prefill attention forks to (one per device, created outside any capture)."""
+    return torch.cuda.Stream(device_index)
 
 
 class CudaMathOps:
@@ -157,21 +171,32 @@ class TritonFusedOps:
         full tile's tensor-core work for each of its K/V tiles; the prefill kernel all others."""
         if batch.is_decode:
             return kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale)
-        out = kernels.paged_attention_prefill(
-            q,
-            k_cache,
-            v_cache,
-            batch.query_start_loc,
-            batch.seq_lens,
-            batch.block_tables,
-            batch.max_query_len,
-            scale,
-            skip_single_token=True,
-        )
-        return kernels.paged_attention_decode(
-            q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
-            query_start_loc=batch.query_start_loc,
-        )
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+
+        def prefill() -> None:
+            kernels.paged_attention_prefill(
+                q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, batch.max_query_len,
+                scale, out=out, skip_single_token=True,
+            )
+
+        def decode() -> None:
+            kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
+                                           query_start_loc=batch.query_start_loc)
+
+        if not (MIXED_STREAMS and q.is_cuda):
+            prefill()
+            decode()
+            return out
+        # The two kernels write disjoint rows of `out` and only read what the step stored before the fork. Every
+        # tensor the side stream touches was allocated on this one, which waits for it before going on.
+        main = torch.cuda.current_stream(q.device)
+        side = _side_stream(q.device.index if q.device.index is not None else torch.cuda.current_device())
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            prefill()
+        decode()
+        main.wait_stream(side)
+        return out
 
 
 class SingleDeviceCollective:
