@@ -39,10 +39,10 @@ case ${CALL:-mixed} in
       engine_down "$spec"; pack
     done ;;
   streams)
-    gpu_tests streams 120 tests/backend_cuda/test_attention.py -k "two_streams or mixed or port"
+    gpu_tests streams "${TEST_S:-120}" tests/backend_cuda/test_attention.py -k "two_streams or mixed or port"
     for on in 0 1; do
-      INFER_CUDA_MIXED_ATTENTION_STREAMS=$on timeout 150 python3 bench/mixed_step.py --model-dir bench/models/qwen3-4b \
-        --decodes 96 --context 400 --prompt 192 --chunks 0,32,96,160 --capture-tokens 64,128,256,512 --steps 20 \
+      INFER_CUDA_MIXED_ATTENTION_STREAMS=$on timeout "${RUN_S:-150}" python3 bench/mixed_step.py --model-dir bench/models/qwen3-4b \
+        --decodes 96 --context 400 --prompt 192 --chunks "${CHUNKS:-0,32,96,160}" --capture-tokens 64,128,256,512 --steps "${STEPS:-20}" \
         --out "$LOGS/streams$on.json" > "$LOGS/streams$on.log" 2>&1
       echo "mixed_step streams=$on rc=$?"; grep -A6 "^ *chunk *tokens" "$LOGS/streams$on.log"; pack
     done ;;
