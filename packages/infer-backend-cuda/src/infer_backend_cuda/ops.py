@@ -28,7 +28,8 @@ MIXED_STREAMS = os.environ.get(MIXED_STREAMS_ENV, "0").strip() != "0"
 
 @functools.cache
 def _side_stream(device_index: int) -> torch.cuda.Stream:
-    """The stream a mixed step's prefill attention forks to (one per device, created outside any capture)."""
+    """The stream a mixed step's prefill attention forks to: one per device, made at the first mixed step (a graph's
+    warm-up runs before its capture, so never inside one)."""
     return torch.cuda.Stream(device_index)
 
 
