@@ -123,7 +123,7 @@ def main() -> None:
                 step(runner, chunk)
             row[f"{name}_ms"] = statistics.median(step(runner, chunk) for _ in range(args.steps)) * 1e3
         row["tflops"] = 2 * params * tokens / (row["graph_ms"] * 1e-3) / 1e12 if params else 0.0
-        if str(chunk) in args.profile.split(","):
+        if str(chunk) in profiled:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 for _ in range(3):
                     step(graph, chunk)

@@ -250,23 +250,27 @@ def test_port_dispatch_decode_equals_prefill(device):
     torch.testing.assert_close(a.cpu(), ref_paged_attention(pb, 0.25), **tol(torch.float32))
 
 
-def test_port_mixed_batch_runs_one_token_rows_on_the_decode_kernel(device, monkeypatch):
-    """Through the FusedOps port: a mixed batch padded like a captured graph (an empty sequence, token rows past
-    the batch) equals the reference, with its one-token sequences handed to the decode kernel by row."""
-    pb = make_paged_batch([1, 6, 1, 0, 1], [9, 11, 26, 0, 1], 4, 2, 16, 4, torch.float32, device, seed=5)
-    q = torch.cat([pb.q, torch.randn(3, 4, 16, device=device)])  # 3 padding token rows
-    tokens = q.shape[0]
-    batch = AttentionBatch(
+def _port_mixed_batch(pb, tokens: int, device) -> AttentionBatch:  # noqa: ANN001 - a PagedBatch
+    """`pb` as a mixed step's batch through the port, over `tokens` token rows (padding rows past its own)."""
+    return AttentionBatch(
         positions=torch.zeros(tokens, dtype=torch.int64, device=device),
         slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=device),
         query_start_loc=pb.query_start_loc,
         seq_lens=pb.seq_lens,
         block_tables=pb.block_tables,
-        max_query_len=6,
-        max_seq_len=26,
+        max_query_len=int((pb.query_start_loc[1:] - pb.query_start_loc[:-1]).max()),
+        max_seq_len=int(pb.seq_lens.max()),
         is_decode=False,
         block_size=pb.block_size,
     )
+
+
+def test_port_mixed_batch_runs_one_token_rows_on_the_decode_kernel(device, monkeypatch):
+    """Through the FusedOps port: a mixed batch padded like a captured graph (an empty sequence, token rows past
+    the batch) equals the reference, with its one-token sequences handed to the decode kernel by row."""
+    pb = make_paged_batch([1, 6, 1, 0, 1], [9, 11, 26, 0, 1], 4, 2, 16, 4, torch.float32, device, seed=5)
+    q = torch.cat([pb.q, torch.randn(3, 4, 16, device=device)])  # 3 padding token rows
+    batch = _port_mixed_batch(pb, q.shape[0], device)
     calls = []
     decode = K.paged_attention_decode
 
@@ -332,20 +336,6 @@ H200 = dict(regs_per_sm=65536, shared_per_sm=233472, threads_per_sm=2048)
 def test_resident_programs_takes_the_tightest_resource(n_regs, warps, shared, programs) -> None:  # noqa: ANN001
     assert resident_programs(n_regs, warps, shared, **H200) == programs
 
-
-
-def _port_mixed_batch(pb, tokens: int, device) -> AttentionBatch:  # noqa: ANN001 - a PagedBatch
-    return AttentionBatch(
-        positions=torch.zeros(tokens, dtype=torch.int64, device=device),
-        slot_mapping=torch.full((tokens,), -1, dtype=torch.int64, device=device),
-        query_start_loc=pb.query_start_loc,
-        seq_lens=pb.seq_lens,
-        block_tables=pb.block_tables,
-        max_query_len=int((pb.query_start_loc[1:] - pb.query_start_loc[:-1]).max()),
-        max_seq_len=int(pb.seq_lens.max()),
-        is_decode=False,
-        block_size=pb.block_size,
-    )
 
 
 @gpu
