@@ -13,6 +13,7 @@
 #           128-token graph took 8.35 ms against the 128-row decode graph's 6.94 (H100): the prefill attention of a
 #           32-token chunk ran after the decode attention, ~20 us a layer of few programs. Predicted: most of that
 #           hidden under the decode attention, -0.4 to -0.7 ms a mixed step.
+#   CALL=streams_served: chat at qps LEVELS (DURATION s) on the served config with the switch off, then on.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mixed COMMIT=abc1234 bash scripts/device_session27.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, pack
@@ -45,6 +46,14 @@ case ${CALL:-mixed} in
         --decodes 96 --context 400 --prompt 192 --chunks "${CHUNKS:-0,32,96,160}" --capture-tokens 64,128,256,512 --steps "${STEPS:-20}" \
         --out "$LOGS/streams$on.json" > "$LOGS/streams$on.log" 2>&1
       echo "mixed_step streams=$on rc=$?"; grep -A6 "^ *chunk *tokens" "$LOGS/streams$on.log"; pack
+    done ;;
+  streams_served)
+    for spec in base streams; do
+      extra=()
+      [ "$spec" = streams ] && extra=(INFER_CUDA_MIXED_ATTENTION_STREAMS=1)
+      engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
+      sweep "${spec}_chat" "${LEVELS:-32}"
+      engine_down "$spec"; pack
     done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
