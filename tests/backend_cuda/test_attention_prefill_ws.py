@@ -33,6 +33,17 @@ def test_stages_are_handed_over_by_mbarrier_and_tma(skip_single):
     assert "setmaxnreg" in ptx and kernel.metadata.shared <= 227 * 1024
 
 
+@pytest.mark.parametrize("use_pdl", [True, False])
+def test_waits_for_its_producer_only_under_programmatic_dependent_launch(use_pdl):
+    """Under PDL the kernel lets the next one launch and waits for the q/k store before any load; without it, no
+    grid-dependency instruction at all."""
+    ptx = W.compile_sm90(use_pdl=use_pdl).asm["ptx"]
+    waits, launches = ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")
+    assert (waits, launches) == ((1, 1) if use_pdl else (0, 0))
+    if use_pdl:  # the wait comes before the first load of q or the first TMA copy of the cache
+        assert ptx.index("griddepcontrol.wait") < min(ptx.index("ld.global"), ptx.index("cp.async.bulk.tensor"))
+
+
 def test_three_stages_hold_q_in_registers_within_shared_memory():
     kernel = W.compile_sm90(stages=3)
     assert kernel.metadata.shared <= 227 * 1024  # three K and three V tiles of 128 x 128, no Q tile

@@ -52,7 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, interpreting
+from infer_backend_cuda.kernels._common import check_last_dim_contiguous, interpreting, pdl_launch
 from infer_backend_cuda.kernels._ragged import ragged_block_b
 
 # Names that moved between Triton 3.6 (the device image) and 3.9 (this workspace).
@@ -76,6 +76,9 @@ if STAGES not in (2, 3):
 # INFER_CUDA_WS_PREFILL=0 serves the Triton kernel where this one could (A/B runs). Read once at import.
 ENABLED_ENV = "INFER_CUDA_WS_PREFILL"
 ENABLED = os.environ.get(ENABLED_ENV, "1").strip() != "0"
+# INFER_CUDA_WS_PREFILL_PDL=0 launches it without programmatic dependent launch (A/B runs: in a mixed step it sits
+# between the q/k norm + RoPE + store and the decode attention, both launched under PDL). Read once at import.
+PDL = os.environ.get("INFER_CUDA_WS_PREFILL_PDL", "1").strip() != "0"
 
 
 # Reductions through gl.reduce with Gluon combine functions: gl.sum / gl.max wrap triton.language's, which are
@@ -88,6 +91,12 @@ def _add(a, b):
 @gluon.jit
 def _max(a, b):
     return gl.maximum(a, b)
+
+
+@gluon.jit
+def _grid_dependency(instruction: gl.constexpr):
+    """A `griddepcontrol` instruction (Triton's `gdc_wait` / `gdc_launch_dependents` are not Gluon builtins)."""
+    gl.inline_asm_elementwise(instruction + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -257,8 +266,12 @@ def _prefill_kernel(q_ptr, o_ptr, k_desc, v_desc, qsl_ptr, seq_lens_ptr, bt_ptr,
                     qk_scale, n_kv_heads, n_seq, oob_row, PAGE: gl.constexpr, GROUP: gl.constexpr,
                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, HALF_M: gl.constexpr, BLOCK_N: gl.constexpr,
                     STAGES: gl.constexpr, BLOCK_B: gl.constexpr, SKIP_SINGLE: gl.constexpr,
-                    WORKER_REGS_0: gl.constexpr, WORKER_REGS_1: gl.constexpr, num_warps: gl.constexpr):
+                    WORKER_REGS_0: gl.constexpr, WORKER_REGS_1: gl.constexpr, USE_PDL: gl.constexpr,
+                    num_warps: gl.constexpr):
     dtype: gl.constexpr = q_ptr.dtype.element_ty
+    if USE_PDL:  # programmatic dependent launch: start early, read the step's q and cache only after the producer ends
+        _grid_dependency("griddepcontrol.launch_dependents;")
+        _grid_dependency("griddepcontrol.wait;")
     pid = gl.program_id(0)
     kvh = pid % n_kv_heads
     tile = gl.num_programs(0) // n_kv_heads - 1 - pid // n_kv_heads  # longest first, as the Triton kernel
@@ -359,11 +372,12 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: t
         PAGE=page, GROUP=group, HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, HALF_M=HALF_M, BLOCK_N=BLOCK_N, STAGES=STAGES,
         BLOCK_B=ragged_block_b(n_seq), SKIP_SINGLE=skip_single_token, WORKER_REGS_0=WORKER_REGS[0],
         WORKER_REGS_1=WORKER_REGS[1], num_warps=CONSUMER_WARPS,
+        **(pdl_launch(q.device) if PDL else {"USE_PDL": False}),
     )
 
 
 def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False,
-                 stages: int | None = None):  # noqa: ANN201 - a CompiledKernel
+                 stages: int | None = None, use_pdl: bool = True):  # noqa: ANN201 - a CompiledKernel
     """The kernel compiled for sm_90 without a GPU (tests check that it builds and how it synchronises)."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -378,7 +392,8 @@ def compile_sm90(group: int = 4, page: int = 16, skip_single: bool = False,
     types |= {"qk_scale": "fp32"}
     constexprs = {"PAGE": page, "GROUP": group, "HEAD_DIM": HEAD_DIM, "BLOCK_M": BLOCK_M, "HALF_M": HALF_M,
                   "BLOCK_N": BLOCK_N, "STAGES": stages or STAGES, "BLOCK_B": ragged_block_b(1), "SKIP_SINGLE": skip_single,
-                  "WORKER_REGS_0": WORKER_REGS[0], "WORKER_REGS_1": WORKER_REGS[1], "num_warps": CONSUMER_WARPS}
+                  "WORKER_REGS_0": WORKER_REGS[0], "WORKER_REGS_1": WORKER_REGS[1], "USE_PDL": use_pdl,
+                  "num_warps": CONSUMER_WARPS}
     divisible = ("q_ptr", "o_ptr", "qsl_ptr", "seq_lens_ptr", "bt_ptr", "q_s0", "q_s1", "o_s0", "o_s1")
     attrs = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in divisible}
     source = GluonASTSource(fn, types | {name: "constexpr" for name in constexprs}, constexprs, attrs)
