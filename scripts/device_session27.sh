@@ -13,7 +13,9 @@
 #           128-token graph took 8.35 ms against the 128-row decode graph's 6.94 (H100): the prefill attention of a
 #           32-token chunk ran after the decode attention, ~20 us a layer of few programs. Predicted: most of that
 #           hidden under the decode attention, -0.4 to -0.7 ms a mixed step. SPECS (default "pdl0 streams0 streams1"):
-#           pdl0 also launches the prefill attention without PDL (28th: predicted -0.05 to -0.15 ms a mixed step with).
+#           pdl0 also launches the prefill attention without PDL (28th: predicted -0.05 to -0.15 ms a mixed step with);
+#           streams2 also moves the chunk rows' q/k store to the side stream and the one-token rows' into the decode
+#           launch (28th: the main stream then runs a decode step's chain; predicted another -0.1 to -0.2 ms).
 #   CALL=streams_served: chat at qps LEVELS (DURATION s) on the served config with the switch off, then on.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mixed COMMIT=abc1234 bash scripts/device_session27.sh
 set -u
@@ -42,8 +44,9 @@ case ${CALL:-mixed} in
     done ;;
   streams)
     gpu_tests streams "${TEST_S:-120}" tests/backend_cuda/test_attention.py tests/backend_cuda/test_attention_prefill_ws.py \
-      -k "two_streams or mixed or port or ws or pdl"
-    for spec in ${SPECS:-pdl0 streams0 streams1}; do  # pdl0: the prefill attention without PDL (before 28th), one stream
+      tests/backend_cuda/test_mixed_rope_attention.py tests/backend_cuda/test_qk_norm_rope.py \
+      -k "two_streams or mixed or port or ws or pdl or rope"
+    for spec in ${SPECS:-pdl0 streams0 streams1 streams2}; do  # pdl0: the prefill attention without PDL (before 28th), one stream
       pdl=1; on=${spec#streams}; [ "$spec" = pdl0 ] && { pdl=0; on=0; }
       INFER_CUDA_WS_PREFILL_PDL=$pdl INFER_CUDA_MIXED_ATTENTION_STREAMS=$on timeout "${RUN_S:-150}" python3 bench/mixed_step.py \
         --model-dir bench/models/qwen3-4b --decodes 96 --context 400 --prompt 192 --chunks "${CHUNKS:-0,32,96,160}" \

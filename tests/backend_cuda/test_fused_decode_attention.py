@@ -128,11 +128,9 @@ def test_the_merge_in_kernel_equals_the_reduce_pass(device):
     assert torch.equal(merged[3], torch.zeros_like(merged[3]))  # the padding row
 
 
-def test_fused_refuses_a_ragged_batch_and_mismatched_k(device):
+def test_fused_refuses_mismatched_k(device):
     pb, q, rope, _ = _inputs(SMALL[0], torch.float32, device)
     args = (q, pb.k_cache, pb.v_cache, pb.seq_lens, pb.block_tables, 0.25)
-    with pytest.raises(ValueError, match="ragged"):
-        K.paged_attention_decode(*args, rope=rope, query_start_loc=pb.query_start_loc)
     with pytest.raises(ValueError, match="do not match"):
         K.paged_attention_decode(*args, rope=rope._replace(k=rope.k[:, :1]))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -19,11 +20,18 @@ from infer_core.ports.fused_ops import (
 )
 
 GemmConfig = skinny.SkinnyConfig | mid.MidConfig
-# INFER_CUDA_MIXED_ATTENTION_STREAMS=1: a mixed step's prefill attention runs on a side stream beside the decode
-# attention (captured graphs hold the fork and join), so a small chunk's few prefill programs run under the decode
-# kernel's KV stream instead of after it (A/B runs; read once at import, like the other switches).
+# INFER_CUDA_MIXED_ATTENTION_STREAMS, a mixed step's attention on two streams (captured graphs hold the fork and
+# join), so a small chunk's few prefill programs run under the decode kernel's KV stream instead of after it:
+#   1: the prefill attention on a side stream beside the decode attention;
+#   2: also the prefill rows' q/k norm, RoPE and store on the side stream, the decode rows' in the decode kernel (as in
+#      a decode step), so the main stream runs a decode step's attention chain.
+# 0 (default): one stream. A/B runs; read once at import, like the other switches.
 MIXED_STREAMS_ENV = "INFER_CUDA_MIXED_ATTENTION_STREAMS"
-MIXED_STREAMS = os.environ.get(MIXED_STREAMS_ENV, "0").strip() != "0"
+_MIXED_STREAMS_RAW = os.environ.get(MIXED_STREAMS_ENV, "0").strip() or "0"
+if _MIXED_STREAMS_RAW not in ("0", "1", "2"):
+    raise ValueError(f"{MIXED_STREAMS_ENV}={_MIXED_STREAMS_RAW!r}: 0, 1 or 2")
+MIXED_STREAMS_MODE = int(_MIXED_STREAMS_RAW)
+MIXED_STREAMS = MIXED_STREAMS_MODE >= 1
 
 
 @functools.cache
@@ -31,6 +39,32 @@ def _side_stream(device_index: int) -> torch.cuda.Stream:
     """The stream a mixed step's prefill attention forks to: one per device, made at the first mixed step (a graph's
     warm-up runs before its capture, so never inside one)."""
     return torch.cuda.Stream(device_index)
+
+
+class _ForkedStream:
+    """Work in its `with` block goes to the device's side stream, after everything queued on the current one so
+    far; `join` makes the current stream wait for it. Every tensor the side stream touches is allocated on the
+    current stream, which joins before any of them can be freed for reuse. On a CPU device (the interpreted kernels)
+    the block runs in order and `join` does nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._main = self._side = None
+        self._context: contextlib.AbstractContextManager = contextlib.nullcontext()
+        if device.type == "cuda":
+            self._main = torch.cuda.current_stream(device)
+            self._side = _side_stream(device.index if device.index is not None else torch.cuda.current_device())
+            self._side.wait_stream(self._main)
+            self._context = torch.cuda.stream(self._side)
+
+    def __enter__(self) -> None:
+        self._context.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._context.__exit__(*exc)
+
+    def join(self) -> None:
+        if self._main is not None:
+            self._main.wait_stream(self._side)
 
 
 class CudaMathOps:
@@ -151,17 +185,52 @@ class TritonFusedOps:
         """A decode batch in one launch (`kernels/attention_decode.py`: the q/k norm, RoPE and store in the split
         pass, the split merge by its last program, the output gate where the output is written); a mixed one, or
         with the fusion off (`INFER_CUDA_FUSED_DECODE_ATTENTION=0`), the separate ops."""
+        rope = attention_decode.DecodeRope(
+            k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, batch.slot_mapping
+        )
         if batch.is_decode and attention_decode.FUSED_ROPE:
-            rope = attention_decode.DecodeRope(
-                k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, batch.slot_mapping
-            )
             return kernels.paged_attention_decode(
                 q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, rope=rope, output_gate=output_gate
             )
+        if MIXED_STREAMS_MODE == 2 and attention_decode.FUSED_ROPE and output_gate is None:
+            return self._mixed_on_two_streams(q, rope, k_cache, v_cache, batch, scale)
         return unfused_qk_norm_rope_attention(
             self, q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch, scale,
             output_gate,
         )
+
+    @staticmethod
+    def _mixed_on_two_streams(
+        q: torch.Tensor,
+        rope: attention_decode.DecodeRope,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        batch: AttentionBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        """A mixed step's attention with the chunk rows' q/k store and prefill attention on the side stream and the
+        one-token rows' norm, RoPE, store and attention in one decode launch on this one. The two sides read the
+        raw projection, write disjoint rows of `out` and of the caches (each sequence's new slots are its own), and
+        `q_rot`'s chunk rows are written and read on the side stream only. CPU tensors (the interpreted kernels)
+        run the same launches in order."""
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        k_rot = torch.empty(rope.k.shape, dtype=rope.k.dtype, device=q.device)
+        fork = _ForkedStream(q.device)
+        with fork:
+            kernels.qk_norm_rope_store(
+                q, rope.k, rope.v, rope.positions, rope.cos_sin_cache, rope.q_norm_weight, rope.k_norm_weight,
+                rope.eps, k_cache, v_cache, rope.slot_mapping, q_out=q_rot, k_out=k_rot,
+                skip_single_token_of=batch.query_start_loc,
+            )
+            kernels.paged_attention_prefill(
+                q_rot, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
+                batch.max_query_len, scale, out=out, skip_single_token=True,
+            )
+        kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
+                                       query_start_loc=batch.query_start_loc, rope=rope)
+        fork.join()
+        return out
 
     def paged_attention(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch, scale: float
@@ -188,15 +257,12 @@ class TritonFusedOps:
             prefill()
             decode()
             return out
-        # The two kernels write disjoint rows of `out` and only read what the step stored before the fork. Every
-        # tensor the side stream touches was allocated on this one, which waits for it before going on.
-        main = torch.cuda.current_stream(q.device)
-        side = _side_stream(q.device.index if q.device.index is not None else torch.cuda.current_device())
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
+        # The two kernels write disjoint rows of `out` and only read what the step stored before the fork.
+        fork = _ForkedStream(q.device)
+        with fork:
             prefill()
         decode()
-        main.wait_stream(side)
+        fork.join()
         return out
 
 

@@ -484,8 +484,9 @@ def paged_attention_decode(
     left unwritten (the prefill kernel's, with `skip_single_token`). The lengths are read on the device, so the
     launch (and `num_splits`, from B) depends on shapes only.
 
-    With `rope` (a decode batch only) q is the raw projection's and pass 1 first does `qk_norm_rope_store`'s work
-    (module docstring). `merge_in_kernel`: the last split program merges (when the counters exist), else the
+    With `rope` q is the raw projection's and pass 1 first does `qk_norm_rope_store`'s work (module docstring) for
+    the rows it computes; in a ragged batch, `qk_norm_rope_store(..., skip_single_token_of=query_start_loc)` does
+    the other rows'. `merge_in_kernel`: the last split program merges (when the counters exist), else the
     reduce kernel. `output_gate` (q's shape, any row and head strides): the output times its sigmoid, rounded as
     `sigmoid_gate_mul` (a padding row's zeros stay zeros)."""
     n_tok, num_q_heads, head_dim = q.shape
@@ -500,8 +501,6 @@ def paged_attention_decode(
         raise ValueError(f"query_start_loc has {query_start_loc.shape[0]} entries for {n_seq} sequences")
     if not ragged and n_tok != n_seq:
         raise ValueError(f"decode needs one query row per sequence: q has {n_tok} rows, {n_seq} sequences")
-    if ragged and rope is not None:
-        raise ValueError("the fused q/k norm, RoPE and store take a decode batch, not a ragged one")
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         check_last_dim_contiguous(name, t)
     if output_gate is not None:

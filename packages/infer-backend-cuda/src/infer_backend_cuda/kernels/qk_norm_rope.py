@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, next_pow2, pdl_launch
+from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, ragged_block_b
 
 
 @triton.jit
@@ -87,7 +88,7 @@ def _store_row_parts(
     tl.store(rows + 2 * HALF + tl.arange(0, PASS_BLOCK)[None, :], p3.to(ty), mask=pmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=STEP_SIZE_ARGS)
 def _qk_norm_rope_store_kernel(
     q_ptr,
     k_ptr,
@@ -101,6 +102,8 @@ def _qk_norm_rope_store_kernel(
     k_cache_ptr,
     v_cache_ptr,
     slot_ptr,
+    qsl_ptr,
+    n_seq,
     q_s0,
     q_s1,
     k_s0,
@@ -131,12 +134,23 @@ def _qk_norm_rope_store_kernel(
     KH_BLOCK: tl.constexpr,
     HAS_Q_NORM: tl.constexpr,
     HAS_K_NORM: tl.constexpr,
+    SKIP_SINGLE: tl.constexpr,
+    BLOCK_B: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
+    # Under PDL only the step's inputs (`query_start_loc`) are read before `gdc_wait`.
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
+    if SKIP_SINGLE:  # a one-token sequence's row (`query_start_loc[b] == t`, `[b + 1] == t + 1`) is the decode kernel's
+        offs_b = tl.arange(0, BLOCK_B)
+        b_mask = offs_b < n_seq
+        starts = tl.load(qsl_ptr + offs_b, mask=b_mask, other=-1).to(tl.int64)
+        ends = tl.load(qsl_ptr + offs_b + 1, mask=b_mask, other=-1).to(tl.int64)
+        if tl.sum(((starts == t) & (ends == t + 1)).to(tl.int32), axis=0) > 0:
+            return
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, HALF_BLOCK)
     dmask = offs_d < HALF
@@ -191,12 +205,17 @@ def qk_norm_rope_store(
     slot_mapping: torch.Tensor,
     q_out: torch.Tensor | None = None,
     k_out: torch.Tensor | None = None,
+    skip_single_token_of: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q `[T, Hq, D]`, k/v `[T, Hkv, D]` (any row/head strides, contiguous last dim), positions `[T]`,
     cos_sin_cache `[max_pos, R]` (cos first half, sin second half; `R <= D` rotary dims: with `R < D` only the
     first R dims of each head rotate, NeoX style within them, and the rest pass through), caches
     `[num_blocks, block_size, Hkv, D]`, slot_mapping `[T]` (-1 = skip). Returns new rotated (q, k) tensors;
-    q/k/v are not modified."""
+    q/k/v are not modified.
+
+    `skip_single_token_of` (a mixed batch's `query_start_loc`, `[B+1]`, read on the device): the rows of its
+    one-token sequences are left alone (their q_out / k_out rows unwritten, their slots not stored), as the decode
+    kernel with a `DecodeRope` does their share in the same step."""
     n_tok, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     if k.shape != (n_tok, num_kv_heads, head_dim) or v.shape != k.shape:
@@ -217,6 +236,7 @@ def qk_norm_rope_store(
     positions = positions if positions.is_contiguous() else positions.contiguous()
     slot_mapping = slot_mapping if slot_mapping.is_contiguous() else slot_mapping.contiguous()
     half, rest = rotary_dim // 2, head_dim - rotary_dim
+    n_seq = 0 if skip_single_token_of is None else skip_single_token_of.shape[0] - 1
     has_q, has_k = q_norm_weight is not None, k_norm_weight is not None
     qh_block, kh_block, half_block = next_pow2(num_q_heads), next_pow2(num_kv_heads), next_pow2(half)
     pass_block = max(2, next_pow2(rest))  # a 1-wide tile is avoided, as elsewhere (SPLITS_PAD)
@@ -234,6 +254,8 @@ def qk_norm_rope_store(
         k_cache,
         v_cache,
         slot_mapping,
+        skip_single_token_of if skip_single_token_of is not None else slot_mapping,  # unread unless SKIP_SINGLE
+        n_seq,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -264,6 +286,8 @@ def qk_norm_rope_store(
         KH_BLOCK=kh_block,
         HAS_Q_NORM=has_q,
         HAS_K_NORM=has_k,
+        SKIP_SINGLE=skip_single_token_of is not None,
+        BLOCK_B=ragged_block_b(n_seq),
         num_warps=2 if tile <= 2048 else (4 if tile <= 8192 else 8),
         **pdl_launch(q.device),
     )
