@@ -225,7 +225,7 @@ class TritonFusedOps:
             )
             kernels.paged_attention_prefill(
                 q_rot, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
-                batch.max_query_len, scale, out=out, skip_single_token=True,
+                batch.max_query_len, scale, out=out, skip_single_token=True, max_chunk_seqs=batch.max_chunk_seqs,
             )
         kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
                                        query_start_loc=batch.query_start_loc, rope=rope)
@@ -246,7 +246,7 @@ class TritonFusedOps:
         def prefill() -> None:
             kernels.paged_attention_prefill(
                 q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, batch.max_query_len,
-                scale, out=out, skip_single_token=True,
+                scale, out=out, skip_single_token=True, max_chunk_seqs=batch.max_chunk_seqs,
             )
 
         def decode() -> None:

@@ -132,6 +132,10 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     capture_tokens: Annotated[list[int], Meta(
         description="token buckets of the CUDA graphs for mixed (prefill) steps; empty = decode graphs only")] = (
         msgspec.field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048]))
+    mixed_graph_chunk_seqs: Annotated[int, Meta(
+        description="the mixed-step graphs assume at most this many prompt chunks a step and size the prefill "
+                    "attention's grid by them; a step with more runs eagerly. 0 = no bound (the grid counts every "
+                    "sequence of the graph's bucket)")] = 0
     enable_cuda_graphs: Annotated[bool, Meta(description="capture and replay CUDA graphs")] = True
     # processes
     cluster_id: Annotated[str, Meta(
@@ -208,7 +212,7 @@ def _validate(c: Config) -> None:
         _positive(name, getattr(c, name))
     _positive("request_body_timeout_secs", c.request_body_timeout_secs)
     for name in ("max_model_len", "num_blocks", "seed", "worker_max_restarts", "worker_restart_backoff_secs",
-                 "prefill_tokens_while_decoding", "plan_slack_ms"):
+                 "prefill_tokens_while_decoding", "plan_slack_ms", "mixed_graph_chunk_seqs"):
         if getattr(c, name) < 0:
             raise ConfigError(f"config field '{name}' must be >= 0, got {getattr(c, name)!r}")
     if not 0.0 < c.mem_fraction_static <= 1.0:

@@ -38,7 +38,7 @@ from infer_backend_cuda.kernels._common import (
     next_pow2,
     pdl_launch,
 )
-from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, batch_block, ragged_block_b
+from infer_backend_cuda.kernels._ragged import STEP_SIZE_ARGS, batch_block, grid_tiles, ragged_block_b
 
 LOG2_E = 1.4426950408889634  # folded into the score scale: exp(x) = exp2(x * log2(e))
 # K/V offsets into a cache view of at most this many elements stay 32-bit: one multiply per key row in the
@@ -158,17 +158,13 @@ def _prefill_kernel(
     pid = tl.program_id(0)
     kvh = pid % n_kv_heads
     tile = tl.num_programs(0) // n_kv_heads - 1 - pid // n_kv_heads
-    b, mt = batch_block(qsl_ptr, n_seq, tile, BLOCK_M, BLOCK_B, GROUP)
+    # A one-token sequence is the decode kernel's in a mixed step (SKIP_SINGLE): it has no tile here.
+    b, mt = batch_block(qsl_ptr, n_seq, tile, BLOCK_M, BLOCK_B, GROUP, SKIP_SINGLE)
     if b >= n_seq:
         return  # past the batch's last tile (the grid is an upper bound)
     q_start = tl.load(qsl_ptr + b).to(tl.int64)
     q_len = (tl.load(qsl_ptr + b + 1) - tl.load(qsl_ptr + b)).to(tl.int32)
     ctx = tl.load(seq_lens_ptr + b).to(tl.int32)
-    if SKIP_SINGLE:
-        # A one-token sequence is the decode kernel's, in the same step. Its tile still counts in batch_block's
-        # prefix sum, so the tile -> sequence mapping of the others is the one without skipping.
-        if q_len == 1:
-            return
 
     offs_r = mt * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_m = offs_r // GROUP  # the row's token within the sequence's query chunk
@@ -243,13 +239,17 @@ def paged_attention_prefill(
     out: torch.Tensor | None = None,
     config: PrefillConfig | None = None,
     skip_single_token: bool = False,
+    max_chunk_seqs: int | None = None,
 ) -> torch.Tensor:
     """q `[T, Hq, D]`, caches `[num_blocks, block_size, Hkv, D]`, query_start_loc `[B+1]`, seq_lens `[B]`,
     block_tables `[B, max_blocks]` -> `[T, Hq, D]` in q's dtype. Rows not owned by any sequence are left
     unwritten. `skip_single_token`: the rows of sequences whose query length is 1 are left unwritten too (the
     decode kernel runs them: `paged_attention_decode` with `query_start_loc`). With no `config`, bf16 / fp16 at
     head_dim 128 on sm_90 run the warp-specialised Gluon kernel (`attention_prefill_ws.py`; INFER_CUDA_WS_PREFILL=0
-    for A/B runs); `config` names a tile of this module's Triton kernel (tests, benchmarks)."""
+    for A/B runs); `config` names a tile of this module's Triton kernel (tests, benchmarks). `max_chunk_seqs`
+    (with `skip_single_token`): at most this many sequences have two query rows or more, which bounds the grid
+    (`grid_tiles`); a captured mixed graph of a few prompt chunks beside many decodes then launches a few dozen
+    programs, not one a sequence."""
     n_tok, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape:
@@ -268,12 +268,11 @@ def paged_attention_prefill(
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     if config is None and attention_prefill_ws.ENABLED and attention_prefill_ws.supported(q, k_cache):
         attention_prefill_ws.launch(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
-                                    float(scale) * LOG2_E, skip_single_token)
+                                    float(scale) * LOG2_E, skip_single_token, max_chunk_seqs)
         return out
     bm, bn, num_warps, num_stages = config or _prefill_config(head_dim, q.element_size())
     group = num_q_heads // num_kv_heads
-    # Every sequence's tiles but its last are full, so the batch has at most cdiv(T * group, bm) + B of them.
-    grid = ((triton.cdiv(n_tok * group, bm) + n_seq) * num_kv_heads,)
+    grid = (grid_tiles(n_tok * group, bm, n_seq, skip_single_token, max_chunk_seqs) * num_kv_heads,)
     _prefill_kernel[grid](
         q,
         k_cache,

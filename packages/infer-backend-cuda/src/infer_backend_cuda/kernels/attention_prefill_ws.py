@@ -53,7 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, interpreting, pdl_launch
-from infer_backend_cuda.kernels._ragged import ragged_block_b
+from infer_backend_cuda.kernels._ragged import grid_tiles, ragged_block_b
 
 # Names that moved between Triton 3.6 (the device image) and 3.9 (this workspace).
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -101,13 +101,16 @@ def _grid_dependency(instruction: gl.constexpr):
 
 @gluon.jit
 def _tile_sequence(cu_ptr, n_seq, tile, BLOCK_M: gl.constexpr, BLOCK_B: gl.constexpr, GROUP: gl.constexpr,
-                   num_warps: gl.constexpr):
-    """(sequence, tile within it) of the batch's `tile`-th query tile: `_ragged.batch_block` in Gluon."""
+                   SKIP_SINGLE: gl.constexpr, num_warps: gl.constexpr):
+    """(sequence, tile within it) of the batch's `tile`-th query tile: `_ragged.batch_block` in Gluon (with
+    SKIP_SINGLE one-token sequences have no tile)."""
     layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
     offs_b = gl.arange(0, BLOCK_B, layout=layout)
     b_mask = offs_b < n_seq
     lens = gl.load(cu_ptr + offs_b + 1, mask=b_mask, other=0) - gl.load(cu_ptr + offs_b, mask=b_mask, other=0)
     blocks = (lens * GROUP + BLOCK_M - 1) // BLOCK_M
+    if SKIP_SINGLE:
+        blocks = gl.where(lens == 1, 0, blocks)
     ends = gl.associative_scan(blocks, 0, _add)
     seq = gl.reduce((ends <= tile).to(gl.int32), 0, _add)
     return seq, tile - gl.reduce(gl.where(offs_b == seq, ends - blocks, 0), 0, _add)
@@ -275,15 +278,12 @@ def _prefill_kernel(q_ptr, o_ptr, k_desc, v_desc, qsl_ptr, seq_lens_ptr, bt_ptr,
     pid = gl.program_id(0)
     kvh = pid % n_kv_heads
     tile = gl.num_programs(0) // n_kv_heads - 1 - pid // n_kv_heads  # longest first, as the Triton kernel
-    b, mt = _tile_sequence(qsl_ptr, n_seq, tile, BLOCK_M, BLOCK_B, GROUP, num_warps)
+    b, mt = _tile_sequence(qsl_ptr, n_seq, tile, BLOCK_M, BLOCK_B, GROUP, SKIP_SINGLE, num_warps)
     if b >= n_seq:
         return
     q_start = gl.load(qsl_ptr + b)
     q_len = gl.load(qsl_ptr + b + 1) - q_start
     ctx = gl.load(seq_lens_ptr + b)
-    if SKIP_SINGLE:
-        if q_len == 1:
-            return
     # Keys visible to the tile's last token (exclusive), and the key tiles its first token already sees whole.
     first_tok = mt * BLOCK_M // GROUP
     kv_end = ctx - q_len + gl.minimum(q_len, ((mt + 1) * BLOCK_M - 1) // GROUP + 1)
@@ -353,7 +353,7 @@ def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: torch.Tensor,
            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor, qk_scale: float,
-           skip_single_token: bool) -> None:
+           skip_single_token: bool, max_chunk_seqs: int | None = None) -> None:
     """The kernel over operands `attention_prefill.paged_attention_prefill` has checked (see `supported`);
     `qk_scale` is the softmax scale times log2(e), as the Triton kernel takes it."""
     n_tok, num_q_heads, _ = q.shape
@@ -364,7 +364,7 @@ def launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, out: t
     layout = _shared_layout()
     k_desc = TensorDescriptor.from_tensor(_cache_rows(k_cache), [page, HEAD_DIM], layout)
     v_desc = TensorDescriptor.from_tensor(_cache_rows(v_cache), [page, HEAD_DIM], layout)
-    grid = ((triton.cdiv(n_tok * group, BLOCK_M) + n_seq) * num_kv_heads,)
+    grid = (grid_tiles(n_tok * group, BLOCK_M, n_seq, skip_single_token, max_chunk_seqs) * num_kv_heads,)
     _prefill_kernel[grid](
         q, out, k_desc, v_desc, query_start_loc, seq_lens, block_tables,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),

@@ -26,6 +26,9 @@ class AttentionBatch(NamedTuple):
     # [T, rotary_dim] float32 rotary rows `[cos | sin]` of this step's tokens, when they are not rows of the
     # model's table at `positions` (multimodal RoPE: 3-D positions of image prompts); None: the table's rows.
     rope_cos_sin: Tensor | None = None
+    # At most this many sequences of the step have two query rows or more (None: any number): a captured mixed
+    # graph's bound, which lets the prefill attention size its grid by the prompt chunks, not by every sequence.
+    max_chunk_seqs: int | None = None
 
 
 class FusedOps(Protocol):

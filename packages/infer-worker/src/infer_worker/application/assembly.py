@@ -202,7 +202,8 @@ def build_runner(config: Config, backend: LlmBackend, model: CausalLM, caches: l
                            state_pools=pools)
     tokens = [t for t in config.capture_tokens if t <= config.max_batch_tokens]
     runner = GraphModelRunner(model, backend, caches, config.block_size, max_blocks_per_seq, backend.device,
-                              state_pools=pools, capture_sizes=sizes, capture_tokens=tokens)
+                              state_pools=pools, capture_sizes=sizes, capture_tokens=tokens,
+                              mixed_chunk_seqs=config.mixed_graph_chunk_seqs)
     progress(f"capturing CUDA graphs for decode batch sizes {sizes} and mixed steps of up to "
              f"{max(tokens, default=0)} tokens")
     runner.capture()

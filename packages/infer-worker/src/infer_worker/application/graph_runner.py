@@ -201,7 +201,7 @@ class _StaticBuffers:
         mirror.synced(step.table, stale)
 
     def attention_batch(self, tokens: int, seqs: int, block_size: int, max_seq_len: int,
-                        decode: bool) -> AttentionBatch:
+                        decode: bool, max_chunk_seqs: int | None = None) -> AttentionBatch:
         return AttentionBatch(
             positions=self.positions[:tokens],
             slot_mapping=self.slot_mapping[:tokens],
@@ -212,6 +212,7 @@ class _StaticBuffers:
             max_seq_len=max_seq_len,
             is_decode=decode,
             block_size=block_size,
+            max_chunk_seqs=max_chunk_seqs,
         )
 
     def sampling_batch(self, size: int, all_greedy: bool) -> SamplingBatch:
@@ -230,8 +231,11 @@ class GraphModelRunner(ModelRunner):
     """A ModelRunner whose decode steps of up to max(capture_sizes) sequences, and whose mixed steps of up to
     max(capture_tokens) tokens, replay CUDA graphs."""
 
-    def __init__(self, *args: Any, capture_sizes: Seq[int], capture_tokens: Seq[int] = (), **kwargs: Any) -> None:
+    def __init__(self, *args: Any, capture_sizes: Seq[int], capture_tokens: Seq[int] = (), mixed_chunk_seqs: int = 0,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # The mixed graphs' bound on a step's prompt chunks (`Config.mixed_graph_chunk_seqs`; 0: none).
+        self.mixed_chunk_seqs = mixed_chunk_seqs
         self.capture_sizes = sorted(set(capture_sizes))
         self.capture_tokens = sorted({t for t in capture_tokens if t >= self.capture_sizes[0]})
         # Mixed graphs need a sequence bucket per token bucket: powers of two (and the largest size) suffice there.
@@ -317,7 +321,8 @@ class GraphModelRunner(ModelRunner):
 
     def _mixed_fn(self, tokens: int, seqs: int, max_seq_len: int):  # noqa: ANN202 - a closure for capture
         buf = self._buf
-        batch = buf.attention_batch(tokens, seqs, self.block_size, max_seq_len, decode=False)
+        batch = buf.attention_batch(tokens, seqs, self.block_size, max_seq_len, decode=False,
+                                    max_chunk_seqs=self.mixed_chunk_seqs or None)
         assert buf.logits is not None
         logits = buf.logits[:seqs]
 
@@ -349,6 +354,8 @@ class GraphModelRunner(ModelRunner):
         need = max(sum(s.num_new for s in scheduled), seqs)  # a graph of T tokens was captured for S <= T
         if not self._mixed or need > self.capture_tokens[-1]:
             return None
+        if self.mixed_chunk_seqs and sum(s.num_new > 1 for s in scheduled) > self.mixed_chunk_seqs:
+            return None  # more prompt chunks than the graphs' prefill attention has programs for
         return self.capture_tokens[bisect.bisect_left(self.capture_tokens, need)], seqs, MIXED
 
     @torch.inference_mode()

@@ -39,6 +39,11 @@ from infer_worker.models.causal_lm import CausalLM, KvCaches
 _SEED_MASK = 0xFFFFFFFF
 
 
+def chunk_seqs(query_start_loc: np.ndarray) -> int:
+    """How many sequences of a step bring two tokens or more (prompt chunks, not decodes)."""
+    return int((np.diff(query_start_loc) > 1).sum())
+
+
 class HostStep(NamedTuple):
     """A step's inputs as numpy arrays (the host side, before one device copy per field)."""
 
@@ -309,7 +314,8 @@ class ModelRunner:
         positions, slot_mapping, query_start_loc, seq_lens, block_tables = dev[n:n + 5]
         batch = AttentionBatch(positions=positions, slot_mapping=slot_mapping, query_start_loc=query_start_loc,
                                seq_lens=seq_lens, block_tables=block_tables, max_query_len=step.max_query_len,
-                               max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=self.block_size)
+                               max_seq_len=step.max_seq_len, is_decode=step.is_decode, block_size=self.block_size,
+                               max_chunk_seqs=None if step.is_decode else chunk_seqs(step.query_start_loc))
         sampling_batch = None
         if sampling:
             sampling_batch = SamplingBatch(**dict(zip(sampling, dev[n + 5:])),
