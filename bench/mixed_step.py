@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--eager", action="store_true", help="time each step on the eager runner too")
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--chunk-seqs", type=int, default=0,
+                    help="the mixed graphs' bound on prompt chunks a step (Config.mixed_graph_chunk_seqs; 0: none)")
     ap.add_argument("--profile", default="", help="chunk sizes whose steps' kernels are ranked (torch.profiler, "
                     "PDL overlap inflates kernel times)")
     ap.add_argument("--backend", default="cuda", help="cpu: a dry run of the script (eager only)")
@@ -80,7 +82,8 @@ def main() -> None:
     graph, capture_s = eager, 0.0
     if backend.supports_graphs:
         sizes = [1 << i for i in range(max(1, (args.decodes + 1).bit_length()) + 1)]  # the decodes + the prompt fit
-        graph = GraphModelRunner(*runner_args, capture_sizes=sizes, capture_tokens=capture_tokens)
+        graph = GraphModelRunner(*runner_args, capture_sizes=sizes, capture_tokens=capture_tokens,
+                                 mixed_chunk_seqs=args.chunk_seqs)
         t0 = time.perf_counter()
         graph.capture()
         capture_s = time.perf_counter() - t0

@@ -16,6 +16,10 @@
 #           pdl0 also launches the prefill attention without PDL (28th: predicted -0.05 to -0.15 ms a mixed step with);
 #           streams2 also moves the chunk rows' q/k store to the side stream and the one-token rows' into the decode
 #           launch (28th: the main stream then runs a decode step's chain; predicted another -0.1 to -0.2 ms).
+#           A "b4" suffix bounds the mixed graphs' prefill grid to 4 prompt chunks (mixed_graph_chunk_seqs): the 128-token
+#           graph's 1,056 programs of one an SM (164 KB of shared memory each), ~20 us a layer of programs that
+#           return at once, become 64; predicted -0.4 to -0.6 ms a mixed step (and a prerequisite of the streams:
+#           otherwise the returning programs hold whole SMs beside the decode attention).
 #   CALL=streams_served: chat at qps LEVELS (DURATION s) on the served config with the switch off, then on.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mixed COMMIT=abc1234 bash scripts/device_session27.sh
 set -u
@@ -46,10 +50,12 @@ case ${CALL:-mixed} in
     gpu_tests streams "${TEST_S:-120}" tests/backend_cuda/test_attention.py tests/backend_cuda/test_attention_prefill_ws.py \
       tests/backend_cuda/test_mixed_rope_attention.py tests/backend_cuda/test_qk_norm_rope.py \
       -k "two_streams or mixed or port or ws or pdl or rope"
-    for spec in ${SPECS:-pdl0 streams0 streams1 streams2}; do  # pdl0: the prefill attention without PDL (before 28th), one stream
-      pdl=1; on=${spec#streams}; [ "$spec" = pdl0 ] && { pdl=0; on=0; }
+    for spec in ${SPECS:-pdl0 streams0 streams0b4 streams1b4 streams2b4}; do  # pdl0: the prefill attention without PDL (before 28th), one stream
+      pdl=1; bound=0; on=${spec#streams}; on=${on%%b*}; [ "$spec" = pdl0 ] && { pdl=0; on=0; }
+      case $spec in *b4) bound=4 ;; esac  # streamsNb4: the mixed graphs' prefill grid bound to 4 prompt chunks
       INFER_CUDA_WS_PREFILL_PDL=$pdl INFER_CUDA_MIXED_ATTENTION_STREAMS=$on timeout "${RUN_S:-150}" python3 bench/mixed_step.py \
         --model-dir bench/models/qwen3-4b --decodes 96 --context 400 --prompt 192 --chunks "${CHUNKS:-0,32,96,160}" \
+        --chunk-seqs $bound \
         --capture-tokens 64,128,256,512 --steps "${STEPS:-20}" --out "$LOGS/$spec.json" > "$LOGS/$spec.log" 2>&1
       echo "mixed_step $spec rc=$?"; grep -A6 "^ *chunk *tokens" "$LOGS/$spec.log"; pack
     done ;;

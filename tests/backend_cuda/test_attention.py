@@ -84,8 +84,9 @@ def _mixed_batch(case, dtype, device):
     return make_paged_batch(q_lens, ctx_lens, hq, hkv, d, bs, dtype, device, seed=len(q_lens) * 5 + d), splits
 
 
-def _mixed(case, dtype, device, config=None):
-    """Each kernel writes exactly its own rows (the other's stay NaN), and together they equal the reference."""
+def _mixed(case, dtype, device, config=None, bound_chunks=False):
+    """Each kernel writes exactly its own rows (the other's stay NaN), and together they equal the reference.
+    `bound_chunks`: the prefill grid bounded by the batch's prompt chunks (`max_chunk_seqs`)."""
     pb, splits = _mixed_batch(case, dtype, device)
     scale = pb.q.shape[-1] ** -0.5
     single = (pb.query_start_loc[1:] - pb.query_start_loc[:-1]).cpu() == 1
@@ -96,7 +97,9 @@ def _mixed(case, dtype, device, config=None):
 
     out = poison(torch.empty_like(pb.q))
     K.paged_attention_prefill(pb.q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables,
-                              pb.max_query_len, scale, out=out, config=config, skip_single_token=True)
+                              pb.max_query_len, scale, out=out, config=config, skip_single_token=True,
+                              max_chunk_seqs=int((~single & (pb.query_start_loc[1:] > pb.query_start_loc[:-1]).cpu())
+                                                 .sum()) if bound_chunks else None)
     assert torch.isnan(out[decode_rows].float()).all()
     torch.testing.assert_close(out[other_rows].float().cpu(), ref[other_rows], **tol(dtype))
 
@@ -185,10 +188,36 @@ def test_decode(case, dtype, device):
     _decode(case, dtype, device)
 
 
+@pytest.mark.parametrize("bound_chunks", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", MIXED_SMALL)
-def test_mixed_split_between_kernels(case, dtype, device):
-    _mixed(case, dtype, device)
+def test_mixed_split_between_kernels(case, dtype, bound_chunks, device):
+    _mixed(case, dtype, device, bound_chunks=bound_chunks)
+
+
+def test_prefill_grid_bounded_by_prompt_chunks_has_no_program_a_one_token_sequence():
+    """With one-token sequences skipped, the grid is the rows' tiles plus one a prompt chunk; one-token sequences
+    own no tile. The exact count covers every chunk row; a bound below what the chunks' partial tiles need drops a
+    tile (the launch uses the bound)."""
+    from infer_backend_cuda.kernels._ragged import grid_tiles
+
+    assert grid_tiles(128 * 4, 128, 128, True, 4) == 8  # a 128-token mixed graph of 128 sequences, 4 chunks
+    assert grid_tiles(128 * 4, 128, 128, True, None) == grid_tiles(128 * 4, 128, 128, False, 4) == 132
+    assert grid_tiles(64, 128, 3, True, 9) == 4  # never more than the sequences
+    case = ([9, 1, 9, 9], [9, 20, 30, 12], 4, 2, 16, 4, 2)  # GQA 2: 18 rows a chunk, two 16-row interpreter tiles
+    pb, _ = _mixed_batch(case, torch.float32, "cpu")
+    args = (pb.q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens, pb.block_tables, pb.max_query_len, 0.3)
+    full = K.paged_attention_prefill(*args, out=poison(torch.empty_like(pb.q)), skip_single_token=True,
+                                     max_chunk_seqs=3)
+    short = K.paged_attention_prefill(*args, out=poison(torch.empty_like(pb.q)), skip_single_token=True,
+                                      max_chunk_seqs=1)
+    chunk_rows = torch.ones(pb.q.shape[0], dtype=torch.bool)
+    chunk_rows[9] = False
+    assert not torch.isnan(full[chunk_rows]).any() and torch.isnan(full[9]).all()
+    torch.testing.assert_close(full[chunk_rows], ref_paged_attention(pb, 0.3)[chunk_rows], **tol(torch.float32))
+    # 28 tokens x GQA 2 = 56 rows: 4 tiles + 1 for the one chunk bounded, against the chunks' 6 tiles
+    written = ~short.isnan()
+    assert not written[chunk_rows].all() and torch.equal(short[written], full[written])
 
 
 def test_mixed_split_with_gpu_tiles(device):

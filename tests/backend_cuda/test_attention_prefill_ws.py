@@ -130,10 +130,13 @@ def test_matches_the_reference_and_the_triton_kernel(case, dtype, ws_on):
 @gpu
 @needs_cuda
 @pytest.mark.skipif(not _is_hopper(), reason="the kernel is sm_90's")
-def test_mixed_step_leaves_the_decode_rows_to_the_decode_kernel(ws_on):
+@pytest.mark.parametrize("bound_chunks", [False, True])
+def test_mixed_step_leaves_the_decode_rows_to_the_decode_kernel(ws_on, bound_chunks):
     """A mixed step at head_dim 128: the one-token sequences' rows stay unwritten (NaN) by this kernel, the
-    chunks' tiles are the ones they would be without them, and the decode kernel completes the step."""
-    _mixed(([40, 1, 70, 1, 1, 33], [45, 90, 200, 17, 3, 100], 32, 8, 128, 16, 2), torch.bfloat16, "cuda")
+    chunks' tiles are the ones they would be without them, and the decode kernel completes the step; with the
+    grid bounded by the three prompt chunks too."""
+    _mixed(([40, 1, 70, 1, 1, 33], [45, 90, 200, 17, 3, 100], 32, 8, 128, 16, 2), torch.bfloat16, "cuda",
+           bound_chunks=bound_chunks)
 
 
 @gpu
