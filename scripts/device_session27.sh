@@ -20,7 +20,8 @@
 #           graph's 1,056 programs of one an SM (164 KB of shared memory each), ~20 us a layer of programs that
 #           return at once, become 64; predicted -0.4 to -0.6 ms a mixed step (and a prerequisite of the streams:
 #           otherwise the returning programs hold whole SMs beside the decode attention).
-#   CALL=streams_served: chat at qps LEVELS (DURATION s) on the served config with the switch off, then on.
+#   CALL=streams_served: chat at qps LEVELS (DURATION s) on the served config, with the prefill grid bounded to 4 prompt
+#           chunks (b4), and with that and the mixed step split by rows (streams2b4); SERVED_SPECS picks others.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mixed COMMIT=abc1234 bash scripts/device_session27.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, pack
@@ -60,9 +61,10 @@ case ${CALL:-mixed} in
       echo "mixed_step $spec rc=$?"; grep -A6 "^ *chunk *tokens" "$LOGS/$spec.log"; pack
     done ;;
   streams_served)
-    for spec in base streams; do
+    for spec in ${SERVED_SPECS:-base b4 streams2b4}; do  # b4: mixed_graph_chunk_seqs = 4; streamsN: the switch at N
       extra=()
-      [ "$spec" = streams ] && extra=(INFER_CUDA_MIXED_ATTENTION_STREAMS=1)
+      case $spec in *b4) extra+=(RUSTINFER_MIXED_GRAPH_CHUNK_SEQS=4) ;; esac
+      case $spec in streams*) on=${spec#streams}; extra+=("INFER_CUDA_MIXED_ATTENTION_STREAMS=${on%%b*}") ;; esac
       engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
       sweep "${spec}_chat" "${LEVELS:-32}"
       engine_down "$spec"; pack
