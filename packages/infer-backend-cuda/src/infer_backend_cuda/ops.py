@@ -44,13 +44,13 @@ def _side_stream(device_index: int) -> torch.cuda.Stream:
 class _ForkedStream:
     """Work in its `with` block goes to the device's side stream, after everything queued on the current one so
     far; `join` makes the current stream wait for it. Every tensor the side stream touches is allocated on the
-    current stream, which joins before any of them can be freed for reuse. On a CPU device (the interpreted kernels)
-    the block runs in order and `join` does nothing."""
+    current stream, which joins before any of them can be freed for reuse. Not `enabled`, or on a CPU device (the
+    interpreted kernels), the block runs in order on the current stream and `join` does nothing."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, enabled: bool = True) -> None:
         self._main = self._side = None
         self._context: contextlib.AbstractContextManager = contextlib.nullcontext()
-        if device.type == "cuda":
+        if enabled and device.type == "cuda":
             self._main = torch.cuda.current_stream(device)
             self._side = _side_stream(device.index if device.index is not None else torch.cuda.current_device())
             self._side.wait_stream(self._main)
@@ -242,26 +242,15 @@ class TritonFusedOps:
         if batch.is_decode:
             return kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-
-        def prefill() -> None:
+        # The two kernels write disjoint rows of `out` and only read what the step stored before the fork.
+        fork = _ForkedStream(q.device, enabled=MIXED_STREAMS)
+        with fork:
             kernels.paged_attention_prefill(
                 q, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, batch.max_query_len,
                 scale, out=out, skip_single_token=True, max_chunk_seqs=batch.max_chunk_seqs,
             )
-
-        def decode() -> None:
-            kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
-                                           query_start_loc=batch.query_start_loc)
-
-        if not (MIXED_STREAMS and q.is_cuda):
-            prefill()
-            decode()
-            return out
-        # The two kernels write disjoint rows of `out` and only read what the step stored before the fork.
-        fork = _ForkedStream(q.device)
-        with fork:
-            prefill()
-        decode()
+        kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
+                                       query_start_loc=batch.query_start_loc)
         fork.join()
         return out
 
