@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The twenty-ninth session's device calls, each part bounded, the logs packed into $OUT/s29.tar.gz after every part.
+#   CALL=first: on a GPU the mid GEMM's table lacks (the H200), its tuning first (BUDGET s, into the installed table,
+#           copied into the logs as mid_gemm.json); then device_session27.sh's CALL=streams (the new GPU tests, then the
+#           chat-shape mixed step on SPECS). Predictions (28th): the prefill grid bounded to 4 prompt chunks (b4)
+#           -0.4 to -0.6 ms a chat mixed step, the WS prefill attention under PDL (pdl0 is without) -0.05 to -0.15,
+#           the step split by rows on two streams (streams2) another -0.1 to -0.2.
+#   CALL=served: chat at qps LEVELS (DURATION s a level) on SERVED_SPECS engines: base (the served config), b4
+#           (mixed_graph_chunk_seqs = 4), streams2b4 (and the split by rows), mid0 (the mid GEMM off, cuBLAS).
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=first COMMIT=abc1234 bash scripts/device_session29.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid
+session_logs s29
+
+case ${CALL:-first} in
+  first)
+    if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
+sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
+      tune_mid first "${BUDGET:-120}"
+    fi
+    OUT=$OUT CALL=streams COMMIT=$COMMIT bash "$(dirname "$0")/device_session27.sh" ;;
+  served)
+    for spec in ${SERVED_SPECS:-base b4 streams2b4}; do
+      extra=()
+      case $spec in *b4) extra+=(RUSTINFER_MIXED_GRAPH_CHUNK_SEQS=4) ;; esac
+      case $spec in streams*) on=${spec#streams}; extra+=("INFER_CUDA_MIXED_ATTENTION_STREAMS=${on%%b*}") ;; esac
+      case $spec in mid0) extra+=(INFER_CUDA_MID_GEMM=0) ;; esac
+      engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
+      sweep "${spec}_chat" "${LEVELS:-1,32}"
+      engine_down "$spec"; pack
+    done ;;
+  *) echo "unknown CALL ${CALL}" ;;
+esac
+pack
