@@ -1,5 +1,10 @@
 #!/usr/bin/env bash
 # The twenty-ninth session's device calls, each part bounded, the logs packed into $OUT/s29.tar.gz after every part.
+#   CALL=decode: the decode attention's grid order and page layout (bench_decode_splits.py --variants, served form):
+#           a page holds its tokens' KV heads interleaved, so a program reads 256 B pieces at a 2 KB stride, and with
+#           the sequences fastest in the grid the other heads' programs read the rest of those DRAM rows a wave later.
+#           Predicted: the KV heads fastest (or head-major pages) bring the 64-128-row attention from 1.3-1.6x its
+#           KV floor towards ~1.15x (the 256-row case's), ~10-15 us a layer at 96 rows. Then its GPU test.
 #   CALL=first: on a GPU the mid GEMM's table lacks (the H200), its tuning first (BUDGET s, into the installed table,
 #           copied into the logs as mid_gemm.json); then device_session27.sh's CALL=streams (the new GPU tests, then the
 #           chat-shape mixed step on SPECS). Predictions (28th): the prefill grid bounded to 4 prompt chunks (b4)
@@ -13,6 +18,12 @@ source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, 
 session_logs s29
 
 case ${CALL:-first} in
+  decode)
+    timeout "${DECODE_S:-120}" python3 "$SCRIPTS/bench_decode_splits.py" --rope \
+      --variants nhd:seq,nhd:heads,hnd:seq,hnd:heads --cases "${CASES:-64x384,96x350,128x384,256x640,32x1000,12x3000}" \
+      --json "$LOGS/decode_variants.json" > "$LOGS/decode_variants.log" 2>&1
+    echo "decode variants rc=$?"; grep "^B=" "$LOGS/decode_variants.log"; pack
+    gpu_tests grid_order 90 tests/backend_cuda/test_fused_decode_attention.py -k grid_order ;;
   first)
     if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
 sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then

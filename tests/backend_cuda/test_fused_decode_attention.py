@@ -118,6 +118,47 @@ def test_fused_decode_attention_large(case, dtype, device):
     _check(case, dtype, device)
 
 
+def _hnd_view(cache: torch.Tensor) -> torch.Tensor:
+    """The cache's values in `[blocks, Hkv, page, D]` storage, viewed as the kernel's `[blocks, page, Hkv, D]`."""
+    out = torch.empty((cache.shape[0], cache.shape[2], cache.shape[1], cache.shape[3]), dtype=cache.dtype,
+                      device=cache.device).transpose(1, 2)
+    return out.copy_(cache)
+
+
+@pytest.mark.parametrize(("heads_fastest", "layout"), [(True, "nhd"), (False, "hnd"), (True, "hnd")])
+@pytest.mark.parametrize("case", [SMALL[0], SMALL[3], SMALL[4]])
+def test_grid_order_and_cache_layout_change_no_bit(case, heads_fastest, layout, device, monkeypatch):
+    """The KV heads fastest in the grid (`INFER_CUDA_DECODE_HEADS_FASTEST`) and a head-major page layout, given as
+    strides, run the same programs' arithmetic: outputs and stored tokens equal the default launch's bit for bit."""
+    _check_grid_order(case, torch.float32, heads_fastest, layout, device, monkeypatch)
+
+
+@gpu
+@pytest.mark.parametrize(("heads_fastest", "layout"), [(True, "nhd"), (True, "hnd")])
+@pytest.mark.parametrize("case", [LARGE[1], ([300, 2000], 32, 8, 128, 128, 16, None, True)])
+def test_grid_order_and_cache_layout_change_no_bit_on_the_gpu(case, heads_fastest, layout, device, monkeypatch):
+    """As above with the programs running at once (the interpreter runs a (sequence, head)'s splits in a row): with
+    more KV heads than sequences, a merge counter indexed by the wrong grid axis would be shared by two groups."""
+    _check_grid_order(case, torch.bfloat16, heads_fastest, layout, device, monkeypatch)
+
+
+def _check_grid_order(case, dtype, heads_fastest, layout, device, monkeypatch):
+    pb, q, rope, splits = _inputs(case, dtype, device)
+    scale = q.shape[-1] ** -0.5
+    base_k, base_v = pb.k_cache.clone(), pb.v_cache.clone()
+    base = K.paged_attention_decode(q, base_k, base_v, pb.seq_lens, pb.block_tables, scale, num_splits=splits,
+                                    rope=rope)
+    k, v = (_hnd_view(c) for c in (pb.k_cache, pb.v_cache)) if layout == "hnd" else (pb.k_cache, pb.v_cache)
+    monkeypatch.setattr(A, "HEADS_FASTEST", heads_fastest)
+    out = K.paged_attention_decode(q, k, v, pb.seq_lens, pb.block_tables, scale, num_splits=splits, rope=rope)
+    assert torch.equal(out, base)
+    assert torch.equal(k.nan_to_num(7.0), base_k.nan_to_num(7.0))  # the new tokens stored at their slots only
+    assert torch.equal(v.nan_to_num(7.0), base_v.nan_to_num(7.0))
+    counters = split_k.counters(torch.device(device))
+    if counters is not None:
+        assert int(counters.count_nonzero()) == 0
+
+
 def test_the_merge_in_kernel_equals_the_reduce_pass(device):
     """The last program's merge and the reduce kernel sum the same partials in the same order."""
     pb = make_paged_batch([1] * 4, [1, 90, 33, 0], 8, 2, 32, 8, torch.float32, device, seed=9)

@@ -5,6 +5,9 @@ variant the run compiled (what ptxas gave the loaded kernel, the figure that set
 `--configs BLOCK_N:WARPS:STAGES,...`: the default split count under each key tile config instead of the wave targets.
 `--rope`: the served form instead of the plain kernel: q, k and v from a raw qkv projection row with the q / k norms,
 RoPE and the new token's store in the split pass (`DecodeRope`), as the model launches it.
+`--variants LAYOUT:ORDER,...`: the default split count and tile under each cache layout (`nhd`, the served pages
+`[page, Hkv, D]`, or `hnd`, `[Hkv, page, D]` passed to the kernel as a strided view) and grid order (`seq`, the
+sequences fastest, or `heads`, `INFER_CUDA_DECODE_HEADS_FASTEST`'s KV heads fastest).
 
     PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \\
         python3 packages/infer-backend-cuda/scripts/bench_decode_splits.py --json out.json
@@ -26,12 +29,18 @@ HQ, HKV, D, BS = 32, 8, 128, 16
 CASES = ((1, 300), (12, 3000), (32, 1000), (64, 384), (96, 350), (128, 384), (256, 640), (32, 16384))
 
 
-def paged(batch: int, ctx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def paged(batch: int, ctx: int, layout: str = "nhd") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K / V caches `[blocks, BS, HKV, D]` (with "hnd" a view of `[blocks, HKV, BS, D]` storage) and a block table
+    of randomly placed pages."""
     pages = (ctx + BS - 1) // BS
     nb = batch * pages + 1
-    kc = torch.randn((nb, BS, HKV, D), device="cuda", dtype=torch.bfloat16)
+    shape = (nb, HKV, BS, D) if layout == "hnd" else (nb, BS, HKV, D)
+    kc = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    if layout == "hnd":
+        kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)
     bt = torch.randperm(nb - 1, device="cuda")[: batch * pages].view(batch, pages).to(torch.int32)
-    return kc, torch.randn_like(kc), bt
+    return kc, vc, bt
 
 
 def served_rope(batch: int, ctx: int, bt: torch.Tensor, device: str = "cuda") -> tuple[torch.Tensor, A.DecodeRope]:
@@ -57,6 +66,7 @@ def main() -> None:
     ap.add_argument("--configs", help="BLOCK_N:WARPS:STAGES,... tile configs to time (default: the kernel's own)")
     ap.add_argument("--rope", action="store_true", help="time the served form (fused q/k norm, RoPE and store)")
     ap.add_argument("--cases", help="BATCHxCONTEXT,... (default: the served shapes above)")
+    ap.add_argument("--variants", help="LAYOUT:ORDER,... (nhd / hnd : seq / heads) to time at the default config")
     args = ap.parse_args()
     waves = [int(w) for w in args.waves.split(",")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -69,17 +79,26 @@ def main() -> None:
         lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
         floor_us = 2 * batch * ctx * HKV * D * 2 / copy_bandwidth() * 1e6  # K and V read once, at the copy rate
         row = {"batch": batch, "ctx": ctx, "floor_us": floor_us}
-        for w in waves if not args.configs else ():
+        for w in waves if not (args.configs or args.variants) else ():
             splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))
             row[f"w{w}_s{splits}"] = graph_replay_us(lambda _, s=splits: A.paged_attention_decode(
                 q, kc, vc, lens, bt, D**-0.5, num_splits=s, rope=rope), calls=5)
+        for variant in args.variants.split(",") if args.variants else ():
+            layout, order = variant.split(":")
+            kcv, vcv, btv = (kc, vc, bt) if layout == "nhd" else paged(batch, ctx, layout)
+            qv, ropev = served_rope(batch, ctx, btv) if args.rope else (q, None)
+            A.HEADS_FASTEST = order == "heads"  # what INFER_CUDA_DECODE_HEADS_FASTEST sets, here per variant
+            row[f"v{variant}"] = graph_replay_us(lambda _: A.paged_attention_decode(
+                qv, kcv, vcv, lens, btv, D**-0.5, rope=ropev), calls=5)
+            del kcv, vcv
+        A.HEADS_FASTEST = False
         for config in args.configs.split(",") if args.configs else ():
             bn, warps, stages = map(int, config.split(":"))
             A.TILE = (bn, warps, stages)  # what INFER_CUDA_DECODE_TILE sets, here per config
             row[f"c{bn}:{warps}:{stages}"] = graph_replay_us(lambda _: A.paged_attention_decode(
                 q, kc, vc, lens, bt, D**-0.5, rope=rope), calls=5)
         rows.append(row)
-        cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k[0] in "wc")
+        cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k[0] in "wcv")
         print(f"B={batch:>3} ctx={ctx:>5} floor={floor_us:7.1f} us | {cells}", flush=True)
         del kc, vc
     if args.registers:

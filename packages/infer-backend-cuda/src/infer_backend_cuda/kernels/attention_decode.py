@@ -88,6 +88,13 @@ def _tile_override() -> tuple[int, int, int] | None:
 
 
 TILE = _tile_override()
+# INFER_CUDA_DECODE_HEADS_FASTEST=1: the split pass's grid `(Hkv, B, splits)` instead of `(B, Hkv, splits)`, so the
+# Hkv programs of one sequence are launched next to each other. A page holds its 16 tokens' KV heads interleaved
+# (`[page, Hkv, D]`: a head's rows are 256 B at a 2 KB stride); with the sequences fastest a page's eight head slices
+# are read by programs B launches apart, at 64-128 rows in different waves, so each program's reads are scattered
+# 256 B pieces of DRAM rows the others open again later. Heads fastest, the eight read the page's 32 KB together.
+HEADS_FASTEST_ENV = "INFER_CUDA_DECODE_HEADS_FASTEST"
+HEADS_FASTEST = os.environ.get(HEADS_FASTEST_ENV, "0").strip() == "1"
 
 
 class DecodeRope(NamedTuple):
@@ -257,7 +264,7 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr, DOT_F32: tl.constexpr, RAGGED: tl.constexpr, DIRECT: tl.constexpr,
     ROPE: tl.constexpr, HALF: tl.constexpr, HAS_Q_NORM: tl.constexpr, HAS_K_NORM: tl.constexpr,
     MERGE: tl.constexpr, SPLITS_PAD: tl.constexpr, GROUP_PAD: tl.constexpr, GATED: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    HEADS_FASTEST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """With DIRECT (one split) the normalised output goes to the query row of `o_ptr` in its dtype and no partial
     is stored; else the partial and its LSE go to the workspace, which with MERGE the last program of the
@@ -269,8 +276,14 @@ def _decode_split_kernel(
     # kernel still running may write. The q / k / v rows and every store come after it.
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
-    b = tl.program_id(0).to(tl.int64)
-    kvh = tl.program_id(1)
+    if HEADS_FASTEST:
+        b = tl.program_id(1).to(tl.int64)
+        kvh = tl.program_id(0)
+        num_kv = tl.num_programs(0)
+    else:
+        b = tl.program_id(0).to(tl.int64)
+        kvh = tl.program_id(1)
+        num_kv = tl.num_programs(1)
     sp = tl.program_id(2)
     row = _query_row(qsl_ptr, b, RAGGED)
     if row < 0:
@@ -370,7 +383,7 @@ def _decode_split_kernel(
         tl.store(mid_o_ptr + b * mo_s0 + heads[:, None] * mo_s1 + sp * mo_s2 + offs_d[None, :], out, mask=out_mask)
         tl.store(mid_lse_ptr + b * ml_s0 + heads * ml_s1 + sp, lse, mask=h_mask)
         if MERGE:  # the split-K fix-up's arrival pattern (`split_k.last_arrival` says why this order is safe)
-            tile = b * tl.num_programs(1) + kvh
+            tile = b * num_kv + kvh
             if split_k.last_arrival(counter_ptr + tile, used):
                 tl.debug_barrier()
                 group = tl.arange(0, GROUP_PAD)  # the group's heads only: not the 16-row tile of the dots
@@ -533,7 +546,8 @@ def paged_attention_decode(
     if r is not None:
         positions = r.positions if r.positions.is_contiguous() else r.positions.contiguous()
         slots = r.slot_mapping if r.slot_mapping.is_contiguous() else r.slot_mapping.contiguous()
-    _decode_split_kernel[(n_seq, num_kv_heads, splits)](
+    grid = (num_kv_heads, n_seq, splits) if HEADS_FASTEST else (n_seq, num_kv_heads, splits)
+    _decode_split_kernel[grid](
         q, k_cache, v_cache, mid_o, mid_lse, out, seq_lens, block_tables,
         query_start_loc if ragged else seq_lens,  # unread unless RAGGED
         counters if counters is not None else seq_lens,  # unread unless MERGE
@@ -570,6 +584,7 @@ def paged_attention_decode(
         SPLITS_PAD=splits_pad,
         GROUP_PAD=max(2, next_pow2(group)),
         GATED=output_gate is not None,
+        HEADS_FASTEST=HEADS_FASTEST,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(q.device),
