@@ -5,7 +5,7 @@
 #           the sequences fastest in the grid the other heads' programs read the rest of those DRAM rows a wave later.
 #           Predicted: the KV heads fastest (or head-major pages) bring the 64-128-row attention from 1.3-1.6x its
 #           KV floor towards ~1.15x (the 256-row case's), ~10-15 us a layer at 96 rows. Then its GPU test.
-#   CALL=first: on a GPU the mid GEMM's table lacks (the H200), its tuning first (BUDGET s, into the installed table,
+#   CALL=first: CALL=decode; on a GPU the mid GEMM's table lacks (the H200), its tuning (BUDGET s, into the installed table,
 #           copied into the logs as mid_gemm.json); then device_session27.sh's CALL=streams (the new GPU tests, then the
 #           chat-shape mixed step on SPECS). Predictions (28th): the prefill grid bounded to 4 prompt chunks (b4)
 #           -0.4 to -0.6 ms a chat mixed step, the WS prefill attention under PDL (pdl0 is without) -0.05 to -0.15,
@@ -24,12 +24,15 @@ case ${CALL:-first} in
       --json "$LOGS/decode_variants.json" > "$LOGS/decode_variants.log" 2>&1
     echo "decode variants rc=$?"; grep "^B=" "$LOGS/decode_variants.log"; pack
     gpu_tests grid_order 90 tests/backend_cuda/test_fused_decode_attention.py -k grid_order ;;
-  first)
+  first)  # CALL=decode, the tuning where the table lacks this GPU, then the streams A/B if the call has time left
+    CALL=decode bash "$0"
     if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
 sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
       tune_mid first "${BUDGET:-120}"
     fi
-    OUT=$OUT CALL=streams COMMIT=$COMMIT bash "$(dirname "$0")/device_session27.sh" ;;
+    if [ "$SECONDS" -lt "${STREAMS_BEFORE_S:-300}" ]; then
+      OUT=$OUT CALL=streams COMMIT=$COMMIT bash "$(dirname "$0")/device_session27.sh"
+    fi ;;
   served)
     for spec in ${SERVED_SPECS:-base b4 streams2b4}; do
       extra=()
