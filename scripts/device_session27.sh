@@ -48,7 +48,7 @@ case ${CALL:-mixed} in
       engine_down "$spec"; pack
     done ;;
   streams)
-    gpu_tests streams "${TEST_S:-120}" tests/backend_cuda/test_attention.py tests/backend_cuda/test_attention_prefill_ws.py \
+    [ "${TEST_S:-120}" -gt 0 ] && gpu_tests streams "${TEST_S:-120}" tests/backend_cuda/test_attention.py tests/backend_cuda/test_attention_prefill_ws.py \
       tests/backend_cuda/test_mixed_rope_attention.py tests/backend_cuda/test_qk_norm_rope.py \
       -k "two_streams or mixed or port or ws or pdl or rope"
     for spec in ${SPECS:-pdl0 streams0 streams0b4 streams1b4 streams2b4}; do  # pdl0: the prefill attention without PDL (before 28th), one stream

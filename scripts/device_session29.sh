@@ -24,14 +24,18 @@ case ${CALL:-first} in
       --json "$LOGS/decode_variants.json" > "$LOGS/decode_variants.log" 2>&1
     echo "decode variants rc=$?"; grep "^B=" "$LOGS/decode_variants.log"; pack
     gpu_tests grid_order 90 tests/backend_cuda/test_fused_decode_attention.py -k grid_order ;;
-  first)  # CALL=decode, the tuning where the table lacks this GPU, then the streams A/B if the call has time left
+  first)  # the 28th session's GPU tests (its prefill-grid and mixed-step changes serve on main unrun), CALL=decode,
+    # the tuning where the table lacks this GPU, then the streams A/B if the call has time left
+    gpu_tests s28 "${TEST_S:-80}" tests/backend_cuda/test_attention.py tests/backend_cuda/test_attention_prefill_ws.py \
+      tests/backend_cuda/test_mixed_rope_attention.py tests/backend_cuda/test_qk_norm_rope.py \
+      -k "two_streams or mixed or port or ws or pdl or rope"
     CALL=decode bash "$0"
     if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
 sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
       tune_mid first "${BUDGET:-120}"
     fi
     if [ "$SECONDS" -lt "${STREAMS_BEFORE_S:-300}" ]; then
-      OUT=$OUT CALL=streams COMMIT=$COMMIT bash "$(dirname "$0")/device_session27.sh"
+      OUT=$OUT TEST_S=0 CALL=streams COMMIT=$COMMIT bash "$(dirname "$0")/device_session27.sh"
     fi ;;
   served)
     for spec in ${SERVED_SPECS:-base b4 streams2b4}; do
