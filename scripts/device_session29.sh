@@ -4,14 +4,17 @@
 #           a page holds its tokens' KV heads interleaved, so a program reads 256 B pieces at a 2 KB stride, and with
 #           the sequences fastest in the grid the other heads' programs read the rest of those DRAM rows a wave later.
 #           Predicted: the KV heads fastest (or head-major pages) bring the 64-128-row attention from 1.3-1.6x its
-#           KV floor towards ~1.15x (the 256-row case's), ~10-15 us a layer at 96 rows. Then its GPU test.
+#           KV floor towards ~1.15x (the 256-row case's), ~10-15 us a layer at 96 rows. The heads fastest also start
+#           a served batch's longest sequences first (rows in admission order: the oldest has generated the most;
+#           the 140-650 cases): with the sequences fastest, the longest sequence's last heads start in the second
+#           wave. Predicted there: another -3 to -6 us a layer. Then its GPU test.
 #   CALL=first: CALL=decode; on a GPU the mid GEMM's table lacks (the H200), its tuning (BUDGET s, into the installed table,
 #           copied into the logs as mid_gemm.json); then device_session27.sh's CALL=streams (the new GPU tests, then the
 #           chat-shape mixed step on SPECS). Predictions (28th): the prefill grid bounded to 4 prompt chunks (b4)
 #           -0.4 to -0.6 ms a chat mixed step, the WS prefill attention under PDL (pdl0 is without) -0.05 to -0.15,
 #           the step split by rows on two streams (streams2) another -0.1 to -0.2.
 #   CALL=served: chat at qps LEVELS (DURATION s a level) on SERVED_SPECS engines: base (the served config), b4
-#           (mixed_graph_chunk_seqs = 4), streams2b4 (and the split by rows), mid0 (the mid GEMM off, cuBLAS).
+#           (mixed_graph_chunk_seqs = 4), streams2b4 (and the split by rows), mid0 (the mid GEMM off, cuBLAS), heads (the decode attention's KV heads fastest).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=first COMMIT=abc1234 bash scripts/device_session29.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid
@@ -19,8 +22,8 @@ session_logs s29
 
 case ${CALL:-first} in
   decode)
-    timeout "${DECODE_S:-120}" python3 "$SCRIPTS/bench_decode_splits.py" --rope \
-      --variants nhd:seq,nhd:heads,hnd:seq,hnd:heads --cases "${CASES:-64x384,96x350,128x384,256x640,32x1000,12x3000}" \
+    timeout "${DECODE_S:-150}" python3 "$SCRIPTS/bench_decode_splits.py" --rope \
+      --variants nhd:seq,nhd:heads,hnd:seq,hnd:heads --cases "${CASES:-96x140-650,128x140-650,64x384,96x350,128x384,256x640,12x3000}" \
       --json "$LOGS/decode_variants.json" > "$LOGS/decode_variants.log" 2>&1
     echo "decode variants rc=$?"; grep "^B=" "$LOGS/decode_variants.log"; pack
     gpu_tests grid_order 90 tests/backend_cuda/test_fused_decode_attention.py -k grid_order ;;
@@ -43,6 +46,7 @@ sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
       case $spec in *b4) extra+=(RUSTINFER_MIXED_GRAPH_CHUNK_SEQS=4) ;; esac
       case $spec in streams*) on=${spec#streams}; extra+=("INFER_CUDA_MIXED_ATTENTION_STREAMS=${on%%b*}") ;; esac
       case $spec in mid0) extra+=(INFER_CUDA_MID_GEMM=0) ;; esac
+      case $spec in heads*) extra+=(INFER_CUDA_DECODE_HEADS_FASTEST=1) ;; esac
       engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
       sweep "${spec}_chat" "${LEVELS:-1,32}"
       engine_down "$spec"; pack

@@ -5,7 +5,8 @@ variant the run compiled (what ptxas gave the loaded kernel, the figure that set
 `--configs BLOCK_N:WARPS:STAGES,...`: the default split count under each key tile config instead of the wave targets.
 `--rope`: the served form instead of the plain kernel: q, k and v from a raw qkv projection row with the q / k norms,
 RoPE and the new token's store in the split pass (`DecodeRope`), as the model launches it.
-`--variants LAYOUT:ORDER,...`: the default split count and tile under each cache layout (`nhd`, the served pages
+`--cases BATCHxCONTEXT,...`: CONTEXT is one length or LO-HI, spread from HI (row 0) down to LO (a served batch in
+admission order). `--variants LAYOUT:ORDER,...`: the default split count and tile under each cache layout (`nhd`, the served pages
 `[page, Hkv, D]`, or `hnd`, `[Hkv, page, D]` passed to the kernel as a strided view) and grid order (`seq`, the
 sequences fastest, or `heads`, `INFER_CUDA_DECODE_HEADS_FASTEST`'s KV heads fastest).
 
@@ -43,18 +44,29 @@ def paged(batch: int, ctx: int, layout: str = "nhd") -> tuple[torch.Tensor, torc
     return kc, vc, bt
 
 
-def served_rope(batch: int, ctx: int, bt: torch.Tensor, device: str = "cuda") -> tuple[torch.Tensor, A.DecodeRope]:
+def context_lengths(batch: int, spec: str) -> torch.Tensor:
+    """`[batch]` int32 contexts: "N" for all, or "LO-HI" spread evenly from HI (row 0) down to LO, as a served
+    batch in admission order holds them (the oldest request has generated the most)."""
+    lo, _, hi = spec.partition("-")
+    if not hi:
+        return torch.full((batch,), int(lo), dtype=torch.int32, device="cuda")
+    return torch.linspace(int(hi), int(lo), batch, device="cuda").round().to(torch.int32)
+
+
+def served_rope(batch: int, ctx: int, bt: torch.Tensor, device: str = "cuda",
+                lens: torch.Tensor | None = None) -> tuple[torch.Tensor, A.DecodeRope]:
     """The served form's inputs: q / k / v as views of one `[batch, (HQ + 2 HKV) D]` projection row, the q / k
-    norm weights, a full-width rotary table, and the new token (position ctx - 1) stored at its cache slot."""
+    norm weights, a full-width rotary table, and the new token (position `lens - 1`, ctx - 1 when not given) stored
+    at its cache slot."""
     qkv = torch.randn((batch, (HQ + 2 * HKV) * D), device=device, dtype=torch.bfloat16)
     q = qkv[:, : HQ * D].view(batch, HQ, D)
     k = qkv[:, HQ * D : (HQ + HKV) * D].view(batch, HKV, D)
     v = qkv[:, (HQ + HKV) * D :].view(batch, HKV, D)
-    positions = torch.full((batch,), ctx - 1, dtype=torch.int64, device=device)
+    positions = (lens if lens is not None else torch.full((batch,), ctx, device=device)).to(torch.int64) - 1
     cos_sin = torch.randn((ctx, D), device=device, dtype=torch.float32)
     norm = torch.ones(D, device=device, dtype=torch.bfloat16)
-    page = bt[:, (ctx - 1) // BS].to(torch.int64)
-    slots = page * BS + (ctx - 1) % BS
+    page = bt.gather(1, (positions // BS)[:, None])[:, 0].to(torch.int64)
+    slots = page * BS + positions % BS
     return q, A.DecodeRope(k, v, positions, cos_sin, norm, norm, 1e-6, slots)
 
 
@@ -71,14 +83,16 @@ def main() -> None:
     waves = [int(w) for w in args.waves.split(",")]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    cases = [tuple(map(int, c.split("x"))) for c in args.cases.split(",")] if args.cases else CASES
-    for batch, ctx in cases:
+    cases = [(int(b), c) for b, c in (x.split("x") for x in args.cases.split(","))] if args.cases else [
+        (b, str(c)) for b, c in CASES]
+    for batch, ctx_spec in cases:
+        lens = context_lengths(batch, ctx_spec)
+        ctx = int(lens.max())  # pages for the longest; each row reads its own length
         kc, vc, bt = paged(batch, ctx)
-        q, rope = served_rope(batch, ctx, bt) if args.rope else (
+        q, rope = served_rope(batch, ctx, bt, lens=lens) if args.rope else (
             torch.randn((batch, HQ, D), device="cuda", dtype=torch.bfloat16), None)
-        lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
-        floor_us = 2 * batch * ctx * HKV * D * 2 / copy_bandwidth() * 1e6  # K and V read once, at the copy rate
-        row = {"batch": batch, "ctx": ctx, "floor_us": floor_us}
+        floor_us = 2 * int(lens.sum()) * HKV * D * 2 / copy_bandwidth() * 1e6  # K and V read once, at the copy rate
+        row = {"batch": batch, "ctx": ctx_spec, "floor_us": floor_us}
         for w in waves if not (args.configs or args.variants) else ():
             splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))
             row[f"w{w}_s{splits}"] = graph_replay_us(lambda _, s=splits: A.paged_attention_decode(
@@ -86,7 +100,7 @@ def main() -> None:
         for variant in args.variants.split(",") if args.variants else ():
             layout, order = variant.split(":")
             kcv, vcv, btv = (kc, vc, bt) if layout == "nhd" else paged(batch, ctx, layout)
-            qv, ropev = served_rope(batch, ctx, btv) if args.rope else (q, None)
+            qv, ropev = served_rope(batch, ctx, btv, lens=lens) if args.rope else (q, None)
             A.HEADS_FASTEST = order == "heads"  # what INFER_CUDA_DECODE_HEADS_FASTEST sets, here per variant
             row[f"v{variant}"] = graph_replay_us(lambda _: A.paged_attention_decode(
                 qv, kcv, vcv, lens, btv, D**-0.5, rope=ropev), calls=5)
@@ -99,7 +113,7 @@ def main() -> None:
                 q, kc, vc, lens, bt, D**-0.5, rope=rope), calls=5)
         rows.append(row)
         cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k[0] in "wcv")
-        print(f"B={batch:>3} ctx={ctx:>5} floor={floor_us:7.1f} us | {cells}", flush=True)
+        print(f"B={batch:>3} ctx={ctx_spec:>7} floor={floor_us:7.1f} us | {cells}", flush=True)
         del kc, vc
     if args.registers:
         print(registers_report())
