@@ -13,7 +13,7 @@
 #           chat-shape mixed step on SPECS). Predictions (28th): the prefill grid bounded to 4 prompt chunks (b4)
 #           -0.4 to -0.6 ms a chat mixed step, the WS prefill attention under PDL (pdl0 is without) -0.05 to -0.15,
 #           the step split by rows on two streams (streams2) another -0.1 to -0.2.
-#   CALL=served: chat at qps LEVELS (DURATION s a level) on SERVED_SPECS engines: base (the served config), b4
+#   CALL=served: chat at qps LEVELS (32; base at BASE_LEVELS, 1,32) (DURATION s a level) on SERVED_SPECS engines: base (the served config), b4
 #           (mixed_graph_chunk_seqs = 4), streams2b4 (and the split by rows), mid0 (the mid GEMM off, cuBLAS), heads (the decode attention's KV heads fastest).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=first COMMIT=abc1234 bash scripts/device_session29.sh
 set -u
@@ -48,7 +48,8 @@ sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
       case $spec in mid0) extra+=(INFER_CUDA_MID_GEMM=0) ;; esac
       case $spec in heads*) extra+=(INFER_CUDA_DECODE_HEADS_FASTEST=1) ;; esac
       engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
-      sweep "${spec}_chat" "${LEVELS:-1,32}"
+      levels=${LEVELS:-32}; [ "$spec" = base ] && levels=${BASE_LEVELS:-1,32}
+      sweep "${spec}_chat" "$levels"
       engine_down "$spec"; pack
     done ;;
   *) echo "unknown CALL ${CALL}" ;;
