@@ -43,10 +43,10 @@ sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
   served)
     for spec in ${SERVED_SPECS:-base b4 streams2b4}; do
       extra=()
-      case $spec in *b4) extra+=(RUSTINFER_MIXED_GRAPH_CHUNK_SEQS=4) ;; esac
+      case $spec in *b4*) extra+=(RUSTINFER_MIXED_GRAPH_CHUNK_SEQS=4) ;; esac
       case $spec in streams*) on=${spec#streams}; extra+=("INFER_CUDA_MIXED_ATTENTION_STREAMS=${on%%b*}") ;; esac
       case $spec in mid0) extra+=(INFER_CUDA_MID_GEMM=0) ;; esac
-      case $spec in heads*) extra+=(INFER_CUDA_DECODE_HEADS_FASTEST=1) ;; esac
+      case $spec in *heads*) extra+=(INFER_CUDA_DECODE_HEADS_FASTEST=1) ;; esac
       engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
       levels=${LEVELS:-32}; [ "$spec" = base ] && levels=${BASE_LEVELS:-1,32}
       sweep "${spec}_chat" "$levels"

@@ -112,7 +112,7 @@ def main() -> None:
             row[f"c{bn}:{warps}:{stages}"] = graph_replay_us(lambda _: A.paged_attention_decode(
                 q, kc, vc, lens, bt, D**-0.5, rope=rope), calls=5)
         rows.append(row)
-        cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k[0] in "wcv")
+        cells = " ".join(f"{k}={v:.1f}" for k, v in row.items() if k not in ("batch", "ctx", "floor_us"))
         print(f"B={batch:>3} ctx={ctx_spec:>7} floor={floor_us:7.1f} us | {cells}", flush=True)
         del kc, vc
     if args.registers:
