@@ -213,7 +213,7 @@ def test_chat_shaped_mixed_step_split_by_rows_on_two_streams(monkeypatch):
     assert torch.equal(caches[0].nan_to_num(7.0), m.pb.k_cache.nan_to_num(7.0))
 
 
-@pytest.mark.parametrize(("raw", "mode"), [("0", 0), ("1", 1), (" 2 ", 2), ("", 0)])
+@pytest.mark.parametrize(("raw", "mode"), [("0", 0), ("1", 1), (" 2 ", 2), ("", 2)])
 def test_the_switch_takes_zero_one_or_two(raw, mode, monkeypatch):
     import importlib
 

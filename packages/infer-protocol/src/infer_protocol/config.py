@@ -135,7 +135,7 @@ class Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     mixed_graph_chunk_seqs: Annotated[int, Meta(
         description="the mixed-step graphs assume at most this many prompt chunks a step and size the prefill "
                     "attention's grid by them; a step with more runs eagerly. 0 = no bound (the grid counts every "
-                    "sequence of the graph's bucket)")] = 0
+                    "sequence of the graph's bucket)")] = 8
     enable_cuda_graphs: Annotated[bool, Meta(description="capture and replay CUDA graphs")] = True
     # processes
     cluster_id: Annotated[str, Meta(
