@@ -97,6 +97,7 @@ def main() -> None:
             splits = max(1, min(A.MAX_SPLITS, triton.cdiv(w * sms, batch * HKV)))
             row[f"w{w}_s{splits}"] = graph_replay_us(lambda _, s=splits: A.paged_attention_decode(
                 q, kc, vc, lens, bt, D**-0.5, num_splits=s, rope=rope), calls=5)
+        default_order = A.HEADS_FASTEST
         for variant in args.variants.split(",") if args.variants else ():
             layout, order = variant.split(":")
             kcv, vcv, btv = (kc, vc, bt) if layout == "nhd" else paged(batch, ctx, layout)
@@ -105,7 +106,7 @@ def main() -> None:
             row[f"v{variant}"] = graph_replay_us(lambda _: A.paged_attention_decode(
                 qv, kcv, vcv, lens, btv, D**-0.5, rope=ropev), calls=5)
             del kcv, vcv
-        A.HEADS_FASTEST = False
+        A.HEADS_FASTEST = default_order
         for config in args.configs.split(",") if args.configs else ():
             bn, warps, stages = map(int, config.split(":"))
             A.TILE = (bn, warps, stages)  # what INFER_CUDA_DECODE_TILE sets, here per config

@@ -58,7 +58,7 @@ def cases():
         "conv_ptr": "*bf16", "cu_ptr": "*i32", "slot_ptr": "*i32", "arrive_ptr": "*i32"}, ("scale", "eps"))
     ce = dict(GROUP=4, HEAD_DIM=128, BLOCK_H=16, BLOCK_N=64, BLOCK_D=128, DOT_F32=False, RAGGED=False, DIRECT=False,
               ROPE=True, HALF=64, HAS_Q_NORM=True, HAS_K_NORM=True, MERGE=True, SPLITS_PAD=32, GROUP_PAD=4,
-              GATED=False, HEADS_FASTEST=False, USE_PDL=True)
+              GATED=False, HEADS_FASTEST=True, USE_PDL=True)
     yield "decode attention, merge", *_sass_print(AD._decode_split_kernel, ce, {
         "q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "o_ptr": "*bf16", "seq_lens_ptr": "*i32",
         "bt_ptr": "*i32", "qsl_ptr": "*i32", "counter_ptr": "*i32", "k_ptr": "*bf16", "v_ptr": "*bf16",
