@@ -26,6 +26,7 @@ import torch
 from decode_roofline import commit, prefill_in_groups
 from torch_profile import print_ranked, ranked
 from infer_core.dtypes import DType
+from infer_protocol.config import Config
 from infer_worker.application.cache_layout import allocate_caches
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.model_runner import ModelRunner
@@ -56,8 +57,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--eager", action="store_true", help="time each step on the eager runner too")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--chunk-seqs", type=int, default=0,
-                    help="the mixed graphs' bound on prompt chunks a step (Config.mixed_graph_chunk_seqs; 0: none)")
+    ap.add_argument("--chunk-seqs", type=int, default=Config().mixed_graph_chunk_seqs,
+                    help="the mixed graphs' bound on prompt chunks a step (Config.mixed_graph_chunk_seqs, whose "
+                    "default it takes; 0: none)")
     ap.add_argument("--profile", default="", help="chunk sizes whose steps' kernels are ranked (torch.profiler, "
                     "PDL overlap inflates kernel times)")
     ap.add_argument("--backend", default="cuda", help="cpu: a dry run of the script (eager only)")

@@ -15,6 +15,7 @@
 #           the step split by rows on two streams (streams2) another -0.1 to -0.2.
 #   CALL=served: chat at qps LEVELS (32; base at BASE_LEVELS, 1,32) (DURATION s a level) on SERVED_SPECS engines: base (the served config), b4
 #           (mixed_graph_chunk_seqs = 4), streams2b4 (and the split by rows), mid0 (the mid GEMM off, cuBLAS), heads (the decode attention's KV heads fastest).
+#           Since the session's end the three are the defaults (the bound at 8): base has them, old turns them off.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=first COMMIT=abc1234 bash scripts/device_session29.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid
@@ -47,6 +48,8 @@ sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
       case $spec in streams*) on=${spec#streams}; extra+=("INFER_CUDA_MIXED_ATTENTION_STREAMS=${on%%b*}") ;; esac
       case $spec in mid0) extra+=(INFER_CUDA_MID_GEMM=0) ;; esac
       case $spec in *heads*) extra+=(INFER_CUDA_DECODE_HEADS_FASTEST=1) ;; esac
+      case $spec in old) extra+=(RUSTINFER_MIXED_GRAPH_CHUNK_SEQS=0 INFER_CUDA_MIXED_ATTENTION_STREAMS=0
+                                 INFER_CUDA_DECODE_HEADS_FASTEST=0) ;; esac
       engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
       levels=${LEVELS:-32}; [ "$spec" = base ] && levels=${BASE_LEVELS:-1,32}
       sweep "${spec}_chat" "$levels"
