@@ -16,6 +16,7 @@
 #   CALL=served: chat at qps LEVELS (32; base at BASE_LEVELS, 1,32) (DURATION s a level) on SERVED_SPECS engines: base (the served config), b4
 #           (mixed_graph_chunk_seqs = 4), streams2b4 (and the split by rows), mid0 (the mid GEMM off, cuBLAS), heads (the decode attention's KV heads fastest).
 #           Since the session's end the three are the defaults (the bound at 8): base has them, old turns them off.
+#   CALL=h200: the mid GEMM's tuning on a GPU its table lacks, then CALL=served on "base old" at qps 1 and 32.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=first COMMIT=abc1234 bash scripts/device_session29.sh
 set -u
 source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid
@@ -41,6 +42,15 @@ sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
     if [ "$SECONDS" -lt "${STREAMS_BEFORE_S:-300}" ]; then
       OUT=$OUT TEST_S=0 CALL=streams COMMIT=$COMMIT bash "$(dirname "$0")/device_session27.sh"
     fi ;;
+  h200)  # prepared for the next H200 (one call, ~6-7 min): the mid GEMM's tuning where the table lacks this GPU (the
+    # 2-8-row o_proj / down on cuBLAS there: the qps-1 p50's suspect), then the served defaults against the old ones
+    # (chat at qps 1 and 32, DURATION s a level, with the tuned table installed). Copy the returned mid_gemm.json into
+    # packages/infer-backend-cuda/src/infer_backend_cuda/configs/.
+    if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
+sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
+      tune_mid h200 "${BUDGET:-150}"
+    fi
+    SERVED_SPECS="${SERVED_SPECS:-base old}" LEVELS=${LEVELS:-1,32} CALL=served bash "$0" ;;
   served)
     for spec in ${SERVED_SPECS:-base b4 streams2b4}; do
       extra=()
