@@ -71,6 +71,10 @@ tune_table() {  # tune_table FMT ROWS BUDGET_S TAG: bench_quant_gemm.py's bests 
   echo "bench_quant_gemm $fmt rc=$?"; grep -A40 "^ fmt" "$LOGS/$tag.log"; cp "$table" "$LOGS/${fmt}_gemm_table.json"; pack
 }
 
+tune_mid_unless_tuned() {  # tune_mid_unless_tuned TAG BUDGET_S: tune_mid on a GPU the installed table has no entries for
+  python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
+sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)" || tune_mid "$1" "$2"
+}
 tune_mid() {  # tune_mid TAG BUDGET_S: bench_mid_gemm.py's bests (ops OPS, rows MS; the script's defaults when unset) into
   # the installed table (this GPU's entries), the log's summary printed, the table copied into the logs as mid_gemm.json
   local table; table=$(installed_table mid_gemm)

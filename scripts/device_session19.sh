@@ -13,7 +13,7 @@
 #           first) and on one with INFER_CUDA_MID_GEMM=0.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mid COMMIT=abc1234 bash scripts/device_session19.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, tune_mid
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, tune_mid_unless_tuned
 session_logs s19
 
 replays_mid() {  # replays_mid TAG BATCHES: decode replays (context 400) with the table, then with cuBLAS
@@ -54,10 +54,7 @@ case ${CALL:-mid} in
     ROOFLINE_TIMEOUT=${ROOFLINE_TIMEOUT:-110} replays_mid next ${BATCHES:-1,2,4,8,64,96} ;;
   served)
     [ -n "${TABLE:-}" ] && cp "$TABLE" "$(installed_table mid_gemm)"
-    if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
-sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then  # a GPU the table lacks: tune it first
-      tune_mid served 90
-    fi
+    tune_mid_unless_tuned served 90
     for on in ${ORDER:-1 0}; do
       engine_up "mid$on" RUSTINFER_MAX_MODEL_LEN=32768 INFER_CUDA_MID_GEMM=$on || continue
       sweep "mid${on}_chat" "${LEVELS:-1,8,32}"

@@ -19,7 +19,7 @@
 #   CALL=h200: the mid GEMM's tuning on a GPU its table lacks, then CALL=served on "base old" at qps 1 and 32.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=first COMMIT=abc1234 bash scripts/device_session29.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid_unless_tuned
 session_logs s29
 
 case ${CALL:-first} in
@@ -35,10 +35,7 @@ case ${CALL:-first} in
       tests/backend_cuda/test_mixed_rope_attention.py tests/backend_cuda/test_qk_norm_rope.py \
       -k "two_streams or mixed or port or ws or pdl or rope"
     CALL=decode bash "$0"
-    if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
-sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
-      tune_mid first "${BUDGET:-120}"
-    fi
+    tune_mid_unless_tuned first "${BUDGET:-120}"
     if [ "$SECONDS" -lt "${STREAMS_BEFORE_S:-300}" ]; then
       OUT=$OUT TEST_S=0 CALL=streams COMMIT=$COMMIT bash "$(dirname "$0")/device_session27.sh"
     fi ;;
@@ -46,10 +43,7 @@ sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
     # 2-8-row o_proj / down on cuBLAS there: the qps-1 p50's suspect), then the served defaults against the old ones
     # (chat at qps 1 and 32, DURATION s a level, with the tuned table installed). Copy the returned mid_gemm.json into
     # packages/infer-backend-cuda/src/infer_backend_cuda/configs/.
-    if ! python3 -c "import sys, torch; from infer_backend_cuda.kernels import mid_gemm as G
-sys.exit(0 if G._tuned_table(torch.cuda.get_device_name()) else 1)"; then
-      tune_mid h200 "${BUDGET:-150}"
-    fi
+    tune_mid_unless_tuned h200 "${BUDGET:-150}"
     SERVED_SPECS="${SERVED_SPECS:-base old}" LEVELS=${LEVELS:-1,32} CALL=served bash "$0" ;;
   served)
     for spec in ${SERVED_SPECS:-base b4 streams2b4}; do
