@@ -13,7 +13,7 @@
 #           first) and on one with INFER_CUDA_MID_GEMM=0.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=mid COMMIT=abc1234 bash scripts/device_session19.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, tune_mid_unless_tuned
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, roofline, gpu_tests, tune_mid, tune_mid_unless_tuned
 session_logs s19
 
 replays_mid() {  # replays_mid TAG BATCHES: decode replays (context 400) with the table, then with cuBLAS
