@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from decode_roofline import commit, prefill_in_groups
-from torch_profile import print_ranked, ranked
+from torch_profile import device_timeline, print_ranked, ranked
 from infer_core.dtypes import DType
 from infer_protocol.config import Config
 from infer_worker.application.cache_layout import allocate_caches
@@ -62,6 +62,8 @@ def main() -> None:
                     "default it takes; 0: none)")
     ap.add_argument("--profile", default="", help="chunk sizes whose steps' kernels are ranked (torch.profiler, "
                     "PDL overlap inflates kernel times)")
+    ap.add_argument("--trace-dir", type=Path, default=None, help="the profiled steps' chrome traces written here "
+                    "(mixed_chunk<N>.json), each summarised as a device timeline (idle gaps, busy time per stream)")
     ap.add_argument("--backend", default="cuda", help="cpu: a dry run of the script (eager only)")
     ap.add_argument("--out", type=Path, default=Path("mixed_step.json"))
     args = ap.parse_args()
@@ -136,6 +138,12 @@ def main() -> None:
             row["top_kernels"], total = ranked(prof, 16, on_device=True, kernels_only=True)
             print(f"chunk {chunk}: 3 steps, kernels")
             print_ranked(row["top_kernels"], total, "kernel")
+            if args.trace_dir is not None:
+                args.trace_dir.mkdir(parents=True, exist_ok=True)
+                trace = args.trace_dir / f"mixed_chunk{chunk}.json"
+                prof.export_chrome_trace(str(trace))
+                row["timeline"] = device_timeline(trace)
+                print(f"chunk {chunk}: 3 steps, device timeline (us) {json.dumps(row['timeline'])}")
         rows.append(row)
         print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name(0) if args.backend == "cuda" else "cpu"

@@ -3,6 +3,9 @@ short table. Imported as a sibling module (the benches run as scripts from the r
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 from torch.autograd import DeviceType
 
@@ -26,3 +29,29 @@ def print_ranked(rows: list[dict], total_ms: float, what: str = "kernel / op") -
     print(f"{'total ms':>10} {'calls':>7}  {what}  (self time of all: {total_ms:.1f} ms)")
     for r in rows:
         print(f"{r['total_ms']:>10.2f} {r['calls']:>7}  {r['name']}")
+
+
+def device_timeline(trace: Path) -> dict:
+    """A chrome trace's device work (kernels, memcpy, memset) as a timeline summary: the span from the first start to
+    the last end, the time some kernel ran (the union over streams), the idle rest, the gaps over 2 us (count and
+    total), and each stream's busy time. Where a step's time goes that kernel totals cannot say: idle dependency
+    waits at a graph's fork / join, or kernels stretched by sharing the SMs."""
+    events = [e for e in json.loads(trace.read_text())["traceEvents"]
+              if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not events:
+        return {}
+    events.sort(key=lambda e: e["ts"])
+    busy, gaps, end = 0.0, [], events[0]["ts"]
+    streams: dict[str, float] = {}
+    for e in events:
+        start, stop = e["ts"], e["ts"] + e["dur"]
+        if start > end:
+            gaps.append(start - end)
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+        stream = str(e.get("args", {}).get("stream", e.get("tid")))
+        streams[stream] = streams.get(stream, 0.0) + e["dur"]
+    span = end - events[0]["ts"]
+    big = [g for g in gaps if g > 2.0]
+    return {"span_us": span, "busy_us": busy, "idle_us": span - busy, "gaps_over_2us": len(big),
+            "gaps_over_2us_total_us": sum(big), "stream_busy_us": streams, "events": len(events)}
