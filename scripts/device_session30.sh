@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # The thirtieth session's device calls, each part bounded, the logs packed into $OUT/s30.tar.gz after every part.
-#   CALL=auto: on an H200, device_session29.sh's CALL=h200 (the mid GEMM tuned for the H200, then the served defaults
-#           against the old ones at qps 1 and 32); on another GPU, CALL=$OTHER (default gpu).
+#   CALL=auto: on an H200, device_session29.sh's CALL=h200 (the mid GEMM tuned for the H200, then served chat: base
+#           at qps 1 and 32, streams3 and old at 32); on another GPU, CALL=$OTHER (default gpu).
+#   CALL=mode3: the mixed step split by rows with the decode kernel forked (INFER_CUDA_MIXED_ATTENTION_STREAMS=3):
+#           its GPU test, the profile of base (mode 2) against streams3, then served chat at qps 32 on both. The
+#           traces (`--trace-dir`) showed mode 2's decode kernel, launched early under PDL, taking every SM, the
+#           side's prefill starting 50 us into the 81 us kernel and the join 8 us after it: 90 us a layer against the
+#           decode graph's 73. Predicted: mode 3 ~78-82 us a layer, the mixed step -0.3 to -0.4 ms (H100).
 #   CALL=gpu: `pytest -m gpu tests/gpu` (CUDA == CPU greedy and the served paths) under the twenty-ninth session's new
 #           defaults, then CALL=profile.
 #   CALL=profile: the chat-shape mixed step (96 decodes at 400 tokens, a 32-token chunk) beside its decode graph, both
@@ -17,18 +22,24 @@ session_logs s30
 case ${CALL:-auto} in
   auto)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      OUT=$OUT CALL=h200 COMMIT=$COMMIT DURATION=${DURATION:-20} bash "$(dirname "$0")/device_session29.sh"
+      OUT=$OUT CALL=h200 COMMIT=$COMMIT DURATION=${DURATION:-20} SERVED_SPECS="${SERVED_SPECS:-base streams3 old}" \
+        LEVELS=${LEVELS:-32} bash "$(dirname "$0")/device_session29.sh"
     else
       CALL=${OTHER:-gpu} bash "$0"
     fi ;;
   gpu)
     gpu_tests tests_gpu "${TEST_S:-240}" tests/gpu
     CALL=profile bash "$0" ;;
+  mode3)
+    gpu_tests mode3 "${TEST_S:-90}" tests/backend_cuda/test_mixed_rope_attention.py
+    SPECS="base streams3" CALL=profile bash "$0"
+    OUT=$OUT SERVED_SPECS="${SERVED_SPECS:-base streams3}" LEVELS=32 BASE_LEVELS=32 COMMIT=$COMMIT \
+      DURATION=${DURATION:-20} CALL=served bash "$(dirname "$0")/device_session29.sh" ;;
   profile)
     for spec in ${SPECS:-base streams0 pdl0}; do
       extra=(); bound=8
       case $spec in pdl0) extra+=(INFER_CUDA_WS_PREFILL_PDL=0) ;; b4) bound=4 ;;
-                    streams0) extra+=(INFER_CUDA_MIXED_ATTENTION_STREAMS=0) ;; esac
+                    streams*) extra+=("INFER_CUDA_MIXED_ATTENTION_STREAMS=${spec#streams}") ;; esac
       env "${extra[@]}" timeout "${RUN_S:-120}" python3 bench/mixed_step.py \
         --model-dir bench/models/qwen3-4b --decodes 96 --context 400 --prompt 192 --chunks "${CHUNKS:-0,32}" \
         --chunk-seqs $bound --capture-tokens 64,128,256,512 --steps "${STEPS:-20}" \
