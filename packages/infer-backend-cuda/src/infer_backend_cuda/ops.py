@@ -28,8 +28,9 @@ GemmConfig = skinny.SkinnyConfig | mid.MidConfig
 #   3: the split of 2 with the sides swapped: the decode kernel forked to the side stream, the prefill rows' chain on
 #      this one. In 2 the decode kernel, launched early under PDL after the qkv GEMM, takes every SM first, so the
 #      side's few prefill programs start only in its last wave and end after it (thirtieth session, H100 traces: the
-#      prefill 50 us into a 81 us decode kernel, the join 8 us after it). Here the prefill chain, launched early
-#      under PDL, is resident before the decode kernel's launch, which waits for the GEMM's end.
+#      prefill 50 us into a 81 us decode kernel, the join 8 us after it; forked at the projection, the decode
+#      kernel still launched first). Here the fork follows the chunk rows' store, so the prefill kernel, launched
+#      early under PDL at the store's start, is resident before the decode kernel's launch at the store's end.
 # 0: one stream. Default 2 (twenty-ninth session, H100, chat at qps 32 with the bounded prefill grid: ITL p50 / p99
 # 6.72 / 8.86 against 6.82 / 9.40 ms on one stream). A/B runs; read once at import, like the other switches.
 MIXED_STREAMS_ENV = "INFER_CUDA_MIXED_ATTENTION_STREAMS"
@@ -225,14 +226,15 @@ class TritonFusedOps:
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         k_rot = torch.empty(rope.k.shape, dtype=rope.k.dtype, device=q.device)
-        fork = _ForkedStream(q.device)  # the side stream waits for the projection, queued before this
 
-        def prefill_chain() -> None:
+        def store_chunk_rows() -> None:
             kernels.qk_norm_rope_store(
                 q, rope.k, rope.v, rope.positions, rope.cos_sin_cache, rope.q_norm_weight, rope.k_norm_weight,
                 rope.eps, k_cache, v_cache, rope.slot_mapping, q_out=q_rot, k_out=k_rot,
                 skip_single_token_of=batch.query_start_loc,
             )
+
+        def prefill() -> None:
             kernels.paged_attention_prefill(
                 q_rot, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
                 batch.max_query_len, scale, out=out, skip_single_token=True, max_chunk_seqs=batch.max_chunk_seqs,
@@ -242,13 +244,19 @@ class TritonFusedOps:
             kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
                                            query_start_loc=batch.query_start_loc, rope=rope)
 
-        if decode_forked:  # the prefill chain queued first: its PDL launches reach the GPU before the decode's
-            prefill_chain()
+        if decode_forked:
+            # The fork after the store: the decode kernel launches at the store's end, a few us after the prefill
+            # kernel's PDL launch (at the store's start), whose programs are then resident first.
+            store_chunk_rows()
+            fork = _ForkedStream(q.device)
+            prefill()
             with fork:
                 decode()
         else:
+            fork = _ForkedStream(q.device)  # the side stream waits for the projection
             with fork:
-                prefill_chain()
+                store_chunk_rows()
+                prefill()
             decode()
         fork.join()
         return out
