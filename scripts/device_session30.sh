@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The thirtieth session's device calls, each part bounded, the logs packed into $OUT/s30.tar.gz after every part.
-#   CALL=auto: on an H200, device_session29.sh's CALL=h200 (the mid GEMM tuned for the H200, then served chat: base
+#   CALL=auto: on an H200, mode 3's GPU tests, then device_session29.sh's CALL=h200 (the mid GEMM tuned for the H200, then served chat: base
 #           at qps 1 and 32, streams3 and old at 32); on another GPU, CALL=$OTHER (default gpu).
 #   CALL=mode3: the mixed step split by rows with the decode kernel forked (INFER_CUDA_MIXED_ATTENTION_STREAMS=3):
 #           its GPU test, the profile of base (mode 2) against streams3, then served chat at qps 32 on both. The
@@ -22,6 +22,7 @@ session_logs s30
 case ${CALL:-auto} in
   auto)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+      gpu_tests mode3 "${TEST_S:-90}" tests/backend_cuda/test_mixed_rope_attention.py
       OUT=$OUT CALL=h200 COMMIT=$COMMIT DURATION=${DURATION:-20} SERVED_SPECS="${SERVED_SPECS:-base streams3 old}" \
         LEVELS=${LEVELS:-32} bash "$(dirname "$0")/device_session29.sh"
     else
