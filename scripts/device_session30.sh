@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The thirtieth session's device calls, each part bounded, the logs packed into $OUT/s30.tar.gz after every part.
-#   CALL=auto: on an H200, mode 3's GPU tests, then device_session29.sh's CALL=h200 (the mid GEMM tuned for the H200, then served chat: base
-#           at qps 1 and 32, streams3 and old at 32); on another GPU, CALL=$OTHER (default gpu).
+#   CALL=auto: on an H200, CALL=h200; on another GPU, CALL=$OTHER (default gpu).
 #   CALL=mode3: the mixed step split by rows with the decode kernel forked (INFER_CUDA_MIXED_ATTENTION_STREAMS=3):
 #           its GPU test, the profile of base (mode 2) against streams3, then served chat at qps 32 on both. The
 #           traces (`--trace-dir`) showed mode 2's decode kernel, launched early under PDL, taking every SM, the
 #           side's prefill starting 50 us into the 81 us kernel and the join 8 us after it: 90 us a layer against the
 #           decode graph's 73. Predicted: mode 3 ~78-82 us a layer, the mixed step -0.3 to -0.4 ms (H100).
+#   CALL=long3k: CALL=profile on the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk), modes 0 / 2 / 3.
 #   CALL=gpu: `pytest -m gpu tests/gpu` (CUDA == CPU greedy and the served paths) under the twenty-ninth session's new
 #           defaults, then CALL=profile.
 #   CALL=profile: the chat-shape mixed step (96 decodes at 400 tokens, a 32-token chunk) beside its decode graph, both
@@ -22,12 +22,29 @@ session_logs s30
 case ${CALL:-auto} in
   auto)
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      gpu_tests mode3 "${TEST_S:-90}" tests/backend_cuda/test_mixed_rope_attention.py
-      OUT=$OUT CALL=h200 COMMIT=$COMMIT DURATION=${DURATION:-20} SERVED_SPECS="${SERVED_SPECS:-base streams3 old}" \
-        LEVELS=${LEVELS:-32} bash "$(dirname "$0")/device_session29.sh"
+      CALL=h200 bash "$0"
     else
       CALL=${OTHER:-gpu} bash "$0"
     fi ;;
+  h200)  # one call, ~8 min: the mid GEMM tuned where the table lacks this GPU (the 2-8-row o_proj / down on cuBLAS
+    # there: the qps-1 p50's suspect), then on the served config with that table: chat at qps 1 and 32; the ~3,000-token
+    # prompts at qps 4 with the 512-token cap (LONG_S s); chat at qps 32 with the twenty-ninth session's three
+    # defaults off (old). Copy the returned mid_gemm.json into packages/infer-backend-cuda/src/infer_backend_cuda/configs/.
+    tune_mid_unless_tuned h200 "${BUDGET:-150}"
+    if engine_up base RUSTINFER_MAX_MODEL_LEN=32768; then
+      sweep base_chat 1,32; engine_down base; pack
+    fi
+    if engine_up cap512 RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=512; then
+      DURATION=${LONG_S:-30} sweep cap512_long 4 --workload long; engine_down cap512; pack
+    fi
+    if engine_up old RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_MIXED_GRAPH_CHUNK_SEQS=0 \
+        INFER_CUDA_MIXED_ATTENTION_STREAMS=0 INFER_CUDA_DECODE_HEADS_FASTEST=0; then
+      sweep old_chat 32; engine_down old; pack
+    fi ;;
+  long3k)  # the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk: the 512-token graph) in modes
+    # 0, 2 and 3: there the prefill attention (~70 us a layer on the H200) is as long as the decode attention, so the
+    # split on two streams can overlap more than at a chat chunk
+    DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="streams0 base streams3" CALL=profile bash "$0" ;;
   gpu)
     gpu_tests tests_gpu "${TEST_S:-240}" tests/gpu
     CALL=profile bash "$0" ;;
@@ -42,8 +59,8 @@ case ${CALL:-auto} in
       case $spec in pdl0) extra+=(INFER_CUDA_WS_PREFILL_PDL=0) ;; b4) bound=4 ;;
                     streams*) extra+=("INFER_CUDA_MIXED_ATTENTION_STREAMS=${spec#streams}") ;; esac
       env "${extra[@]}" timeout "${RUN_S:-120}" python3 bench/mixed_step.py \
-        --model-dir bench/models/qwen3-4b --decodes 96 --context 400 --prompt 192 --chunks "${CHUNKS:-0,32}" \
-        --chunk-seqs $bound --capture-tokens 64,128,256,512 --steps "${STEPS:-20}" \
+        --model-dir bench/models/qwen3-4b --decodes "${DECODES:-96}" --context "${CONTEXT:-400}" --prompt "${PROMPT:-192}" \
+        --chunks "${CHUNKS:-0,32}" --chunk-seqs $bound --capture-tokens 64,128,256,512 --steps "${STEPS:-20}" \
         --profile "${PROFILE:-0,32}" --trace-dir "$LOGS/trace_$spec" --out "$LOGS/$spec.json" > "$LOGS/$spec.log" 2>&1
       echo "mixed_step $spec rc=$?"; grep -E "device timeline|^ *chunk *tokens" -A3 "$LOGS/$spec.log"; pack
     done ;;
