@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
 # The thirtieth session's device calls, each part bounded, the logs packed into $OUT/s30.tar.gz after every part.
 #   CALL=auto: on an H200, CALL=h200; on another GPU, CALL=$OTHER (default gpu).
-#   CALL=mode3: the mixed step split by rows with the decode kernel forked (INFER_CUDA_MIXED_ATTENTION_STREAMS=3):
-#           its GPU test, the profile of base (mode 2) against streams3, then served chat at qps 32 on both. The
-#           traces (`--trace-dir`) showed mode 2's decode kernel, launched early under PDL, taking every SM, the
-#           side's prefill starting 50 us into the 81 us kernel and the join 8 us after it: 90 us a layer against the
-#           decode graph's 73. Predicted: mode 3 ~78-82 us a layer, the mixed step -0.3 to -0.4 ms (H100).
-#   CALL=long3k: CALL=profile on the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk), modes 0 / 2 / 3.
+#   (calls 3 and 4 ran CALL=mode3: the split with the decode kernel forked, INFER_CUDA_MIXED_ATTENTION_STREAMS=3, its GPU
+#   test, the profile against mode 2 and served chat at qps 32; removed with the mode after call 5, docs/benchmarks.md)
+#   CALL=long3k: CALL=profile on the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk), modes 0 / 2.
 #   CALL=gpu: `pytest -m gpu tests/gpu` (CUDA == CPU greedy and the served paths) under the twenty-ninth session's new
 #           defaults, then CALL=profile.
 #   CALL=profile: the chat-shape mixed step (96 decodes at 400 tokens, a 32-token chunk) beside its decode graph, both
@@ -42,17 +39,12 @@ case ${CALL:-auto} in
       sweep old_chat 32; engine_down old; pack
     fi ;;
   long3k)  # the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk: the 512-token graph) in modes
-    # 0, 2 and 3: there the prefill attention (~70 us a layer on the H200) is as long as the decode attention, so the
+    # 0 and 2: there the prefill attention (~70 us a layer on the H200) is as long as the decode attention, so the
     # split on two streams can overlap more than at a chat chunk
-    DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="streams0 base streams3" CALL=profile bash "$0" ;;
+    DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="streams0 base" CALL=profile bash "$0" ;;
   gpu)
     gpu_tests tests_gpu "${TEST_S:-240}" tests/gpu
     CALL=profile bash "$0" ;;
-  mode3)
-    gpu_tests mode3 "${TEST_S:-90}" tests/backend_cuda/test_mixed_rope_attention.py
-    SPECS="base streams3" CALL=profile bash "$0"
-    OUT=$OUT SERVED_SPECS="${SERVED_SPECS:-base streams3}" LEVELS=32 BASE_LEVELS=32 COMMIT=$COMMIT \
-      DURATION=${DURATION:-20} CALL=served bash "$(dirname "$0")/device_session29.sh" ;;
   profile)
     for spec in ${SPECS:-base streams0 pdl0}; do
       extra=(); bound=8

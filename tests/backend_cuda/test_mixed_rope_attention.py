@@ -134,8 +134,8 @@ def _port_call(m: MixedInputs, k_cache, v_cache, scale):
     )
 
 
-def _check_port_split_by_rows(m: MixedInputs, dtype, monkeypatch, scale, mode: int = 2):
-    """The port op with the split (mode 2, or 3: the sides swapped) against mode 0 (the store kernel over every row, then both attention
+def _check_port_split_by_rows(m: MixedInputs, dtype, monkeypatch, scale):
+    """The port op with the split (mode 2) against mode 0 (the store kernel over every row, then both attention
     kernels) and the plain-torch reference: outputs of the batch's rows and every cache slot."""
     import infer_backend_cuda.ops as O
 
@@ -143,8 +143,7 @@ def _check_port_split_by_rows(m: MixedInputs, dtype, monkeypatch, scale, mode: i
     monkeypatch.setattr(O, "MIXED_STREAMS_MODE", 0)
     monkeypatch.setattr(O, "MIXED_STREAMS", False)
     one = _port_call(m, k0, v0, scale)
-    monkeypatch.setattr(O, "MIXED_STREAMS_MODE", mode)
-    monkeypatch.setattr(O, "MIXED_STREAMS", True)
+    monkeypatch.setattr(O, "MIXED_STREAMS_MODE", 2)
     two = _port_call(m, m.pb.k_cache, m.pb.v_cache, scale)
     n = sum(m.pb.q_lens)
     t = tol(dtype) if dtype == torch.float32 or m.q.is_cuda else dict(atol=6e-2, rtol=6e-2)
@@ -158,12 +157,11 @@ def _check_port_split_by_rows(m: MixedInputs, dtype, monkeypatch, scale, mode: i
     return two
 
 
-@pytest.mark.parametrize("mode", [2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_port_op_split_by_rows_equals_the_unfused_launches(dtype, mode, device, monkeypatch):
+def test_port_op_split_by_rows_equals_the_unfused_launches(dtype, device, monkeypatch):
     q_lens, ctx, hq, hkv, d, bs = SMALL
     m = _mixed_inputs(q_lens, ctx, hq, hkv, d, bs, dtype, device, seed=9, padding_rows=3)
-    _check_port_split_by_rows(m, dtype, monkeypatch, 0.3, mode)
+    _check_port_split_by_rows(m, dtype, monkeypatch, 0.3)
 
 
 def test_port_op_keeps_an_output_gate_on_the_unfused_launches(device, monkeypatch):
@@ -185,16 +183,14 @@ def test_port_op_keeps_an_output_gate_on_the_unfused_launches(device, monkeypatc
 
 @gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("mode", [2, 3])
-def test_chat_shaped_mixed_step_split_by_rows_on_two_streams(mode, monkeypatch):
+def test_chat_shaped_mixed_step_split_by_rows_on_two_streams(monkeypatch):
     """Qwen3-4B heads, a 40-token chunk beside 24 decodes at scattered contexts, 8 padding rows: the split on two
-    streams (either side forked) equals mode 0 and the reference; as a replayed CUDA graph it equals the eager run
-    bit for bit."""
+    streams equals mode 0 and the reference; as a replayed CUDA graph it equals the eager run bit for bit."""
     q_lens = [1] * 24 + [40]
     ctx = [50 + 37 * i for i in range(24)] + [230]
     m = _mixed_inputs(q_lens, ctx, 32, 8, 128, 16, torch.bfloat16, "cuda", seed=21, padding_rows=8)
     fresh = (m.pb.k_cache.clone(), m.pb.v_cache.clone())
-    eager = _check_port_split_by_rows(m, torch.bfloat16, monkeypatch, 128**-0.5, mode)
+    eager = _check_port_split_by_rows(m, torch.bfloat16, monkeypatch, 128**-0.5)
     torch.cuda.synchronize()
 
     caches = (fresh[0].clone(), fresh[1].clone())
@@ -217,8 +213,8 @@ def test_chat_shaped_mixed_step_split_by_rows_on_two_streams(mode, monkeypatch):
     assert torch.equal(caches[0].nan_to_num(7.0), m.pb.k_cache.nan_to_num(7.0))
 
 
-@pytest.mark.parametrize(("raw", "mode"), [("0", 0), ("1", 1), (" 2 ", 2), ("3", 3), ("", 2)])
-def test_the_switch_takes_zero_to_three(raw, mode, monkeypatch):
+@pytest.mark.parametrize(("raw", "mode"), [("0", 0), ("1", 1), (" 2 ", 2), ("", 2)])
+def test_the_switch_takes_zero_one_or_two(raw, mode, monkeypatch):
     import importlib
 
     import infer_backend_cuda.ops as O
@@ -227,7 +223,7 @@ def test_the_switch_takes_zero_to_three(raw, mode, monkeypatch):
     try:
         assert importlib.reload(O).MIXED_STREAMS_MODE == mode and O.MIXED_STREAMS == (mode >= 1)
         monkeypatch.setenv(O.MIXED_STREAMS_ENV, "on")
-        with pytest.raises(ValueError, match="INFER_CUDA_MIXED_ATTENTION_STREAMS='on': 0, 1, 2 or 3"):
+        with pytest.raises(ValueError, match="INFER_CUDA_MIXED_ATTENTION_STREAMS='on': 0, 1 or 2"):
             importlib.reload(O)
     finally:
         monkeypatch.delenv(O.MIXED_STREAMS_ENV)

@@ -24,19 +24,13 @@ GemmConfig = skinny.SkinnyConfig | mid.MidConfig
 # join), so a small chunk's few prefill programs run under the decode kernel's KV stream instead of after it:
 #   1: the prefill attention on a side stream beside the decode attention;
 #   2: also the prefill rows' q/k norm, RoPE and store on the side stream, the decode rows' in the decode kernel (as in
-#      a decode step), so the main stream runs a decode step's attention chain;
-#   3: the split of 2 with the sides swapped: the decode kernel forked to the side stream, the prefill rows' chain on
-#      this one. In 2 the decode kernel, launched early under PDL after the qkv GEMM, takes every SM first, so the
-#      side's few prefill programs start only in its last wave and end after it (thirtieth session, H100 traces: the
-#      prefill 50 us into a 81 us decode kernel, the join 8 us after it; forked at the projection, the decode
-#      kernel still launched first). Here the fork follows the chunk rows' store, so the prefill kernel, launched
-#      early under PDL at the store's start, is resident before the decode kernel's launch at the store's end.
+#      a decode step), so the main stream runs a decode step's attention chain.
 # 0: one stream. Default 2 (twenty-ninth session, H100, chat at qps 32 with the bounded prefill grid: ITL p50 / p99
 # 6.72 / 8.86 against 6.82 / 9.40 ms on one stream). A/B runs; read once at import, like the other switches.
 MIXED_STREAMS_ENV = "INFER_CUDA_MIXED_ATTENTION_STREAMS"
 _MIXED_STREAMS_RAW = os.environ.get(MIXED_STREAMS_ENV, "2").strip() or "2"
-if _MIXED_STREAMS_RAW not in ("0", "1", "2", "3"):
-    raise ValueError(f"{MIXED_STREAMS_ENV}={_MIXED_STREAMS_RAW!r}: 0, 1, 2 or 3")
+if _MIXED_STREAMS_RAW not in ("0", "1", "2"):
+    raise ValueError(f"{MIXED_STREAMS_ENV}={_MIXED_STREAMS_RAW!r}: 0, 1 or 2")
 MIXED_STREAMS_MODE = int(_MIXED_STREAMS_RAW)
 MIXED_STREAMS = MIXED_STREAMS_MODE >= 1
 
@@ -49,8 +43,8 @@ def _side_stream(device_index: int) -> torch.cuda.Stream:
 
 
 class _ForkedStream:
-    """Work in its `with` block goes to the device's side stream, after everything queued on the current one before
-    its construction; `join` makes the current stream wait for it. Every tensor the side stream touches is allocated on the
+    """Work in its `with` block goes to the device's side stream, after everything queued on the current one so
+    far; `join` makes the current stream wait for it. Every tensor the side stream touches is allocated on the
     current stream, which joins before any of them can be freed for reuse. Not `enabled`, or on a CPU device (the
     interpreted kernels), the block runs in order on the current stream and `join` does nothing."""
 
@@ -199,9 +193,8 @@ class TritonFusedOps:
             return kernels.paged_attention_decode(
                 q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, rope=rope, output_gate=output_gate
             )
-        if MIXED_STREAMS_MODE >= 2 and attention_decode.FUSED_ROPE and output_gate is None:
-            return self._mixed_on_two_streams(q, rope, k_cache, v_cache, batch, scale,
-                                              decode_forked=MIXED_STREAMS_MODE == 3)
+        if MIXED_STREAMS_MODE == 2 and attention_decode.FUSED_ROPE and output_gate is None:
+            return self._mixed_on_two_streams(q, rope, k_cache, v_cache, batch, scale)
         return unfused_qk_norm_rope_attention(
             self, q, k, v, positions, cos_sin_cache, q_norm_weight, k_norm_weight, eps, k_cache, v_cache, batch, scale,
             output_gate,
@@ -215,49 +208,28 @@ class TritonFusedOps:
         v_cache: torch.Tensor,
         batch: AttentionBatch,
         scale: float,
-        decode_forked: bool = False,
     ) -> torch.Tensor:
-        """A mixed step's attention split by rows: the chunk rows' q/k store and prefill attention on one stream, the
-        one-token rows' norm, RoPE, store and attention in one decode launch on the other (`decode_forked`: the
-        decode launch on the side stream, else the prefill chain). The two sides read the raw projection, write
-        disjoint rows of `out` and of the caches (each sequence's new slots are its own), and `q_rot`'s chunk rows
-        are written and read by the prefill chain only. CPU tensors (the interpreted kernels) run the same launches
-        in order."""
+        """A mixed step's attention with the chunk rows' q/k store and prefill attention on the side stream and the
+        one-token rows' norm, RoPE, store and attention in one decode launch on this one. The two sides read the
+        raw projection, write disjoint rows of `out` and of the caches (each sequence's new slots are its own), and
+        `q_rot`'s chunk rows are written and read on the side stream only. CPU tensors (the interpreted kernels)
+        run the same launches in order."""
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         q_rot = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         k_rot = torch.empty(rope.k.shape, dtype=rope.k.dtype, device=q.device)
-
-        def store_chunk_rows() -> None:
+        fork = _ForkedStream(q.device)
+        with fork:
             kernels.qk_norm_rope_store(
                 q, rope.k, rope.v, rope.positions, rope.cos_sin_cache, rope.q_norm_weight, rope.k_norm_weight,
                 rope.eps, k_cache, v_cache, rope.slot_mapping, q_out=q_rot, k_out=k_rot,
                 skip_single_token_of=batch.query_start_loc,
             )
-
-        def prefill() -> None:
             kernels.paged_attention_prefill(
                 q_rot, k_cache, v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
                 batch.max_query_len, scale, out=out, skip_single_token=True, max_chunk_seqs=batch.max_chunk_seqs,
             )
-
-        def decode() -> None:
-            kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
-                                           query_start_loc=batch.query_start_loc, rope=rope)
-
-        if decode_forked:
-            # The fork after the store: the decode kernel launches at the store's end, a few us after the prefill
-            # kernel's PDL launch (at the store's start), whose programs are then resident first.
-            store_chunk_rows()
-            fork = _ForkedStream(q.device)
-            prefill()
-            with fork:
-                decode()
-        else:
-            fork = _ForkedStream(q.device)  # the side stream waits for the projection
-            with fork:
-                store_chunk_rows()
-                prefill()
-            decode()
+        kernels.paged_attention_decode(q, k_cache, v_cache, batch.seq_lens, batch.block_tables, scale, out=out,
+                                       query_start_loc=batch.query_start_loc, rope=rope)
         fork.join()
         return out
 
