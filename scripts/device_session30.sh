@@ -4,6 +4,7 @@
 #   (calls 3 and 4 ran CALL=mode3: the split with the decode kernel forked, INFER_CUDA_MIXED_ATTENTION_STREAMS=3, its GPU
 #   test, the profile against mode 2 and served chat at qps 32; removed with the mode after call 5, docs/benchmarks.md)
 #   CALL=long3k: CALL=profile on the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk), modes 0 / 2.
+#   CALL=midall: decode replays with the mid GEMM on every tuned shape (INFER_CUDA_MID_GEMM_ALL=1) against the table.
 #   CALL=gpu: `pytest -m gpu tests/gpu` (CUDA == CPU greedy and the served paths) under the twenty-ninth session's new
 #           defaults, then CALL=profile.
 #   CALL=profile: the chat-shape mixed step (96 decodes at 400 tokens, a 32-token chunk) beside its decode graph, both
@@ -42,6 +43,14 @@ case ${CALL:-auto} in
     # 0 and 2: there the prefill attention (~70 us a layer on the H200) is as long as the decode attention, so the
     # split on two streams can overlap more than at a chat chunk
     DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="streams0 base" CALL=profile bash "$0" ;;
+  midall)  # the mid GEMM on every tuned shape (INFER_CUDA_MID_GEMM_ALL=1) against the table's choice, decode replays at
+    # BATCHES (default 64,96,128), alternated twice: at 128 rows the H100's table leaves qkv / o_proj / down to cuBLAS,
+    # which won alone by 0.2-0.5 us (qkv, down) and 3.3 (o_proj). Predicted: in the step the mid GEMM keeps the PDL
+    # chain (~1-3 us a launch), -2 to -5 us a layer at 128 rows, unless o_proj's loss outweighs it.
+    for run in 1 2; do
+      roofline "base$run" qwen3-4b "${BATCHES:-64,96,128}"
+      roofline "all$run" qwen3-4b "${BATCHES:-64,96,128}" INFER_CUDA_MID_GEMM_ALL=1
+    done ;;
   gpu)
     gpu_tests tests_gpu "${TEST_S:-240}" tests/gpu
     CALL=profile bash "$0" ;;

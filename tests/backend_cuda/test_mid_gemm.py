@@ -138,6 +138,26 @@ def test_adapter_linear_takes_the_mid_kernel_where_routed(monkeypatch, device):
     torch.testing.assert_close(gated.float(), expected.float(), **tol(torch.bfloat16))
 
 
+def test_the_all_switch_takes_the_tuned_config_where_cublas_won(monkeypatch):
+    """INFER_CUDA_MID_GEMM_ALL=1 (A/B runs): an entry cuBLAS won keeps its measured config instead of None."""
+    entries = [
+        {"op": "linear", "m": 128, "n": 2560, "k": 4096, "use": False, "block_n": 64, "block_k": 64,
+         "num_warps": 4, "num_stages": 6, "k_splits": 3},
+        {"op": "linear", "m": 64, "n": 2560, "k": 4096, "use": True, "block_n": 64, "block_k": 128,
+         "num_warps": 4, "num_stages": 4, "k_splits": 1},
+    ]
+    monkeypatch.setattr(G.tuned_table, "entries", lambda path, device: entries)
+    for all_shapes, lost in ((False, None), (True, G.MidConfig(64, 64, 4, 6, 3))):
+        monkeypatch.setattr(G, "ALL", all_shapes)
+        G._tuned_table.cache_clear()
+        try:
+            table = G._tuned_table("gpu")
+        finally:
+            G._tuned_table.cache_clear()
+        assert table[("linear", 128, 2560, 4096)] == lost
+        assert table[("linear", 64, 2560, 4096)] == G.MidConfig(64, 128, 4, 4, 1)
+
+
 def test_tuned_table_entries_are_launchable():
     """The committed table (written on the GPU by packages/infer-backend-cuda/scripts/bench_mid_gemm.py) holds
     sane configs."""

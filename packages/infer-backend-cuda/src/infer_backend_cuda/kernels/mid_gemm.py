@@ -51,6 +51,12 @@ _TABLE = tuned_table.CONFIGS / "mid_gemm.json"
 # INFER_CUDA_ switches.
 ENABLED_ENV = "INFER_CUDA_MID_GEMM"
 ENABLED = os.environ.get(ENABLED_ENV, "1").strip() != "0"
+# INFER_CUDA_MID_GEMM_ALL=1: every tuned shape on its best mid config, also where cuBLAS measured faster alone (A/B
+# runs). The tuner times each GEMM alone; in a step the mid GEMM keeps the PDL chain that a cuBLAS launch breaks
+# (the next kernel's launch and prologue under its tail), which a lone timing cannot credit: at 64-128 rows several
+# shapes were within 0.5 us of cuBLAS on the H100 (nineteenth session).
+ALL_ENV = "INFER_CUDA_MID_GEMM_ALL"
+ALL = os.environ.get(ALL_ENV, "0").strip() == "1"
 
 
 class MidConfig(NamedTuple):
@@ -157,10 +163,10 @@ def block_m(m: int) -> int:
 
 @lru_cache(maxsize=None)
 def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], MidConfig | None]:
-    """(op, row bucket, N, K) -> the measured best config, or None where cuBLAS measured faster."""
+    """(op, row bucket, N, K) -> the measured best config, or None where cuBLAS measured faster (unless `ALL`)."""
     return {
         table_key(e): MidConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e["k_splits"])
-        if e["use"] else None
+        if e["use"] or ALL else None
         for e in tuned_table.entries(_TABLE, device_name)
     }
 
