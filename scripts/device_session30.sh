@@ -44,10 +44,10 @@ case ${CALL:-auto} in
     # split on two streams can overlap more than at a chat chunk
     DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="streams0 base" CALL=profile bash "$0" ;;
   midall)  # the mid GEMM on every tuned shape (INFER_CUDA_MID_GEMM_ALL=1) against the table's choice, decode replays at
-    # BATCHES (default 64,96,128), alternated twice: at 128 rows the H100's table leaves qkv / o_proj / down to cuBLAS,
+    # BATCHES (default 64,96,128), alternated RUNS times (default once): at 128 rows the H100's table leaves qkv / o_proj / down to cuBLAS,
     # which won alone by 0.2-0.5 us (qkv, down) and 3.3 (o_proj). Predicted: in the step the mid GEMM keeps the PDL
     # chain (~1-3 us a launch), -2 to -5 us a layer at 128 rows, unless o_proj's loss outweighs it.
-    for run in 1 2; do
+    for run in $(seq "${RUNS:-1}"); do
       roofline "base$run" qwen3-4b "${BATCHES:-64,96,128}"
       roofline "all$run" qwen3-4b "${BATCHES:-64,96,128}" INFER_CUDA_MID_GEMM_ALL=1
     done ;;
