@@ -4,6 +4,7 @@
 #   (calls 3 and 4 ran CALL=mode3: the split with the decode kernel forked, INFER_CUDA_MIXED_ATTENTION_STREAMS=3, its GPU
 #   test, the profile against mode 2 and served chat at qps 32; removed with the mode after call 5, docs/benchmarks.md)
 #   CALL=long3k: CALL=profile on the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk), modes 0 / 2.
+#   CALL=ws0: CALL=profile at the chat and the 3k shapes with the Triton prefill kernel (INFER_CUDA_WS_PREFILL=0) against WS.
 #   CALL=midall: decode replays with the mid GEMM on every tuned shape (INFER_CUDA_MID_GEMM_ALL=1) against the table.
 #   CALL=gpu: `pytest -m gpu tests/gpu` (CUDA == CPU greedy and the served paths) under the twenty-ninth session's new
 #           defaults, then CALL=profile.
@@ -43,6 +44,12 @@ case ${CALL:-auto} in
     # 0 and 2: there the prefill attention (~70 us a layer on the H200) is as long as the decode attention, so the
     # split on two streams can overlap more than at a chat chunk
     DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="streams0 base" CALL=profile bash "$0" ;;
+  ws0)  # the Triton prefill kernel (INFER_CUDA_WS_PREFILL=0) against the warp-specialised one in the mixed steps: at a
+    # chat chunk the WS kernel's 8 working programs (one 128-row query tile a KV head, two key tiles) take 18 us alone
+    # and 35-38 beside the decode kernel, ending after it (call 2's traces); a kernel with less set-up per program may
+    # end sooner there. The 3k step (500-token chunk) as the check that WS stays where it won.
+    SPECS="base ws0" PROFILE=32 CALL=profile bash "$0"
+    DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="base ws0" CALL=profile bash "$0" ;;
   midall)  # the mid GEMM on every tuned shape (INFER_CUDA_MID_GEMM_ALL=1) against the table's choice, decode replays at
     # BATCHES (default 64,96,128), alternated RUNS times (default once): at 128 rows the H100's table leaves qkv / o_proj / down to cuBLAS,
     # which won alone by 0.2-0.5 us (qkv, down) and 3.3 (o_proj). Predicted: in the step the mid GEMM keeps the PDL
@@ -57,7 +64,7 @@ case ${CALL:-auto} in
   profile)
     for spec in ${SPECS:-base streams0 pdl0}; do
       extra=(); bound=8
-      case $spec in pdl0) extra+=(INFER_CUDA_WS_PREFILL_PDL=0) ;; b4) bound=4 ;;
+      case $spec in pdl0) extra+=(INFER_CUDA_WS_PREFILL_PDL=0) ;; b4) bound=4 ;; ws0) extra+=(INFER_CUDA_WS_PREFILL=0) ;;
                     streams*) extra+=("INFER_CUDA_MIXED_ATTENTION_STREAMS=${spec#streams}") ;; esac
       env "${extra[@]}" timeout "${RUN_S:-120}" python3 bench/mixed_step.py \
         --model-dir bench/models/qwen3-4b --decodes "${DECODES:-96}" --context "${CONTEXT:-400}" --prompt "${PROMPT:-192}" \
