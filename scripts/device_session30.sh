@@ -49,7 +49,7 @@ case ${CALL:-auto} in
     # and 35-38 beside the decode kernel, ending after it (call 2's traces); a kernel with less set-up per program may
     # end sooner there. The 3k step (500-token chunk) as the check that WS stays where it won.
     SPECS="base ws0" PROFILE=32 CALL=profile bash "$0"
-    DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="base ws0" CALL=profile bash "$0" ;;
+    PREFIX=long_ DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="base ws0" CALL=profile bash "$0" ;;
   midall)  # the mid GEMM on every tuned shape (INFER_CUDA_MID_GEMM_ALL=1) against the table's choice, decode replays at
     # BATCHES (default 64,96,128), alternated RUNS times (default once): at 128 rows the H100's table leaves qkv / o_proj / down to cuBLAS,
     # which won alone by 0.2-0.5 us (qkv, down) and 3.3 (o_proj). Predicted: in the step the mid GEMM keeps the PDL
@@ -69,8 +69,9 @@ case ${CALL:-auto} in
       env "${extra[@]}" timeout "${RUN_S:-120}" python3 bench/mixed_step.py \
         --model-dir bench/models/qwen3-4b --decodes "${DECODES:-96}" --context "${CONTEXT:-400}" --prompt "${PROMPT:-192}" \
         --chunks "${CHUNKS:-0,32}" --chunk-seqs $bound --capture-tokens 64,128,256,512 --steps "${STEPS:-20}" \
-        --profile "${PROFILE:-0,32}" --trace-dir "$LOGS/trace_$spec" --out "$LOGS/$spec.json" > "$LOGS/$spec.log" 2>&1
-      echo "mixed_step $spec rc=$?"; grep -E "device timeline|^ *chunk *tokens" -A3 "$LOGS/$spec.log"; pack
+        --profile "${PROFILE:-0,32}" --trace-dir "$LOGS/trace_${PREFIX:-}$spec" --out "$LOGS/${PREFIX:-}$spec.json" \
+        > "$LOGS/${PREFIX:-}$spec.log" 2>&1
+      echo "mixed_step ${PREFIX:-}$spec rc=$?"; grep -E "device timeline|^ *chunk *tokens" -A3 "$LOGS/${PREFIX:-}$spec.log"; pack
     done ;;
   *) echo "unknown CALL ${CALL}" ;;
 esac
