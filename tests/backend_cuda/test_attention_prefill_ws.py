@@ -77,11 +77,46 @@ def test_serves_only_bf16_fp16_head_dim_128_and_contiguous_pages():
     assert not any(W.operands_fit(a, b) for a, b in refused)
 
 
+def test_the_launcher_takes_it_only_for_queries_longer_than_the_threshold(monkeypatch):
+    """At most INFER_CUDA_WS_PREFILL_ABOVE (256) query tokens the Triton kernel runs (here interpreted, against the
+    reference), above it this kernel (its launch recorded); switched off, never."""
+    pb = make_paged_batch([3, 1, 2], [10, 5, 40], 4, 2, 128, 16, torch.float32, "cpu", seed=1)
+    launched = []
+    monkeypatch.setattr(W, "ENABLED", True)
+    monkeypatch.setattr(W, "supported", lambda q, k_cache: True)
+    monkeypatch.setattr(W, "launch", lambda *args: launched.append(args[0].shape))
+    assert W.ABOVE == 256
+
+    def run(max_query_len: int) -> torch.Tensor:
+        return K.paged_attention_prefill(pb.q, pb.k_cache, pb.v_cache, pb.query_start_loc, pb.seq_lens,
+                                         pb.block_tables, max_query_len, 0.2, out=poison(torch.empty_like(pb.q)))
+
+    torch.testing.assert_close(run(256).float(), ref_paged_attention(pb, 0.2).float(), **tol(torch.float32))
+    assert launched == []
+    run(257)
+    assert launched == [pb.q.shape]
+    monkeypatch.setattr(W, "ENABLED", False)
+    run(257)
+    assert launched == [pb.q.shape]
+
+
+def test_refuses_a_threshold_that_is_not_a_token_count(monkeypatch):
+    monkeypatch.setenv(W.ABOVE_ENV, "big")
+    try:
+        with pytest.raises(ValueError, match="INFER_CUDA_WS_PREFILL_ABOVE='big': a query length in tokens"):
+            importlib.reload(W)
+    finally:
+        monkeypatch.delenv(W.ABOVE_ENV)
+        importlib.reload(W)
+    assert W.ABOVE == 256
+
+
 @pytest.fixture
 def ws_on(monkeypatch):
-    """The launcher picks the Gluon kernel (on by default; INFER_CUDA_WS_PREFILL=0 would turn it off). Yields its
-    module."""
+    """The launcher picks the Gluon kernel at every query length (on by default above 256-token queries;
+    INFER_CUDA_WS_PREFILL=0 would turn it off). Yields its module."""
     monkeypatch.setattr(W, "ENABLED", True)
+    monkeypatch.setattr(W, "ABOVE", 0)
     return W
 
 

@@ -1,7 +1,8 @@
 """On the GPU: the CUDA backend gives the CPU reference's greedy tokens (fp32), BF16 logits stay close, and
 CUDA-graph replay gives the eager tokens. Checkpoints are SmolLM2-shaped and Qwen3-shaped random models the
 test writes (the embedded SmolLM2's GGUF is 98 MB and cannot travel to the device machine); `qwen3_hd128` has
-head_dim 128, where the Hopper prefill attention (`attention_prefill_ws.py`) serves the BF16 runs."""
+head_dim 128, where the Hopper prefill attention (`attention_prefill_ws.py`) serves the BF16 runs' queries over
+INFER_CUDA_WS_PREFILL_ABOVE tokens (these prompts are shorter: the logits test runs it with the threshold at 0 too)."""
 
 from __future__ import annotations
 
@@ -85,8 +86,12 @@ def test_cuda_graph_replay_equals_eager(kind: str, tmp_path: Path) -> None:
     assert replayed == eager
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen3_hd128"])
-def test_cuda_bf16_logits_close_to_cpu_fp32(kind: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("kind", "ws_above"), [("qwen3", 256), ("qwen3_hd128", 256), ("qwen3_hd128", 0)])
+def test_cuda_bf16_logits_close_to_cpu_fp32(kind: str, ws_above: int, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from infer_backend_cuda.kernels import attention_prefill_ws
+
+    monkeypatch.setattr(attention_prefill_ws, "ABOVE", ws_above)  # 0: the 40-token prompt on the Hopper kernel
     model_dir = _write(kind, tmp_path / kind)
     ref, got = {}, {}
     for name, dtype, store in (("cpu", DType.FLOAT32, ref), ("cuda", DType.BFLOAT16, got)):

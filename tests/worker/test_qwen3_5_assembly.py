@@ -88,13 +88,18 @@ def test_the_warm_up_steps_run_past_the_mixed_graphs_in_blocks_of_their_own() ->
 
     dense = Recorder(2049)  # mixed graphs up to 2048 tokens: the warm-up steps must be larger
     assert warm_eager_prefill(dense, [65, 129], 1000, 16, 10_000) == [65, 129]
-    for step, size in zip(dense.steps, [65, 129]):
+    assert len(dense.steps) == 4  # each size: short queries only, then one long query among 2-token ones
+    for step, size in zip(dense.steps, [65, 65, 129, 129]):
         assert len(step) == size and sum(s.num_new for s in step) >= 2049
         blocks = [b for s in step for b in s.seq.block_ids]
         assert len(blocks) == len(set(blocks)) and all(len(s.seq.block_ids) * 16 >= s.num_new for s in step)
+        assert all(len(s.seq.token_ids) == s.num_new for s in step)
+    for short, long in (dense.steps[0:2], dense.steps[2:4]):
+        assert max(s.num_new for s in short) <= 2049 // 64 + 1  # every query its share of the step
+        assert [s.num_new for s in long] == [2049] + [2] * (len(long) - 1)
     hybrid = Recorder(1)  # no mixed graphs: 2 tokens a sequence, one block each
     assert warm_eager_prefill(hybrid, [65, 129], 1000, 16, 100) == [65]  # 129 sequences need more than 100 blocks
-    assert [s.num_new for s in hybrid.steps[0]] == [2] * 65
+    assert len(hybrid.steps) == 1 and [s.num_new for s in hybrid.steps[0]] == [2] * 65
 
 
 def test_the_eager_prefill_warm_up_leaves_served_sequences_their_tokens(tiny_dir: Path) -> None:

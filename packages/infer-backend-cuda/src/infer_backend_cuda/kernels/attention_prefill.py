@@ -246,7 +246,7 @@ def paged_attention_prefill(
     unwritten. `skip_single_token`: the rows of sequences whose query length is 1 are left unwritten too (the
     decode kernel runs them: `paged_attention_decode` with `query_start_loc`). With no `config`, bf16 / fp16 at
     head_dim 128 on sm_90 run the warp-specialised Gluon kernel (`attention_prefill_ws.py`; INFER_CUDA_WS_PREFILL=0
-    for A/B runs); `config` names a tile of this module's Triton kernel (tests, benchmarks). `max_chunk_seqs`
+    for A/B runs) where `max_query_len` is over INFER_CUDA_WS_PREFILL_ABOVE (256); `config` names a tile of this module's Triton kernel (tests, benchmarks). `max_chunk_seqs`
     (with `skip_single_token`): at most this many sequences have two query rows or more, which bounds the grid
     (`grid_tiles`); a captured mixed graph of a few prompt chunks beside many decodes then launches a few dozen
     programs, not one a sequence."""
@@ -266,7 +266,7 @@ def paged_attention_prefill(
     if n_tok == 0 or n_seq == 0 or max_query_len <= 0:
         return out
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    if config is None and attention_prefill_ws.ENABLED and attention_prefill_ws.supported(q, k_cache):
+    if config is None and attention_prefill_ws.serves(q, k_cache, max_query_len):
         attention_prefill_ws.launch(q, k_cache, v_cache, out, query_start_loc, seq_lens, block_tables,
                                     float(scale) * LOG2_E, skip_single_token, max_chunk_seqs)
         return out

@@ -76,6 +76,18 @@ if STAGES not in (2, 3):
 # INFER_CUDA_WS_PREFILL=0 serves the Triton kernel where this one could (A/B runs). Read once at import.
 ENABLED_ENV = "INFER_CUDA_WS_PREFILL"
 ENABLED = os.environ.get(ENABLED_ENV, "1").strip() != "0"
+# INFER_CUDA_WS_PREFILL_ABOVE: this kernel serves launches whose longest query (`max_query_len`; a captured mixed
+# graph's is its token bucket) is longer than this; shorter ones the Triton kernel. A short chunk gives each of its
+# few programs one or two key tiles, where this kernel's set-up (barriers, descriptors, the producer warp) is not
+# paid back: the chat mixed step (96 decodes, H100, thirtieth session) took 7.30-7.33 ms on the Triton kernel against
+# 7.53-7.54 at a 32-token chunk (128-token graph), 8.29-8.38 against 8.42-8.43 at 96 and 8.56 against 8.59 at 160
+# (256-token graph), 10.86 against 10.83 at 250 (512); a 500-token chunk beside 12 decodes at 3k context 10.92
+# against 10.30 (WS). 0: every launch it can serve. Read once at import.
+ABOVE_ENV = "INFER_CUDA_WS_PREFILL_ABOVE"
+_ABOVE_RAW = os.environ.get(ABOVE_ENV, "256").strip()
+if not _ABOVE_RAW.isdigit():
+    raise ValueError(f"{ABOVE_ENV}={_ABOVE_RAW!r}: a query length in tokens (0 or more)")
+ABOVE = int(_ABOVE_RAW)
 # INFER_CUDA_WS_PREFILL_PDL=0 launches it without programmatic dependent launch (A/B runs: in a mixed step it sits
 # between the q/k norm + RoPE + store and the decode attention, both launched under PDL). Read once at import.
 PDL = os.environ.get("INFER_CUDA_WS_PREFILL_PDL", "1").strip() != "0"
@@ -344,9 +356,15 @@ def operands_fit(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and k_cache.stride() == (page * heads * dim, heads * dim, dim, 1))
 
 
+def serves(q: torch.Tensor, k_cache: torch.Tensor, max_query_len: int) -> bool:
+    """Whether this launch takes this kernel (else the Triton kernel): on, a query longer than `ABOVE`, and
+    `supported` operands."""
+    return ENABLED and max_query_len > ABOVE and supported(q, k_cache)
+
+
 def supported(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether this kernel can serve these operands (else the Triton kernel): `operands_fit` on an sm_90 GPU. Asked
-    at every launch: shape checks and a cached capability."""
+    """Whether this kernel can serve these operands: `operands_fit` on an sm_90 GPU. Asked at every launch: shape
+    checks and a cached capability."""
     return (q.is_cuda and not interpreting() and operands_fit(q, k_cache)
             and _is_sm90(q.device.index if q.device.index is not None else torch.cuda.current_device()))
 

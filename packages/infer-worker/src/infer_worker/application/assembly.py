@@ -142,21 +142,30 @@ def self_check(runner: ModelRunner, vocab_size: int, block_size: int) -> None:
 
 def warm_eager_prefill(runner: ModelRunner, sizes: list[int], vocab_size: int, block_size: int,
                        num_blocks: int) -> list[int]:
-    """One eager prefill step of each of `sizes` sequences (the backend's `eager_variant_batch_sizes`), so that
-    the kernels' batch-size variants compile here rather than while serving, where a compile of seconds stalls
-    every request: each step just over the token count the runner's mixed graphs cover (a hybrid model has none:
-    2 tokens a sequence), each sequence in blocks of its own (sizes the KV cache cannot hold are left out). The
-    sequences share the scratch state slot and write KV that the scheduler's blocks overwrite. Returns the sizes
-    run."""
+    """Eager prefill steps of each of `sizes` sequences (the backend's `eager_variant_batch_sizes`), so that the
+    kernels' batch-size variants compile here rather than while serving, where a compile of seconds stalls every
+    request: each step just over the token count the runner's mixed graphs cover (a hybrid model has none: 2 tokens
+    a sequence), each sequence in blocks of its own (sizes the KV cache cannot hold are left out). With mixed graphs
+    each size runs twice: every query its share of the step, then one query of the whole step's length beside
+    2-token ones, so that kernels chosen by query length (the CUDA prefill attention: the Triton kernel for short
+    queries, the warp-specialised one for long) compile at both. The sequences share the scratch state slot and
+    write KV that the scheduler's blocks overwrite. Returns the sizes run."""
     ran = []
     for size in sizes:
         per_seq = max(2, -(-runner.eager_min_tokens // size))
-        blocks = -(-per_seq // block_size)
-        if size * blocks > num_blocks:
+        shapes = [[per_seq] * size]
+        if runner.eager_min_tokens > 2:
+            shapes.append([max(per_seq, runner.eager_min_tokens)] + [2] * (size - 1))
+        if max(sum(-(-n // block_size) for n in lens) for lens in shapes) > num_blocks:
             break
-        seqs = [Sequence(-2 - i, [(3 * i + 5 * j + 1) % vocab_size for j in range(per_seq)], 0,
-                         list(range(i * blocks, (i + 1) * blocks)), GREEDY) for i in range(size)]
-        runner.execute([ScheduledSeq(seq, per_seq) for seq in seqs])
+        for lens in shapes:
+            seqs, first = [], 0
+            for i, n in enumerate(lens):
+                blocks = -(-n // block_size)
+                seqs.append(Sequence(-2 - i, [(3 * i + 5 * j + 1) % vocab_size for j in range(n)], 0,
+                                     list(range(first, first + blocks)), GREEDY))
+                first += blocks
+            runner.execute([ScheduledSeq(seq, n) for seq, n in zip(seqs, lens)])
         ran.append(size)
     return ran
 
