@@ -5,6 +5,7 @@
 #   test, the profile against mode 2 and served chat at qps 32; removed with the mode after call 5, docs/benchmarks.md)
 #   CALL=long3k: CALL=profile on the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk), modes 0 / 2.
 #   CALL=ws0: CALL=profile at the chat and the 3k shapes with the Triton prefill kernel (INFER_CUDA_WS_PREFILL=0) against WS.
+#   CALL=wsabove: the prefill attention's query-length rule: GPU tests, then chat at qps 32 with and without it.
 #   CALL=midall: decode replays with the mid GEMM on every tuned shape (INFER_CUDA_MID_GEMM_ALL=1) against the table.
 #   CALL=gpu: `pytest -m gpu tests/gpu` (CUDA == CPU greedy and the served paths) under the twenty-ninth session's new
 #           defaults, then CALL=profile.
@@ -50,6 +51,16 @@ case ${CALL:-auto} in
     # end sooner there. The 3k step (500-token chunk) as the check that WS stays where it won.
     SPECS="base ws0" PROFILE=32 CALL=profile bash "$0"
     PREFIX=long_ DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="base ws0" CALL=profile bash "$0" ;;
+  wsabove)  # the prefill attention's query-length rule (INFER_CUDA_WS_PREFILL_ABOVE, 256): its GPU tests, then chat at
+    # qps 32 (DURATION s) with the rule (base) and with WS at every length (wsall, the rule before). Predicted: the
+    # mixed steps of the 128 / 256-token graphs -0.05 to -0.23 ms (call 9), ITL p99 a little lower, p50 unchanged.
+    gpu_tests wsabove "${TEST_S:-100}" tests/backend_cuda/test_attention_prefill_ws.py \
+      tests/backend_cuda/test_kernel_variants.py tests/gpu/test_cuda_matches_cpu.py -k "not fp32_greedy and not graph_replay_equals_eager"
+    for spec in base wsall; do
+      extra=(); [ "$spec" = wsall ] && extra+=(INFER_CUDA_WS_PREFILL_ABOVE=0)
+      engine_up "$spec" RUSTINFER_MAX_MODEL_LEN=32768 "${extra[@]}" || continue
+      sweep "${spec}_chat" 32; engine_down "$spec"; pack
+    done ;;
   midall)  # the mid GEMM on every tuned shape (INFER_CUDA_MID_GEMM_ALL=1) against the table's choice, decode replays at
     # BATCHES (default 64,96,128), alternated RUNS times (default once): at 128 rows the H100's table leaves qkv / o_proj / down to cuBLAS,
     # which won alone by 0.2-0.5 us (qkv, down) and 3.3 (o_proj). Predicted: in the step the mid GEMM keeps the PDL
