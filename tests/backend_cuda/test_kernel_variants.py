@@ -49,7 +49,8 @@ def _chunk(lens: list[int], hk: int = 2, hv: int = 4, d: int = 64) -> None:
     G.gdn_chunk(q, k, v, g, beta, states, _cu(lens), slots)
 
 
-def _attention(lens: list[int], hq: int = 8, hkv: int = 2, d: int = 128, bs: int = 16) -> None:
+def _attention(lens: list[int], hq: int = 8, hkv: int = 2, d: int = 128, bs: int = 16,
+               merge_in_kernel: bool = True) -> None:
     """Each sequence's query after a prefix of 5 tokens, in a block table of one fixed width (as the engine's)."""
     t, pages = sum(lens), 16
     q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16)
@@ -59,7 +60,8 @@ def _attention(lens: list[int], hq: int = 8, hkv: int = 2, d: int = 128, bs: int
     # As a mixed step runs it (TritonFusedOps.paged_attention): one-token sequences on the decode kernels.
     out = A.paged_attention_prefill(q, kc, kc.clone(), _cu(lens), seq_lens, bt, max(lens), d**-0.5,
                                     skip_single_token=True)
-    D.paged_attention_decode(q, kc, kc.clone(), seq_lens, bt, d**-0.5, out=out, query_start_loc=_cu(lens))
+    D.paged_attention_decode(q, kc, kc.clone(), seq_lens, bt, d**-0.5, out=out, query_start_loc=_cu(lens),
+                             merge_in_kernel=merge_in_kernel)
 
 
 # The conv has two token tiles (a step whose longest query fits the conv window, and the rest): twice the variants.
@@ -80,12 +82,14 @@ def test_prefill_batches_up_to_64_sequences_share_one_variant(run, kernel, tiles
     assert _variants(kernel) == tiles + wide  # WIDE's batches (2-token queries): 128 and 256 lanes
 
 
-@pytest.mark.parametrize("kernel", [D._decode_split_kernel, D._decode_reduce_kernel], ids=["split", "reduce"])
-def test_mixed_step_decode_kernels_compile_once_for_any_batch(kernel) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(("kernel", "merge_in_kernel"),
+                         [(D._decode_split_kernel, True), (D._decode_reduce_kernel, False)], ids=["split", "reduce"])
+def test_mixed_step_decode_kernels_compile_once_for_any_batch(kernel, merge_in_kernel: bool) -> None:  # noqa: ANN001
     """The decode pair in a mixed step: its split count follows the batch size (at Hkv 2 on an H200 from 32 at
-    one sequence to 2 at 129) but is no compile-time constant, so every batch shares one variant."""
+    one sequence to 2 at 129) but is no compile-time constant, so every batch shares one variant. (The reduce pass
+    runs only with the merge out of the split pass: by default its last program merges.)"""
     kernel.device_caches.clear()
     for lens in BATCHES + WIDE:
-        _attention(lens)
+        _attention(lens, merge_in_kernel=merge_in_kernel)
     torch.cuda.synchronize()
     assert _variants(kernel) == 1
