@@ -16,6 +16,42 @@ gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 
+def _language_namespaces() -> list[object]:
+    """What Triton's interpreter patches while it runs a kernel (`triton.runtime.interpreter._patch_lang`)."""
+    import triton.language as tl
+
+    return [tl, tl.core, tl.math, tl.tensor, tl.dtype, tl.core.condition, tl.core.tensor_descriptor_base]
+
+
+# Taken at collection, before any kernel has run under the interpreter.
+_PRISTINE = [(owner, dict(vars(owner))) for owner in _language_namespaces()]
+
+
+@pytest.fixture(autouse=True)
+def pristine_triton_language() -> None:
+    """Each test starts with `triton.language` as imported (`restore_triton_language`)."""
+    restore_triton_language()
+
+
+def restore_triton_language() -> None:
+    """`triton.language` as imported. The interpreter (Triton 3.9) restores what a kernel launch patched, but not
+    what a device-function call inside it patches: a standard-library helper such as `tl.cdiv` re-patches
+    `triton.language.core` (its builtins wrapped to take the interpreter's semantic, `range`, `dtype.to_ir`) and
+    leaves it so. A later compile for sm_90 in the same process (the Gluon prefill attention's tests, the SASS
+    censuses) then builds through the interpreter and fails where Triton's cache does not already hold the kernel;
+    with tests scheduled one by one over two workers, whether one had run before was luck."""
+    for owner, names in _PRISTINE:
+        current = vars(owner)
+        for name in [n for n in current if n not in names]:
+            delattr(owner, name)
+        for name, value in names.items():
+            if current.get(name, _MISSING) is not value:
+                setattr(owner, name, value)
+
+
+_MISSING = object()
+
+
 @pytest.fixture(scope="session")
 def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"
