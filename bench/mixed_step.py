@@ -143,7 +143,9 @@ def main() -> None:
                 trace = args.trace_dir / f"mixed_chunk{chunk}.json"
                 prof.export_chrome_trace(str(trace))
                 row["timeline"] = device_timeline(trace)
+                row["device_step_ms"] = statistics.median(row["timeline"]["step_spans_us"]) / 1e3
                 print(f"chunk {chunk}: 3 steps, device timeline (us) {json.dumps(row['timeline'])}")
+                print(f"chunk {chunk}: device time a step (median of the profiled steps) {row['device_step_ms']:.3f} ms")
         rows.append(row)
         print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name(0) if args.backend == "cuda" else "cpu"

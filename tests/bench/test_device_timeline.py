@@ -28,6 +28,19 @@ def test_overlapping_streams_count_once_and_gaps_are_the_idle_rest(tmp_path: Pat
     assert summary["gaps_over_2us"] == 1 and summary["gaps_over_2us_total_us"] == 10  # 20-30; the 1 us gap is not
     assert summary["stream_busy_us"] == {"7": 21, "13": 15}
     assert summary["events"] == 4
+    assert summary["step_spans_us"] == [42]  # no idle stretch long enough to end a step
+
+
+def test_idle_stretches_past_the_step_gap_split_the_steps(tmp_path: Path) -> None:
+    # two steps of a bench loop: 0-50 (two kernels, a 5 us gap inside), then the host's 300 us, then 350-420; the
+    # second step's input copy went out alone at 200 (not a step)
+    events = [_kernel(0, 20, 7), _kernel(25, 25, 7), _kernel(200, 4, 7, "gpu_memcpy"), _kernel(350, 70, 7)]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    summary = torch_profile.device_timeline(trace)
+    assert summary["step_spans_us"] == [50, 70]
+    assert summary["gaps_over_2us"] == 1 and summary["gaps_over_2us_total_us"] == 5  # the host's gaps are not a step's
+    assert summary["span_us"] == 420 and summary["busy_us"] == 119
 
 
 def test_a_trace_without_device_work_has_an_empty_timeline(tmp_path: Path) -> None:
