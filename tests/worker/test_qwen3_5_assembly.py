@@ -97,6 +97,9 @@ def test_the_warm_up_steps_run_past_the_mixed_graphs_in_blocks_of_their_own() ->
     for short, long in (dense.steps[0:2], dense.steps[2:4]):
         assert max(s.num_new for s in short) <= 2049 // 64 + 1  # every query its share of the step
         assert [s.num_new for s in long] == [2049] + [2] * (len(long) - 1)
+    tight = Recorder(2049)  # 65 x 2 blocks fit 160, the long query's 129 blocks beside 64 more do not
+    assert warm_eager_prefill(tight, [65], 1000, 16, 160) == [65]
+    assert len(tight.steps) == 1 and [s.num_new for s in tight.steps[0]] == [32] * 65
     hybrid = Recorder(1)  # no mixed graphs: 2 tokens a sequence, one block each
     assert warm_eager_prefill(hybrid, [65, 129], 1000, 16, 100) == [65]  # 129 sequences need more than 100 blocks
     assert len(hybrid.steps) == 1 and [s.num_new for s in hybrid.steps[0]] == [2] * 65

@@ -146,26 +146,31 @@ def warm_eager_prefill(runner: ModelRunner, sizes: list[int], vocab_size: int, b
     kernels' batch-size variants compile here rather than while serving, where a compile of seconds stalls every
     request: each step just over the token count the runner's mixed graphs cover (a hybrid model has none: 2 tokens
     a sequence), each sequence in blocks of its own (sizes the KV cache cannot hold are left out). With mixed graphs
-    each size runs twice: every query its share of the step, then one query of the whole step's length beside
-    2-token ones, so that kernels chosen by query length (the CUDA prefill attention: the Triton kernel for short
+    each size runs twice where the cache holds both: every query its share of the step, then one query of the whole
+    step's length beside 2-token ones, so that kernels chosen by query length (the CUDA prefill attention: the Triton kernel for short
     queries, the warp-specialised one for long) compile at both. The sequences share the scratch state slot and
     write KV that the scheduler's blocks overwrite. Returns the sizes run."""
+    def fits(lens: list[int]) -> bool:
+        return sum(-(-n // block_size) for n in lens) <= num_blocks
+
+    def run(lens: list[int]) -> None:
+        seqs, first = [], 0
+        for i, n in enumerate(lens):
+            blocks = -(-n // block_size)
+            seqs.append(Sequence(-2 - i, [(3 * i + 5 * j + 1) % vocab_size for j in range(n)], 0,
+                                 list(range(first, first + blocks)), GREEDY))
+            first += blocks
+        runner.execute([ScheduledSeq(seq, n) for seq, n in zip(seqs, lens)])
+
     ran = []
     for size in sizes:
         per_seq = max(2, -(-runner.eager_min_tokens // size))
-        shapes = [[per_seq] * size]
-        if runner.eager_min_tokens > 2:
-            shapes.append([max(per_seq, runner.eager_min_tokens)] + [2] * (size - 1))
-        if max(sum(-(-n // block_size) for n in lens) for lens in shapes) > num_blocks:
+        if not fits([per_seq] * size):
             break
-        for lens in shapes:
-            seqs, first = [], 0
-            for i, n in enumerate(lens):
-                blocks = -(-n // block_size)
-                seqs.append(Sequence(-2 - i, [(3 * i + 5 * j + 1) % vocab_size for j in range(n)], 0,
-                                     list(range(first, first + blocks)), GREEDY))
-                first += blocks
-            runner.execute([ScheduledSeq(seq, n) for seq, n in zip(seqs, lens)])
+        run([per_seq] * size)
+        long = [max(per_seq, runner.eager_min_tokens)] + [2] * (size - 1)
+        if runner.eager_min_tokens > 2 and fits(long):
+            run(long)
         ran.append(size)
     return ran
 
