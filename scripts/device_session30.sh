@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The thirtieth session's device calls, each part bounded, the logs packed into $OUT/s30.tar.gz after every part.
-#   CALL=auto: on an H200, CALL=h200; on another GPU, CALL=$OTHER (default gpu).
+#   CALL=auto: on an H200, CALL=h200; on another GPU, CALL=$OTHER (default next).
+#   CALL=next: what the session left for any GPU: the kernel-variant GPU tests (the reduce case changed, unrun), then
+#           chat at qps 1 and 8 on the served config with the prefill attention's query-length rule (only qps 32 ran).
 #   (calls 3 and 4 ran CALL=mode3: the split with the decode kernel forked, INFER_CUDA_MIXED_ATTENTION_STREAMS=3, its GPU
 #   test, the profile against mode 2 and served chat at qps 32; removed with the mode after call 5, docs/benchmarks.md)
 #   CALL=long3k: CALL=profile on the ~3k workload's mixed step (12 decodes at 3,000 tokens, a 500-token chunk), modes 0 / 2.
@@ -24,7 +26,7 @@ case ${CALL:-auto} in
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
       CALL=h200 bash "$0"
     else
-      CALL=${OTHER:-gpu} bash "$0"
+      CALL=${OTHER:-next} bash "$0"
     fi ;;
   h200)  # one call, ~8 min: the mid GEMM tuned where the table lacks this GPU (the 2-8-row o_proj / down on cuBLAS
     # there: the qps-1 p50's suspect), then on the served config with that table: chat at qps 1 and 32; the ~3,000-token
@@ -45,6 +47,11 @@ case ${CALL:-auto} in
     # 0 and 2: there the prefill attention (~70 us a layer on the H200) is as long as the decode attention, so the
     # split on two streams can overlap more than at a chat chunk
     DECODES=12 CONTEXT=3000 PROMPT=3000 CHUNKS=0,500 PROFILE=500 SPECS="streams0 base" CALL=profile bash "$0" ;;
+  next)
+    gpu_tests variants "${TEST_S:-120}" tests/backend_cuda/test_kernel_variants.py
+    if engine_up base RUSTINFER_MAX_MODEL_LEN=32768; then
+      sweep base_chat "${LEVELS:-1,8}"; engine_down base; pack
+    fi ;;
   ws0)  # the Triton prefill kernel (INFER_CUDA_WS_PREFILL=0) against the warp-specialised one in the mixed steps: at a
     # chat chunk the WS kernel's 8 working programs (one 128-row query tile a KV head, two key tiles) take 18 us alone
     # and 35-38 beside the decode kernel, ending after it (call 2's traces); a kernel with less set-up per program may
