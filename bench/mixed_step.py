@@ -145,7 +145,8 @@ def main() -> None:
                 row["timeline"] = device_timeline(trace)
                 row["device_step_ms"] = statistics.median(row["timeline"]["step_spans_us"]) / 1e3
                 print(f"chunk {chunk}: 3 steps, device timeline (us) {json.dumps(row['timeline'])}")
-                print(f"chunk {chunk}: device time a step (median of the profiled steps) {row['device_step_ms']:.3f} ms")
+                print(f"chunk {chunk}: device time a step (median of the profiled steps) "
+                      f"{row['device_step_ms']:.3f} ms")
         rows.append(row)
         print(json.dumps(row), flush=True)
     gpu = torch.cuda.get_device_name(0) if args.backend == "cuda" else "cpu"

@@ -37,9 +37,10 @@ STEP_GAP_US = 100.0  # idle device time that separates two steps of a bench loop
 def device_timeline(trace: Path) -> dict:
     """A chrome trace's device work (kernels, memcpy, memset) as a timeline summary: the span from the first start to
     the last end, the time some kernel ran (the union over streams), the idle rest, the gaps over 2 us (count and
-    total), each stream's busy time, and the steps' device spans (work with a kernel in it, separated by more than STEP_GAP_US
-    idle: a bench loop's steps, their host preparation excluded, not an input copy issued ahead alone). Where a step's time goes that kernel totals cannot say:
-    idle dependency waits at a graph's fork / join, or kernels stretched by sharing the SMs."""
+    total), each stream's busy time, and the steps' device spans (work with a kernel in it, separated by more than
+    STEP_GAP_US idle: a bench loop's steps, their host preparation excluded, not an input copy issued ahead alone).
+    Where a step's time goes that kernel totals cannot say: idle dependency waits at a graph's fork / join, or
+    kernels stretched by sharing the SMs."""
     events = [e for e in json.loads(trace.read_text())["traceEvents"]
               if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
     if not events:

@@ -6,9 +6,9 @@ variant the run compiled (what ptxas gave the loaded kernel, the figure that set
 `--rope`: the served form instead of the plain kernel: q, k and v from a raw qkv projection row with the q / k norms,
 RoPE and the new token's store in the split pass (`DecodeRope`), as the model launches it.
 `--cases BATCHxCONTEXT,...`: CONTEXT is one length or LO-HI, spread from HI (row 0) down to LO (a served batch in
-admission order). `--variants LAYOUT:ORDER,...`: the default split count and tile under each cache layout (`nhd`, the served pages
-`[page, Hkv, D]`, or `hnd`, `[Hkv, page, D]` passed to the kernel as a strided view) and grid order (`seq`, the
-sequences fastest, or `heads`, `INFER_CUDA_DECODE_HEADS_FASTEST`'s KV heads fastest).
+admission order). `--variants LAYOUT:ORDER,...`: the default split count and tile under each cache layout (`nhd`, the
+served pages `[page, Hkv, D]`, or `hnd`, `[Hkv, page, D]` passed to the kernel as a strided view) and grid order
+(`seq`, the sequences fastest, or `heads`, `INFER_CUDA_DECODE_HEADS_FASTEST`'s KV heads fastest).
 
     PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \\
         python3 packages/infer-backend-cuda/scripts/bench_decode_splits.py --json out.json

@@ -243,13 +243,13 @@ def paged_attention_prefill(
 ) -> torch.Tensor:
     """q `[T, Hq, D]`, caches `[num_blocks, block_size, Hkv, D]`, query_start_loc `[B+1]`, seq_lens `[B]`,
     block_tables `[B, max_blocks]` -> `[T, Hq, D]` in q's dtype. Rows not owned by any sequence are left
-    unwritten. `skip_single_token`: the rows of sequences whose query length is 1 are left unwritten too (the
-    decode kernel runs them: `paged_attention_decode` with `query_start_loc`). With no `config`, bf16 / fp16 at
-    head_dim 128 on sm_90 run the warp-specialised Gluon kernel (`attention_prefill_ws.py`; INFER_CUDA_WS_PREFILL=0
-    for A/B runs) where `max_query_len` is over INFER_CUDA_WS_PREFILL_ABOVE (256); `config` names a tile of this
-    module's Triton kernel (tests, benchmarks). `max_chunk_seqs` (with `skip_single_token`): at most this many sequences have two query rows or more, which bounds the grid
-    (`grid_tiles`); a captured mixed graph of a few prompt chunks beside many decodes then launches a few dozen
-    programs, not one a sequence."""
+    unwritten. `skip_single_token`: the rows of sequences whose query length is 1 are left unwritten too (the decode
+    kernel runs them: `paged_attention_decode` with `query_start_loc`). With no `config`, bf16 / fp16 at head_dim 128
+    on sm_90 run the warp-specialised Gluon kernel (`attention_prefill_ws.py`; INFER_CUDA_WS_PREFILL=0 for A/B runs)
+    where `max_query_len` is over INFER_CUDA_WS_PREFILL_ABOVE (256); `config` names a tile of this module's Triton
+    kernel (tests, benchmarks). `max_chunk_seqs` (with `skip_single_token`): at most this many sequences have two
+    query rows or more, which bounds the grid (`grid_tiles`); a captured mixed graph of a few prompt chunks beside
+    many decodes then launches a few dozen programs, not one a sequence."""
     n_tok, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kd = k_cache.shape
     if kd != head_dim or v_cache.shape != k_cache.shape:

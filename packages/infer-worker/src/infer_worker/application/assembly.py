@@ -144,12 +144,13 @@ def warm_eager_prefill(runner: ModelRunner, sizes: list[int], vocab_size: int, b
                        num_blocks: int) -> list[int]:
     """Eager prefill steps of each of `sizes` sequences (the backend's `eager_variant_batch_sizes`), so that the
     kernels' batch-size variants compile here rather than while serving, where a compile of seconds stalls every
-    request: each step just over the token count the runner's mixed graphs cover (a hybrid model has none: 2 tokens
-    a sequence), each sequence in blocks of its own (sizes the KV cache cannot hold are left out). With mixed graphs
+    request: each step just over the token count the runner's mixed graphs cover (a hybrid model has none: 2 tokens a
+    sequence), each sequence in blocks of its own (sizes the KV cache cannot hold are left out). With mixed graphs
     each size runs twice where the cache holds both: every query its share of the step, then one query of the whole
-    step's length beside 2-token ones, so that kernels chosen by query length (the CUDA prefill attention: the Triton kernel for short
-    queries, the warp-specialised one for long) compile at both. The sequences share the scratch state slot and
-    write KV that the scheduler's blocks overwrite. Returns the sizes run."""
+    step's length beside 2-token ones, so that kernels chosen by query length (the CUDA prefill attention: the Triton
+    kernel for short queries, the warp-specialised one for long) compile at both. The sequences share the scratch
+    state slot and write KV that the scheduler's blocks overwrite. Returns the sizes run."""
+
     def fits(lens: list[int]) -> bool:
         return sum(-(-n // block_size) for n in lens) <= num_blocks
 
