@@ -1,0 +1,99 @@
+"""Is the mid GEMM at 64-128 rows bound by the activation tiles re-read from L2, not by the weight stream?
+
+Each `BLOCK_N`-row weight tile's program reads all M activation rows over K again: at 128 rows and 64-row tiles
+that is twice the weight bytes, from L2 (gate_up at 128 rows on the H100: 99.6 MB of weights, ~200 MB of
+activation tile loads in ~43 us, ~7 TB/s of L2 traffic, against ~34 us for the weight bytes at the copy rate).
+This probe times the mid GEMM's loop shape three ways, in CUDA graphs over copies of the weight (so it streams
+from HBM): `full` (weights and activations per K step, as `mid_gemm.py`), `x_once` (the activation tile loaded once
+before the loop: the weight stream and the MMAs alone; the result is wrong), `w_once` (the weight tile once: the
+activation traffic and the MMAs alone). Also the product kernel (`mid_linear`) and cuBLAS for reference.
+If `x_once` is near the weight floor and `full` near `w_once`, the lever is fewer activation re-reads (wider
+weight tiles a program, activations held across column tiles, or multicast), not the weight stream.
+
+Usage (GPU): python packages/infer-backend-cuda/scripts/probe_mid_l2.py --ms 16,64,128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+
+from graph_timing import copy_bandwidth, graph_replay_us
+from infer_backend_cuda.kernels import mid_gemm as G, split_k
+
+SHAPES = {"qkv": (6144, 2560), "gate_up": (19456, 2560), "down": (2560, 9728)}
+MODES = {"full": 0, "x_once": 1, "w_once": 2}
+
+
+@triton.jit
+def _probe_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    rm = tl.arange(0, BLOCK_M) % M
+    rk = tl.arange(0, BLOCK_K)
+    k_first = pid_k * k_per_split
+    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * K + (k_first + rk)[None, :]
+    x_ptrs = x_ptr + rm[None, :] * K + (k_first + rk)[:, None]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    w0 = tl.load(w_ptrs)
+    x0 = tl.load(x_ptrs)
+    for _ in range(k_first, tl.minimum(k_first + k_per_split, K), BLOCK_K):
+        w = w0 if MODE == 2 else tl.load(w_ptrs, eviction_policy="evict_first")
+        xt = x0 if MODE == 1 else tl.load(x_ptrs)
+        acc = tl.dot(w, xt, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+    tl.store(out_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="16,64,128")
+    ap.add_argument("--shapes", default="gate_up,down,qkv")
+    ap.add_argument("--tiles", default="64:64:4:3,64:128:4:4,128:64:8:4")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    split_k.allocate_counters(dev)
+    bw = copy_bandwidth()
+    for shape in args.shapes.split(","):
+        n, k = SHAPES[shape]
+        ws = [torch.randn((n, k), device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(3)]
+        for m in (int(v) for v in args.ms.split(",")):
+            x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
+            out = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
+            row = {"shape": shape, "m": m, "floor_us": round(n * k * 2 / bw * 1e6, 2),
+                   "cublas_us": round(graph_replay_us(lambda i: torch.matmul(x, ws[i].T, out=out), 3), 2)}
+            for tile in args.tiles.split(","):
+                bn, bk, warps, stages = (int(v) for v in tile.split(":"))
+                splits = 1 if n >= 6144 else 3
+                per = triton.cdiv(triton.cdiv(k, bk), splits) * bk
+                splits = triton.cdiv(k, per)
+                part = torch.empty((splits, m, n), device=dev, dtype=torch.float32)
+                cfg = G.MidConfig(bn, bk, warps, stages, splits)
+                try:
+                    row[f"mid_{tile}"] = round(graph_replay_us(
+                        lambda i: G.mid_linear(x, ws[i], out=out, config=cfg), 3), 2)
+                except Exception as exc:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
+                    row[f"mid_{tile}"] = f"{type(exc).__name__}"
+                for mode, code in MODES.items():
+                    def call(i: int, code: int = code) -> None:
+                        _probe_kernel[(triton.cdiv(n, bn), splits)](
+                            x, ws[i], part, m, n, k, per, MODE=code, BLOCK_M=max(16, triton.next_power_of_2(m)),
+                            BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                    try:
+                        row[f"{mode}_{tile}"] = round(graph_replay_us(call, 3), 2)
+                    except Exception as exc:  # noqa: BLE001
+                        row[f"{mode}_{tile}"] = f"{type(exc).__name__}"
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
