@@ -6,7 +6,8 @@ activation tile loads in ~43 us, ~7 TB/s of L2 traffic, against ~34 us for the w
 This probe times the mid GEMM's loop shape three ways, in CUDA graphs over copies of the weight (so it streams
 from HBM): `full` (weights and activations per K step, as `mid_gemm.py`), `x_once` (the activation tile loaded once
 before the loop: the weight stream and the MMAs alone; the result is wrong), `w_once` (the weight tile once: the
-activation traffic and the MMAs alone). Also the product kernel (`mid_linear`) and cuBLAS for reference.
+activation traffic and the MMAs alone); at 96 rows also `split64_32` (the rows as a 64- and a 32-row tile, two
+dots, instead of 128 padded: a quarter less activation traffic). Also the product kernel (`mid_linear`) and cuBLAS for reference.
 If `x_once` is near the weight floor and `full` near `w_once`, the lever is fewer activation re-reads (wider
 weight tiles a program, activations held across column tiles, or multicast), not the weight stream.
 
@@ -31,32 +32,44 @@ MODES = {"full": 0, "x_once": 1, "w_once": 2}
 
 @triton.jit
 def _probe_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, MODE: tl.constexpr, BLOCK_M: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M2: tl.constexpr):
+    """MODE 0 full, 1 x once, 2 w once; BLOCK_M2 > 0: the rows as two tiles, BLOCK_M and BLOCK_M2 (96 = 64 + 32
+    rows instead of 128 padded), each its own dot and accumulator."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(1)
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rm = tl.arange(0, BLOCK_M) % M
+    rm2 = (BLOCK_M + tl.arange(0, max(BLOCK_M2, 16))) % M
     rk = tl.arange(0, BLOCK_K)
     k_first = pid_k * k_per_split
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * K + (k_first + rk)[None, :]
     x_ptrs = x_ptr + rm[None, :] * K + (k_first + rk)[:, None]
+    x2_ptrs = x_ptr + rm2[None, :] * K + (k_first + rk)[:, None]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_N, max(BLOCK_M2, 16)), dtype=tl.float32)
     w0 = tl.load(w_ptrs)
     x0 = tl.load(x_ptrs)
     for _ in range(k_first, tl.minimum(k_first + k_per_split, K), BLOCK_K):
         w = w0 if MODE == 2 else tl.load(w_ptrs, eviction_policy="evict_first")
         xt = x0 if MODE == 1 else tl.load(x_ptrs)
         acc = tl.dot(w, xt, acc)
+        if BLOCK_M2 > 0:
+            acc2 = tl.dot(w, tl.load(x2_ptrs), acc2)
+            x2_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
     tl.store(out_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+    if BLOCK_M2 > 0:
+        offs_m2 = BLOCK_M + tl.arange(0, max(BLOCK_M2, 16))
+        mask2 = (offs_n < N)[:, None] & (offs_m2 < M)[None, :]
+        tl.store(out_ptr + pid_k * M * N + offs_m2[None, :] * N + offs_n[:, None], acc2, mask=mask2)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ms", default="16,64,128")
+    ap.add_argument("--ms", default="16,64,96,128")
     ap.add_argument("--shapes", default="gate_up,down,qkv")
     ap.add_argument("--tiles", default="64:64:4:3,64:128:4:4,128:64:8:4")
     args = ap.parse_args()
@@ -83,11 +96,16 @@ def main() -> None:
                         lambda i: G.mid_linear(x, ws[i], out=out, config=cfg), 3), 2)
                 except Exception as exc:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
                     row[f"mid_{tile}"] = f"{type(exc).__name__}"
-                for mode, code in MODES.items():
+                variants = list(MODES.items())
+                if m == 96:
+                    variants.append(("split64_32", 3))
+                for mode, code in variants:
                     def call(i: int, code: int = code) -> None:
+                        two = code == 3
                         _probe_kernel[(triton.cdiv(n, bn), splits)](
-                            x, ws[i], part, m, n, k, per, MODE=code, BLOCK_M=max(16, triton.next_power_of_2(m)),
-                            BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+                            x, ws[i], part, m, n, k, per, MODE=0 if two else code,
+                            BLOCK_M=64 if two else max(16, triton.next_power_of_2(m)), BLOCK_N=bn, BLOCK_K=bk,
+                            BLOCK_M2=32 if two else 0, num_warps=warps, num_stages=stages)
                     try:
                         row[f"{mode}_{tile}"] = round(graph_replay_us(call, 3), 2)
                     except Exception as exc:  # noqa: BLE001
