@@ -7,7 +7,8 @@ This probe times the mid GEMM's loop shape three ways, in CUDA graphs over copie
 from HBM): `full` (weights and activations per K step, as `mid_gemm.py`), `x_once` (the activation tile loaded once
 before the loop: the weight stream and the MMAs alone; the result is wrong), `w_once` (the weight tile once: the
 activation traffic and the MMAs alone); at 96 rows also `split64_32` (the rows as a 64- and a 32-row tile, two
-dots, instead of 128 padded: a quarter less activation traffic). Also the product kernel (`mid_linear`) and cuBLAS for reference.
+dots, instead of 128 padded: a quarter less activation traffic). Also the product kernel (`mid_linear`) and
+cuBLAS for reference.
 If `x_once` is near the weight floor and `full` near `w_once`, the lever is fewer activation re-reads (wider
 weight tiles a program, activations held across column tiles, or multicast), not the weight stream.
 
