@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Thirty-first session's device calls (docs/benchmarks.md, "Thirty-first device session").
+#   CALL=auto: on an H200, CALL=h200; on another GPU, CALL=$OTHER (default next).
+#   CALL=h200: the mid GEMM tuned where the table lacks this GPU (copy the returned mid_gemm.json into
+#           packages/infer-backend-cuda/src/infer_backend_cuda/configs/), chat at qps 1 and 32 with that table, the
+#           ~3,000-token prompts at qps 4 with the 512-token cap (LONG_S s), then CALL=probe.
+#   CALL=next: CALL=probe, then the thirtieth session's CALL=next (the kernel-variant GPU tests, chat at qps 1 and 8).
+#   CALL=probe: packages/infer-backend-cuda/scripts/probe_mid_l2.py: is the mid GEMM at 64-128 rows bound by the
+#           activation tiles re-read from L2 (full / x_once / w_once, 96 rows as 64 + 32-row tiles)?
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
+#   CALL=auto COMMIT=abc1234 bash scripts/device_session31.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid_unless_tuned
+session_logs s31
+
+case ${CALL:-auto} in
+  auto)
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+      CALL=h200 bash "$0"
+    else
+      CALL=${OTHER:-next} bash "$0"
+    fi ;;
+  h200)
+    tune_mid_unless_tuned h200 "${BUDGET:-150}"
+    if engine_up base RUSTINFER_MAX_MODEL_LEN=32768; then
+      sweep base_chat 1,32; engine_down base; pack
+    fi
+    if engine_up cap512 RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=512; then
+      DURATION=${LONG_S:-30} sweep cap512_long 4 --workload long; engine_down cap512; pack
+    fi
+    CALL=probe bash "$0" ;;
+  next)
+    CALL=probe bash "$0"
+    CALL=next OUT="$OUT" bash scripts/device_session30.sh ;;
+  probe)
+    timeout "${PROBE_S:-150}" python3 "$SCRIPTS/probe_mid_l2.py" ${PROBE_ARGS:-} > "$LOGS/probe_l2.log" 2>&1
+    echo "probe rc=$?"; grep '^{' "$LOGS/probe_l2.log"; pack ;;
+  *) echo "unknown CALL=$CALL"; exit 2 ;;
+esac
