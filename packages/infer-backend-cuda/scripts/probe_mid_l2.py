@@ -8,7 +8,7 @@ from HBM): `full` (weights and activations per K step, as `mid_gemm.py`), `x_onc
 before the loop: the weight stream and the MMAs alone; the result is wrong), `w_once` (the weight tile once: the
 activation traffic and the MMAs alone); at 96 rows also `split64_32` (the rows as a 64- and a 32-row tile, two
 dots, instead of 128 padded: a quarter less activation traffic). Also the product kernel (`mid_linear`) and
-cuBLAS for reference.
+cuBLAS for reference, and `tma` (the full loop with both tiles by TMA, no per-thread address arithmetic).
 If `x_once` is near the weight floor and `full` near `w_once`, the lever is fewer activation re-reads (wider
 weight tiles a program, activations held across column tiles, or multicast), not the weight stream.
 
@@ -23,6 +23,7 @@ import json
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from graph_timing import copy_bandwidth, graph_replay_us
 from infer_backend_cuda.kernels import mid_gemm as G, split_k
@@ -68,6 +69,33 @@ def _probe_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, MODE: tl.constexp
         tl.store(out_ptr + pid_k * M * N + offs_m2[None, :] * N + offs_n[:, None], acc2, mask=mask2)
 
 
+@triton.jit
+def _probe_tma_kernel(x_desc, w_desc, out_ptr, M, N, K, k_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    """The full loop with both tiles by TMA (host tensor descriptors; rows past M / N come back as zeros)."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+    k_first = pid_k * k_per_split
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k0 in range(k_first, tl.minimum(k_first + k_per_split, K), BLOCK_K):
+        w = w_desc.load([pid_n * BLOCK_N, k0])
+        x = x_desc.load([0, k0])
+        acc = tl.dot(w, x.T, acc)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+    tl.store(out_ptr + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=mask)
+
+
+def tma_call(x: torch.Tensor, w: torch.Tensor, part: torch.Tensor, per: int, splits: int, bn: int, bk: int,
+             warps: int, stages: int) -> None:
+    m, k = x.shape
+    n = w.shape[0]
+    bm = max(16, triton.next_power_of_2(m))
+    _probe_tma_kernel[(triton.cdiv(n, bn), splits)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [bn, bk]), part, m, n, k, per,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="16,64,96,128")
@@ -111,6 +139,11 @@ def main() -> None:
                         row[f"{mode}_{tile}"] = round(graph_replay_us(call, 3), 2)
                     except Exception as exc:  # noqa: BLE001
                         row[f"{mode}_{tile}"] = f"{type(exc).__name__}"
+                try:
+                    row[f"tma_{tile}"] = round(graph_replay_us(
+                        lambda i: tma_call(x, ws[i], part, per, splits, bn, bk, warps, stages), 3), 2)
+                except Exception as exc:  # noqa: BLE001
+                    row[f"tma_{tile}"] = f"{type(exc).__name__}: {str(exc)[:80]}"
             print(json.dumps(row), flush=True)
 
 
