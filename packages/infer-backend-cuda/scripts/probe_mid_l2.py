@@ -28,7 +28,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from graph_timing import copy_bandwidth, graph_replay_us
 from infer_backend_cuda.kernels import mid_gemm as G, split_k
 
-SHAPES = {"qkv": (6144, 2560), "gate_up": (19456, 2560), "down": (2560, 9728)}
+SHAPES = {"qkv": (6144, 2560), "o_proj": (2560, 4096), "gate_up": (19456, 2560), "down": (2560, 9728)}
 MODES = {"full": 0, "x_once": 1, "w_once": 2}
 
 
@@ -96,54 +96,71 @@ def tma_call(x: torch.Tensor, w: torch.Tensor, part: torch.Tensor, per: int, spl
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
 
 
+def _time(call) -> float | str:  # noqa: ANN001 - a call(i) for graph_replay_us
+    try:
+        return round(graph_replay_us(call, 3), 2)
+    except Exception as exc:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
+        return f"{type(exc).__name__}: {str(exc)[:80]}"
+
+
+def _variants(x: torch.Tensor, w: list[torch.Tensor], out: torch.Tensor, tile: str, splits: int,
+              modes: list[str]) -> dict[str, float | str]:
+    """Every asked variant at one tile and split count, keyed `variant_tile[/splits]`."""
+    (m, k), n = x.shape, w[0].shape[0]
+    bn, bk, warps, stages = (int(v) for v in tile.split(":"))
+    per = triton.cdiv(triton.cdiv(k, bk), splits) * bk
+    splits = triton.cdiv(k, per)
+    part = torch.empty((splits, m, n), device=x.device, dtype=torch.float32)
+    cfg = G.MidConfig(bn, bk, warps, stages, splits)
+    tag = f"{tile}/{splits}" if splits > 1 else tile
+    row = {}
+    if "mid" in modes:
+        row[f"mid_{tag}"] = _time(lambda i: G.mid_linear(x, w[i], out=out, config=cfg))
+    if "mid_reduce" in modes and splits > 1:  # the split-K sum as a reduce launch instead of the last arrival's
+        split_k.FIXUP = False
+        row[f"mid_reduce_{tag}"] = _time(lambda i: G.mid_linear(x, w[i], out=out, config=cfg))
+        split_k.FIXUP = True
+    variants = [(mode, MODES[mode]) for mode in modes if mode in MODES]
+    if m == 96 and "split64_32" in modes:
+        variants.append(("split64_32", 3))
+    for mode, code in variants:
+        def call(i: int, code: int = code) -> None:
+            two = code == 3
+            _probe_kernel[(triton.cdiv(n, bn), splits)](
+                x, w[i], part, m, n, k, per, MODE=0 if two else code,
+                BLOCK_M=64 if two else max(16, triton.next_power_of_2(m)), BLOCK_N=bn, BLOCK_K=bk,
+                BLOCK_M2=32 if two else 0, num_warps=warps, num_stages=stages)
+        row[f"{mode}_{tag}"] = _time(call)
+    if "tma" in modes:
+        row[f"tma_{tag}"] = _time(lambda i: tma_call(x, w[i], part, per, splits, bn, bk, warps, stages))
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ms", default="16,64,96,128")
     ap.add_argument("--shapes", default="gate_up,down,qkv")
     ap.add_argument("--tiles", default="64:64:4:3,64:128:4:4,128:64:8:4")
+    ap.add_argument("--splits", default="", help="K ranges to time (e.g. 3,6); default 1 at N >= 6144, else 3")
+    ap.add_argument("--modes", default="mid,full,x_once,w_once,split64_32,tma",
+                    help="of mid, mid_reduce, full, x_once, w_once, split64_32, tma")
     args = ap.parse_args()
     dev = torch.device("cuda")
     split_k.allocate_counters(dev)
     bw = copy_bandwidth()
+    modes = args.modes.split(",")
     for shape in args.shapes.split(","):
         n, k = SHAPES[shape]
         ws = [torch.randn((n, k), device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(3)]
+        splits_list = [int(v) for v in args.splits.split(",")] if args.splits else [1 if n >= 6144 else 3]
         for m in (int(v) for v in args.ms.split(",")):
             x = torch.randn((m, k), device=dev, dtype=torch.bfloat16)
             out = torch.empty((m, n), device=dev, dtype=torch.bfloat16)
             row = {"shape": shape, "m": m, "floor_us": round(n * k * 2 / bw * 1e6, 2),
-                   "cublas_us": round(graph_replay_us(lambda i: torch.matmul(x, ws[i].T, out=out), 3), 2)}
+                   "cublas_us": _time(lambda i: torch.matmul(x, ws[i].T, out=out))}
             for tile in args.tiles.split(","):
-                bn, bk, warps, stages = (int(v) for v in tile.split(":"))
-                splits = 1 if n >= 6144 else 3
-                per = triton.cdiv(triton.cdiv(k, bk), splits) * bk
-                splits = triton.cdiv(k, per)
-                part = torch.empty((splits, m, n), device=dev, dtype=torch.float32)
-                cfg = G.MidConfig(bn, bk, warps, stages, splits)
-                try:
-                    row[f"mid_{tile}"] = round(graph_replay_us(
-                        lambda i: G.mid_linear(x, ws[i], out=out, config=cfg), 3), 2)
-                except Exception as exc:  # noqa: BLE001 - a tile that does not compile is reported, not fatal
-                    row[f"mid_{tile}"] = f"{type(exc).__name__}"
-                variants = list(MODES.items())
-                if m == 96:
-                    variants.append(("split64_32", 3))
-                for mode, code in variants:
-                    def call(i: int, code: int = code) -> None:
-                        two = code == 3
-                        _probe_kernel[(triton.cdiv(n, bn), splits)](
-                            x, ws[i], part, m, n, k, per, MODE=0 if two else code,
-                            BLOCK_M=64 if two else max(16, triton.next_power_of_2(m)), BLOCK_N=bn, BLOCK_K=bk,
-                            BLOCK_M2=32 if two else 0, num_warps=warps, num_stages=stages)
-                    try:
-                        row[f"{mode}_{tile}"] = round(graph_replay_us(call, 3), 2)
-                    except Exception as exc:  # noqa: BLE001
-                        row[f"{mode}_{tile}"] = f"{type(exc).__name__}"
-                try:
-                    row[f"tma_{tile}"] = round(graph_replay_us(
-                        lambda i: tma_call(x, ws[i], part, per, splits, bn, bk, warps, stages), 3), 2)
-                except Exception as exc:  # noqa: BLE001
-                    row[f"tma_{tile}"] = f"{type(exc).__name__}: {str(exc)[:80]}"
+                for splits in splits_list:
+                    row |= _variants(x, ws, out, tile, splits, modes)
             print(json.dumps(row), flush=True)
 
 
