@@ -36,8 +36,8 @@ case ${CALL:-auto} in
     CALL=probe bash "$0"
     CALL=next OUT="$OUT" bash scripts/device_session30.sh ;;
   fixup)
-    PROBE_ARGS="--shapes down,o_proj --ms 64,96,128 --tiles 64:128:4:4,64:64:4:4 --splits 2,3,4,6 --modes mid,mid_reduce,full" \
-      CALL=probe bash "$0" ;;
+    PROBE_ARGS="--shapes down,o_proj --ms 64,96,128 --tiles 64:128:4:4,64:64:4:4 --splits 2,3,4,6"
+    PROBE_ARGS="$PROBE_ARGS --modes mid,mid_reduce,full" CALL=probe bash "$0" ;;
   probe)
     timeout "${PROBE_S:-150}" python3 "$SCRIPTS/probe_mid_l2.py" ${PROBE_ARGS:-} > "$LOGS/probe_l2.log" 2>&1
     echo "probe rc=$?"; grep '^{' "$LOGS/probe_l2.log"; pack ;;
