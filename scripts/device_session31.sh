@@ -5,7 +5,7 @@
 #           packages/infer-backend-cuda/src/infer_backend_cuda/configs/), chat at qps 1 and 32 with that table, the
 #           ~3,000-token prompts at qps 4 with the 512-token cap (LONG_S s), then CALL=probe.
 #   CALL=next: CALL=probe, then the thirtieth session's CALL=next (the kernel-variant GPU tests, chat at qps 1 and 8).
-#   CALL=fixup: the split-K GEMMs (down, o_proj) at 64-128 rows by K ranges: the mid GEMM with the last arrival's
+#   CALL=fixup: the split-K GEMMs (down, o_proj; qkv: 96 tiles on 132 SMs) at 64-128 rows by K ranges: the mid GEMM with the last arrival's
 #           fix-up, with a reduce launch instead, and the same loop leaving its partials unsummed (call 1: at 96 rows
 #           the fix-up's down was 2.6 us slower than the loop without it, 27.3 against 24.6, cuBLAS 26.5).
 #   CALL=probe: packages/infer-backend-cuda/scripts/probe_mid_l2.py: is the mid GEMM at 64-128 rows bound by the
@@ -36,7 +36,7 @@ case ${CALL:-auto} in
     CALL=probe bash "$0"
     CALL=next OUT="$OUT" bash scripts/device_session30.sh ;;
   fixup)
-    PROBE_ARGS="--shapes down,o_proj --ms 64,96,128 --tiles 64:128:4:4,64:64:4:4 --splits 2,3,4,6"
+    PROBE_ARGS="--shapes down,o_proj,qkv --ms 64,96,128 --tiles 64:128:4:4,64:64:4:4 --splits 2,3,4,6"
     PROBE_ARGS="$PROBE_ARGS --modes mid,mid_reduce,full" CALL=probe bash "$0" ;;
   probe)
     timeout "${PROBE_S:-150}" python3 "$SCRIPTS/probe_mid_l2.py" ${PROBE_ARGS:-} > "$LOGS/probe_l2.log" 2>&1
