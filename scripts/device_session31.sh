@@ -6,8 +6,9 @@
 #           ~3,000-token prompts at qps 4 with the 512-token cap (LONG_S s), then CALL=probe.
 #   CALL=next: CALL=probe, then the thirtieth session's CALL=next (the kernel-variant GPU tests, chat at qps 1 and 8).
 #   CALL=fixup: the split-K GEMMs (down, o_proj; qkv: 96 tiles on 132 SMs) at 64-128 rows by K ranges: the mid
-#           GEMM with the last arrival's fix-up, with a reduce launch instead, and the same loop leaving its partials unsummed (call 1: at 96 rows
-#           the fix-up's down was 2.6 us slower than the loop without it, 27.3 against 24.6, cuBLAS 26.5).
+#           GEMM with the last arrival's fix-up, with a reduce launch instead, and the same loop leaving its partials
+#           unsummed (call 1: at 96 rows the fix-up's down was 2.6 us slower than the loop without it, 27.3 against
+#           24.6, cuBLAS 26.5).
 #   CALL=probe: packages/infer-backend-cuda/scripts/probe_mid_l2.py: is the mid GEMM at 64-128 rows bound by the
 #           activation tiles re-read from L2 (full / x_once / w_once, 96 rows as 64 + 32-row tiles)?
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
