@@ -1,5 +1,6 @@
 """The split-K fix-up (on by default, `INFER_CUDA_SPLIT_K_FIXUP=0` turns it off; `kernels/split_k.py`): the last
-program of a tile sums the partials in split order instead of the reduce launch. Each split-K kernel (the AWQ GEMV,
+program of a tile sums the partials in split order instead of the reduce launch, with the early check (a program that
+finds the other ranges in sums from its registers without storing) or without it. Each split-K kernel (the AWQ GEMV,
 the AWQ tiled kernel, the FP8 kernel in both product forms) must give the reduce path's output bit for bit, leave
 its arrival counters at 0, and give the same output twice in a row. Interpreter shapes are tiny; Qwen3-4B shapes and
 a CUDA-graph capture with replays are marked `gpu`."""
@@ -75,18 +76,34 @@ def test_fixup_equals_the_reduce_kernel_bit_for_bit(kind, m, config, dtype, with
     assert len(launches) == 1 and launches[0] > 1  # the reference path did split and reduce
 
     monkeypatch.setattr(split_k, "FIXUP", True)
-    first = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
-    assert len(launches) == 1  # no reduce launch with the fix-up
-    assert _counters_zero(device)
-    second = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
-    assert _counters_zero(device)
-    assert torch.equal(first, reduced) and torch.equal(second, reduced)
+    # The early check on (the interpreter runs programs one after another: each tile's last sums from its registers)
+    # and off (the last arrival sums what every range stored)
+    for early in (True, False):
+        monkeypatch.setattr(split_k, "EARLY_LAST", early)
+        first = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
+        assert len(launches) == 1  # no reduce launch with the fix-up
+        assert _counters_zero(device)
+        second = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
+        assert _counters_zero(device)
+        assert torch.equal(first, reduced) and torch.equal(second, reduced), early
 
 
 def test_fixup_is_on_by_default_and_read_from_the_environment():
     assert split_k.fixup_wanted({})
     assert not split_k.fixup_wanted({split_k.FIXUP_ENV: "0"})
     assert split_k.fixup_wanted({split_k.FIXUP_ENV: "1"})
+    assert split_k.early_last_wanted({})
+    assert not split_k.early_last_wanted({split_k.EARLY_LAST_ENV: "0"})
+
+
+def test_the_kernels_fixup_mode_follows_the_counters_and_the_early_switch(device, monkeypatch):
+    out = torch.empty((1, 8), device=device)
+    monkeypatch.setattr(split_k, "FIXUP", True)
+    for early, mode in ((True, split_k.FIXUP_EARLY), (False, split_k.FIXUP_LAST)):
+        monkeypatch.setattr(split_k, "EARLY_LAST", early)
+        assert split_k.partials(2, 1, 8, out, 1).fixup == mode
+    monkeypatch.setattr(split_k, "FIXUP", False)
+    assert split_k.partials(2, 1, 8, out, 1).fixup == split_k.FIXUP_OFF
 
 
 def test_one_range_and_too_many_tiles_keep_the_plain_paths(device, monkeypatch):

@@ -10,6 +10,13 @@ A/B runs): the program that finishes a tile last (an arrival counter per tile, `
 same split order, so the output is the reduce kernel's bit for bit, one launch fewer per split GEMM (144 a
 Qwen3-4B AWQ decode step: on the H200 its batch-1 replay 3.290 -> 3.154 ms; FP8's 3.465 -> 3.484, unchanged
 within the run's noise; docs/benchmarks.md, eighth session).
+
+The sum is the launch's tail: every program stores its partial and counts in, and only then may the last one load
+them all. With the early check (`INFER_CUDA_SPLIT_K_EARLY_LAST`, default 1) a program first reads its tile's count:
+the one that finds every other range already in (the usual last finisher) sums at once, its own range from its
+registers, and skips its store, the release that waits for that store, and one partial load; a program that comes
+in while another is still running stores and counts in as before. The same sums in the same order: the bits do not
+change.
 """
 
 from __future__ import annotations
@@ -37,6 +44,18 @@ def fixup_wanted(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 FIXUP = fixup_wanted()
+
+# INFER_CUDA_SPLIT_K_EARLY_LAST (default 1): the fix-up's early check (module docstring); 0 for A/B runs.
+EARLY_LAST_ENV = "INFER_CUDA_SPLIT_K_EARLY_LAST"
+
+
+def early_last_wanted(environ: Mapping[str, str] = os.environ) -> bool:
+    return environ.get(EARLY_LAST_ENV, "1").strip() != "0"
+
+
+EARLY_LAST = early_last_wanted()
+# The kernels' FIXUP constexpr: no fix-up (the reduce launch sums), the last arrival sums, or the early check first.
+FIXUP_OFF, FIXUP_LAST, FIXUP_EARLY = 0, 1, 2
 
 # The arrival counters: one int32 per tile of a launch, zero between launches (each launch's last arrivals set
 # theirs back to 0). Owner: one buffer per device, allocated when the backend is built (`allocate_counters`,
@@ -80,37 +99,51 @@ def last_arrival(counter_ptr, arrivals):
 
 
 @triton.jit
-def _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride, splits,
-           tile, HAS_BIAS: tl.constexpr):
-    """After this program's partial is stored: the last of the tile's `splits` programs (`last_arrival`) sums every
-    partial in split order (the reduce kernel's sum, bit for bit), adds the bias, writes the output and sets the
-    counter back to 0. The partials are loaded with `.cg` (L2 only)."""
-    if last_arrival(counter_ptr + tile, splits):
-        tl.debug_barrier()
-        total = tl.zeros_like(acc)
-        for s in range(0, splits):
-            total += tl.load(ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :], mask=mask, other=0.0,
-                             cache_modifier=".cg")
-        if HAS_BIAS:
-            total += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], total.to(out_ptr.dtype.element_ty),
-                 mask=mask)
-        tl.store(counter_ptr + tile, 0)
+def _write_sum(acc, own_split, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride,
+               splits, tile, HAS_BIAS: tl.constexpr, OWN_IN_REGISTERS: tl.constexpr):
+    """Every range's partial summed in split order (the reduce kernel's sum, bit for bit; loaded with `.cg`, L2 only),
+    plus the bias, written to the output; the tile's counter set back to 0. OWN_IN_REGISTERS: range `own_split`'s
+    partial is `acc` (this program never stored it)."""
+    total = tl.zeros_like(acc)
+    for s in range(0, splits):
+        part_ptrs = ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :]
+        if OWN_IN_REGISTERS:  # (a tile-shaped test: the interpreter takes no scalar-broadcast mask)
+            theirs = tl.full(acc.shape, s, tl.int32) != own_split
+            part = tl.load(part_ptrs, mask=mask & theirs, other=0.0, cache_modifier=".cg")
+            total += tl.where(theirs, part, acc)
+        else:
+            total += tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+    if HAS_BIAS:
+        total += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], total.to(out_ptr.dtype.element_ty),
+             mask=mask)
+    tl.store(counter_ptr + tile, 0)
 
 
 @triton.jit
 def store_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride,
                split, splits, tile, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, FIXUP: tl.constexpr):
     """A program's fp32 tile `acc [rows rm, columns cols]`: with PARTIAL, range `split`'s partial sums into the
-    workspace (`ws_ptr + split * split_stride`, rows N apart; the bias waits for the sum), and with FIXUP the last
-    of the tile's `splits` programs (tile number `tile`) sums them into the output (`_fixup`); else, plus the
-    bias, the output in its dtype."""
+    workspace (`ws_ptr + split * split_stride`, rows N apart; the bias waits for the sum), and with FIXUP (FIXUP_LAST
+    or FIXUP_EARLY) the last of the tile's `splits` programs (tile number `tile`) sums them into the output; with
+    FIXUP_EARLY a program that finds the other ranges all in before it stores sums at once instead (module
+    docstring). Else, plus the bias, the output in its dtype."""
     mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
-        tl.store(ws_ptr + split * split_stride + rm[:, None] * N + cols[None, :], acc, mask=mask)
-        if FIXUP:
-            _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride,
-                   splits, tile, HAS_BIAS)
+        early = False
+        if FIXUP == 2:  # FIXUP_EARLY: the count read (an add of 0) with acquire: each range counted released its part
+            early = tl.atomic_add(counter_ptr + tile, 0, sem="acquire", scope="gpu") == splits - 1
+        if early:
+            tl.debug_barrier()  # the count reached every thread (through shared memory) before their loads
+            _write_sum(acc, split, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride,
+                       split_stride, splits, tile, HAS_BIAS, True)
+        else:
+            tl.store(ws_ptr + split * split_stride + rm[:, None] * N + cols[None, :], acc, mask=mask)
+            if FIXUP:
+                if last_arrival(counter_ptr + tile, splits):
+                    tl.debug_barrier()
+                    _write_sum(acc, split, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N,
+                               out_stride, split_stride, splits, tile, HAS_BIAS, False)
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -200,8 +233,12 @@ class Partials(NamedTuple):
         return self.splits > 1
 
     @property
-    def fixup(self) -> bool:
-        return self.counters is not None
+    def fixup(self) -> int:
+        """The kernels' FIXUP constexpr: FIXUP_OFF without counters (`finish` launches the reduce kernel), else
+        FIXUP_EARLY or, with the early check switched off, FIXUP_LAST."""
+        if self.counters is None:
+            return FIXUP_OFF
+        return FIXUP_EARLY if EARLY_LAST else FIXUP_LAST
 
     @property
     def counter_arg(self) -> torch.Tensor:
