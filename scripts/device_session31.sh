@@ -9,7 +9,8 @@
 #           GEMM with the last arrival's fix-up, with a reduce launch instead, and the same loop leaving its partials
 #           unsummed (call 1: at 96 rows the fix-up's down was 2.6 us slower than the loop without it, 27.3 against
 #           24.6, cuBLAS 26.5).
-#   CALL=early: the split-K fix-up's early check: its GPU tests, then the split mid GEMMs with and without it.
+#   CALL=early: the split-K fix-up's early check (off by default): its GPU tests, the split mid GEMMs with and
+#           without it, decode replays (BF16, AWQ, FP8) with and without it.
 #   CALL=probe: packages/infer-backend-cuda/scripts/probe_mid_l2.py: is the mid GEMM at 64-128 rows bound by the
 #           activation tiles re-read from L2 (full / x_once / w_once, 96 rows as 64 + 32-row tiles)?
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
@@ -40,11 +41,17 @@ case ${CALL:-auto} in
   fixup)
     PROBE_ARGS="--shapes down,o_proj,qkv --ms 64,96,128 --tiles 64:128:4:4,64:64:4:4 --splits 2,3,4,6"
     PROBE_ARGS="$PROBE_ARGS --modes mid,mid_reduce,full" CALL=probe bash "$0" ;;
-  early)  # the split-K fix-up's early check (split_k.py, INFER_CUDA_SPLIT_K_EARLY_LAST): its GPU tests (real
-    # concurrency: both paths), then the split mid GEMMs with it (mid), without (mid_late), the reduce launch, no sum
+  early)  # the split-K fix-up's early check (split_k.py, INFER_CUDA_SPLIT_K_EARLY_LAST, off by default): its GPU tests
+    # (real concurrency: both paths), then the split mid GEMMs without it (mid), with it (mid_early), the reduce
+    # launch, no sum; then the decode replays at 1-128 rows (the AWQ / FP8 split GEMVs and the mid GEMM) off / on
     gpu_tests early "${TEST_S:-100}" tests/backend_cuda/test_split_k_fixup.py tests/backend_cuda/test_mid_gemm.py
     PROBE_ARGS="--shapes down,o_proj --ms 16,64,96,128 --tiles 64:128:4:4 --splits 3,6"
-    PROBE_ARGS="$PROBE_ARGS --modes mid,mid_late,mid_reduce,full" CALL=probe bash "$0" ;;
+    PROBE_ARGS="$PROBE_ARGS --modes mid,mid_early,mid_reduce,full" CALL=probe bash "$0"
+    for model in qwen3-4b qwen3-4b-awq qwen3-4b-fp8; do
+      for early in 0 1; do
+        roofline "${model}_early$early" "$model" 1,8,64,128 INFER_CUDA_SPLIT_K_EARLY_LAST=$early
+      done
+    done ;;
   probe)
     timeout "${PROBE_S:-150}" python3 "$SCRIPTS/probe_mid_l2.py" ${PROBE_ARGS:-} > "$LOGS/probe_l2.log" 2>&1
     echo "probe rc=$?"; grep '^{' "$LOGS/probe_l2.log"; pack ;;

@@ -88,11 +88,12 @@ def test_fixup_equals_the_reduce_kernel_bit_for_bit(kind, m, config, dtype, with
         assert torch.equal(first, reduced) and torch.equal(second, reduced), early
 
 
-def test_fixup_is_on_by_default_and_read_from_the_environment():
+def test_fixup_is_on_and_its_early_check_off_by_default_and_read_from_the_environment():
     assert split_k.fixup_wanted({})
     assert not split_k.fixup_wanted({split_k.FIXUP_ENV: "0"})
     assert split_k.fixup_wanted({split_k.FIXUP_ENV: "1"})
-    assert split_k.early_last_wanted({})
+    assert not split_k.early_last_wanted({})  # off until it has run on a GPU
+    assert split_k.early_last_wanted({split_k.EARLY_LAST_ENV: "1"})
     assert not split_k.early_last_wanted({split_k.EARLY_LAST_ENV: "0"})
 
 
@@ -135,12 +136,15 @@ def test_counters_are_never_allocated_off_or_under_capture(device, monkeypatch):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("fmt", ["awq", "fp8"])
 @pytest.mark.parametrize("m", [1, 3, 8, 33])
-def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, m, monkeypatch):
+def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, m, early, monkeypatch):
     """Qwen3-4B's shapes and one with partial column tiles (N = 2600), bf16, with a bias on one of them; then the
     o_proj captured in a CUDA graph after the counters are allocated (as `CudaBackend` does), replayed three times
-    on new inputs: each replay equals an eager call of the reduce path, and the counters stay at 0."""
+    on new inputs: each replay equals an eager call of the reduce path, and the counters stay at 0. With and without
+    the early check (on a GPU the programs of a tile race: both of its paths run)."""
+    monkeypatch.setattr(split_k, "EARLY_LAST", early)
     shapes = QWEN3_4B + ((2600, 2560),)
     for i, (n, k) in enumerate(shapes):
         operands = awq_operands(n, k, 128, "cuda", seed=n) if fmt == "awq" else fp8_operands([n], k, (128, 128), "cuda", seed=n)

@@ -12,11 +12,11 @@ Qwen3-4B AWQ decode step: on the H200 its batch-1 replay 3.290 -> 3.154 ms; FP8'
 within the run's noise; docs/benchmarks.md, eighth session).
 
 The sum is the launch's tail: every program stores its partial and counts in, and only then may the last one load
-them all. With the early check (`INFER_CUDA_SPLIT_K_EARLY_LAST`, default 1) a program first reads its tile's count:
-the one that finds every other range already in (the usual last finisher) sums at once, its own range from its
-registers, and skips its store, the release that waits for that store, and one partial load; a program that comes
-in while another is still running stores and counts in as before. The same sums in the same order: the bits do not
-change.
+them all. With the early check (`INFER_CUDA_SPLIT_K_EARLY_LAST=1`; off by default until measured on a GPU) a program
+first reads its tile's count: the one that finds every other range already in (the usual last finisher) sums at
+once, its own range from its registers, and skips its store, the release that waits for that store, and one partial
+load; a program that comes in while another is still running stores and counts in as before. The same sums in the
+same order: the bits do not change.
 """
 
 from __future__ import annotations
@@ -45,12 +45,13 @@ def fixup_wanted(environ: Mapping[str, str] = os.environ) -> bool:
 
 FIXUP = fixup_wanted()
 
-# INFER_CUDA_SPLIT_K_EARLY_LAST (default 1): the fix-up's early check (module docstring); 0 for A/B runs.
+# INFER_CUDA_SPLIT_K_EARLY_LAST (default 0): 1 turns on the fix-up's early check (module docstring). Off until it has
+# run on a GPU: its GPU tests and timings are the next device call's (scripts/device_session31.sh CALL=early).
 EARLY_LAST_ENV = "INFER_CUDA_SPLIT_K_EARLY_LAST"
 
 
 def early_last_wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(EARLY_LAST_ENV, "1").strip() != "0"
+    return environ.get(EARLY_LAST_ENV, "0").strip() == "1"
 
 
 EARLY_LAST = early_last_wanted()
