@@ -10,7 +10,7 @@
 #           unsummed (call 1: at 96 rows the fix-up's down was 2.6 us slower than the loop without it, 27.3 against
 #           24.6, cuBLAS 26.5).
 #   CALL=early: the split-K fix-up's early check (off by default): its GPU tests, the split mid GEMMs with and
-#           without it, decode replays (BF16, AWQ, FP8) with and without it.
+#           without it, decode replays (BF16 at 16 / 64 rows, AWQ at 1 / 8) with and without it (~7 min).
 #   CALL=probe: packages/infer-backend-cuda/scripts/probe_mid_l2.py: is the mid GEMM at 64-128 rows bound by the
 #           activation tiles re-read from L2 (full / x_once / w_once, 96 rows as 64 + 32-row tiles)?
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
@@ -43,14 +43,13 @@ case ${CALL:-auto} in
     PROBE_ARGS="$PROBE_ARGS --modes mid,mid_reduce,full" CALL=probe bash "$0" ;;
   early)  # the split-K fix-up's early check (split_k.py, INFER_CUDA_SPLIT_K_EARLY_LAST, off by default): its GPU tests
     # (real concurrency: both paths), then the split mid GEMMs without it (mid), with it (mid_early), the reduce
-    # launch, no sum; then the decode replays at 1-128 rows (the AWQ / FP8 split GEMVs and the mid GEMM) off / on
+    # launch, no sum; then decode replays off / on
     gpu_tests early "${TEST_S:-100}" tests/backend_cuda/test_split_k_fixup.py tests/backend_cuda/test_mid_gemm.py
     PROBE_ARGS="--shapes down,o_proj --ms 16,64,96,128 --tiles 64:128:4:4 --splits 3,6"
     PROBE_ARGS="$PROBE_ARGS --modes mid,mid_early,mid_reduce,full" CALL=probe bash "$0"
-    for model in qwen3-4b qwen3-4b-awq qwen3-4b-fp8; do
-      for early in 0 1; do
-        roofline "${model}_early$early" "$model" 1,8,64,128 INFER_CUDA_SPLIT_K_EARLY_LAST=$early
-      done
+    for early in 0 1; do  # BF16 where the mid GEMM splits K (64 rows: o_proj / down), AWQ's split GEMVs (1, 8 rows)
+      roofline "bf16_early$early" qwen3-4b 16,64 INFER_CUDA_SPLIT_K_EARLY_LAST=$early
+      roofline "awq_early$early" qwen3-4b-awq 1,8 INFER_CUDA_SPLIT_K_EARLY_LAST=$early
     done ;;
   probe)
     timeout "${PROBE_S:-150}" python3 "$SCRIPTS/probe_mid_l2.py" ${PROBE_ARGS:-} > "$LOGS/probe_l2.log" 2>&1
