@@ -82,3 +82,19 @@ tune_mid() {  # tune_mid TAG BUDGET_S: bench_mid_gemm.py's bests (ops OPS, rows 
     --json "$LOGS/$1_tune.json" --table "$table" > "$LOGS/$1_tune.log" 2>&1
   echo "bench_mid_gemm rc=$?"; grep -A60 "^ *op  *m" "$LOGS/$1_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
 }
+
+gpu_branch() {  # gpu_branch: the session scripts' CALL=auto choice: h200 on an H200, else $OTHER (default next)
+  if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo h200; else echo "${OTHER:-next}"; fi
+}
+
+h200_served() {  # h200_served: the mid GEMM tuned where the table lacks this GPU (copy the returned mid_gemm.json into
+  # packages/infer-backend-cuda/src/infer_backend_cuda/configs/), then on the served config with that table chat at
+  # qps 1 and 32 and the ~3,000-token prompts at qps 4 with the 512-token cap (LONG_S s)
+  tune_mid_unless_tuned h200 "${BUDGET:-150}"
+  if engine_up base RUSTINFER_MAX_MODEL_LEN=32768; then
+    sweep base_chat 1,32; engine_down base; pack
+  fi
+  if engine_up cap512 RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=512; then
+    DURATION=${LONG_S:-30} sweep cap512_long 4 --workload long; engine_down cap512; pack
+  fi
+}

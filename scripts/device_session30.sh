@@ -18,27 +18,16 @@
 #           stream), pdl0 (the WS prefill attention without PDL), b4 (bound 4).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh; CALL=auto COMMIT=abc1234 bash scripts/device_session30.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid_unless_tuned
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, sweep, gpu_tests, gpu_branch, h200_served, ...
 session_logs s30
 
 case ${CALL:-auto} in
-  auto)
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      CALL=h200 bash "$0"
-    else
-      CALL=${OTHER:-next} bash "$0"
-    fi ;;
+  auto) CALL=$(gpu_branch) bash "$0" ;;
   h200)  # one call, ~8 min: the mid GEMM tuned where the table lacks this GPU (the 2-8-row o_proj / down on cuBLAS
     # there: the qps-1 p50's suspect), then on the served config with that table: chat at qps 1 and 32; the ~3,000-token
     # prompts at qps 4 with the 512-token cap (LONG_S s); chat at qps 32 with the twenty-ninth session's three
     # defaults off (old). Copy the returned mid_gemm.json into packages/infer-backend-cuda/src/infer_backend_cuda/configs/.
-    tune_mid_unless_tuned h200 "${BUDGET:-150}"
-    if engine_up base RUSTINFER_MAX_MODEL_LEN=32768; then
-      sweep base_chat 1,32; engine_down base; pack
-    fi
-    if engine_up cap512 RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=512; then
-      DURATION=${LONG_S:-30} sweep cap512_long 4 --workload long; engine_down cap512; pack
-    fi
+    h200_served
     if engine_up old RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_MIXED_GRAPH_CHUNK_SEQS=0 \
         INFER_CUDA_MIXED_ATTENTION_STREAMS=0 INFER_CUDA_DECODE_HEADS_FASTEST=0; then
       sweep old_chat 32; engine_down old; pack

@@ -16,24 +16,13 @@
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=auto COMMIT=abc1234 bash scripts/device_session31.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, engine_down, sweep, gpu_tests, tune_mid_unless_tuned
+source "$(dirname "$0")/device_lib.sh"  # session_logs, engine_up, sweep, gpu_tests, gpu_branch, h200_served, ...
 session_logs s31
 
 case ${CALL:-auto} in
-  auto)
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      CALL=h200 bash "$0"
-    else
-      CALL=${OTHER:-next} bash "$0"
-    fi ;;
+  auto) CALL=$(gpu_branch) bash "$0" ;;
   h200)
-    tune_mid_unless_tuned h200 "${BUDGET:-150}"
-    if engine_up base RUSTINFER_MAX_MODEL_LEN=32768; then
-      sweep base_chat 1,32; engine_down base; pack
-    fi
-    if engine_up cap512 RUSTINFER_MAX_MODEL_LEN=32768 RUSTINFER_PREFILL_TOKENS_WHILE_DECODING=512; then
-      DURATION=${LONG_S:-30} sweep cap512_long 4 --workload long; engine_down cap512; pack
-    fi
+    h200_served
     CALL=probe bash "$0" ;;
   next)
     CALL=probe bash "$0"
