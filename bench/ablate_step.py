@@ -8,7 +8,8 @@ saving is the replay's drop: an upper bound on what a faster or fused version of
     python bench/ablate_step.py --model-dir bench/models/qwen3-4b --batches 1,2,4,16,64,128 \\
         --ablations none,norms,attention,qkv_proj,o_proj,gate_up_proj,down_proj,lm_head
 
-Ablations: `none`; `norms` (every add + RMSNorm / RMSNorm kernel: the residual stream is not added); `attention` (the
+Ablations: `none`; `norms` (every add + RMSNorm / RMSNorm kernel: the residual stream is not added; a norm fused into
+a GEMM's prologue, as the skinny table's `add_rms_norm_linear` entries do, stays); `attention` (the
 decode attention launch, with the q/k norm, RoPE and KV store it fuses); a linear's attribute name (`qkv_proj`,
 `o_proj`, `gate_up_proj`, `down_proj`, `lm_head`, ...: that GEMM in every layer, its norm and activation kept);
 `gemms` (every linear). The values a step computes are garbage under an ablation; only its time is read.
