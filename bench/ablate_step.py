@@ -132,7 +132,7 @@ def main() -> None:
     eager = ModelRunner(*runner_args, state_pools=caches.state_pools)
     fused = backend.ops.fused
     gen = torch.Generator().manual_seed(0)
-    results = []
+    results, kept = [], []
     for b in batches:
         seqs = [Sequence(i, torch.randint(0, spec.vocab_size, (args.context,), generator=gen).tolist(), 0,
                          list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), GREEDY, state_slot=i + 1)
@@ -154,8 +154,7 @@ def main() -> None:
                     start.record(); g.replay(); end.record(); end.synchronize()
                     times.append(start.elapsed_time(end))
                 row[name] = statistics.median(times)
-                del graph, g
-                torch.cuda.empty_cache()
+                kept.append(graph)  # graphs share the backend's pool: freeing one breaks the next capture
         results.append(row)
         print(json.dumps(row), flush=True)
     report = {"gpu": torch.cuda.get_device_name(0), "model": str(args.model_dir), "context": args.context,

@@ -39,9 +39,10 @@ def test_split_ranges_sum_in_a_fixed_order_with_and_without_the_fixup(device, mo
     b = rand_offset((n,), torch.float32, device, 9)
     config = G.MidConfig(16, 32, 4, 1, 4)
     split_k.allocate_counters(torch.device(device))
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", True)
     fixed = G.mid_linear(x, w, b, config=config)
     assert int(split_k.counters(torch.device(device)).abs().sum()) == 0
-    monkeypatch.setattr(split_k, "FIXUP", False)
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", False)
     reduced = G.mid_linear(x, w, b, config=config)
     assert torch.equal(fixed, reduced)
     torch.testing.assert_close(fixed, ref_linear(x, w, b), **tol(torch.float32))

@@ -1,8 +1,8 @@
-"""The split-K fix-up (on by default, `INFER_CUDA_SPLIT_K_FIXUP=0` turns it off; `kernels/split_k.py`): the last
-program of a tile sums the partials in split order instead of the reduce launch, with the early check (a program that
-finds the other ranges in sums from its registers without storing) or without it. Each split-K kernel (the AWQ GEMV,
-the AWQ tiled kernel, the FP8 kernel in both product forms) must give the reduce path's output bit for bit, leave
-its arrival counters at 0, and give the same output twice in a row. Interpreter shapes are tiny; Qwen3-4B shapes and
+"""The split-K fix-up (`kernels/split_k.py`; the AWQ kernels' sum, the reduce launch the mid and FP8 GEMMs';
+`INFER_CUDA_SPLIT_K_FIXUP=1` / `0` forces one for all): the last program of a tile sums the partials in split order
+instead of the reduce launch. Each split-K kernel (the AWQ GEMV, the AWQ tiled kernel, the FP8 kernel in both
+product forms) must give the reduce path's output bit for bit with the fix-up forced, leave its arrival counters at
+0, and give the same output twice in a row. Interpreter shapes are tiny; Qwen3-4B shapes and
 a CUDA-graph capture with replays are marked `gpu`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, split_k
+from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8, mid_gemm as G, split_k
 from tests.backend_cuda.conftest import gpu, needs_cuda, poison
 from tests.backend_cuda.quant_operands import QWEN3_4B, activations, awq_operands, fp8_operands
 
@@ -71,47 +71,61 @@ def _counters_zero(device: str) -> bool:
 def test_fixup_equals_the_reduce_kernel_bit_for_bit(kind, m, config, dtype, with_bias, device, monkeypatch):
     run, n = _gemm(kind, m, dtype, device, with_bias)
     launches = _reduce_launches(monkeypatch)
-    monkeypatch.setattr(split_k, "FIXUP", False)
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", False)
     reduced = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
     assert len(launches) == 1 and launches[0] > 1  # the reference path did split and reduce
 
-    monkeypatch.setattr(split_k, "FIXUP", True)
-    # The early check on (the interpreter runs programs one after another: each tile's last sums from its registers)
-    # and off (the last arrival sums what every range stored)
-    for early in (True, False):
-        monkeypatch.setattr(split_k, "EARLY_LAST", early)
-        first = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
-        assert len(launches) == 1  # no reduce launch with the fix-up
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", True)
+    first = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
+    assert len(launches) == 1  # no reduce launch with the fix-up
+    assert _counters_zero(device)
+    second = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
+    assert _counters_zero(device)
+    assert torch.equal(first, reduced) and torch.equal(second, reduced)
+
+
+def test_the_switch_forces_one_sum_or_leaves_each_kernel_its_own():
+    assert split_k.fixup_override({}) is None and split_k.fixup_override({split_k.FIXUP_ENV: " "}) is None
+    assert split_k.fixup_override({split_k.FIXUP_ENV: "1"}) is True
+    assert split_k.fixup_override({split_k.FIXUP_ENV: "0"}) is False
+    with pytest.raises(ValueError, match="INFER_CUDA_SPLIT_K_FIXUP='yes': expected 1"):
+        split_k.fixup_override({split_k.FIXUP_ENV: "yes"})
+
+
+@pytest.mark.parametrize("kind,m,config,fixup", [
+    ("awq-gemv", 3, A.AwqConfig(4, 16, 16, 2, 1, 3), True),
+    ("awq-tiled", 19, A.AwqConfig(16, 32, 16, 4, 1, 5), True),
+    ("fp8-rows", 3, F8.Fp8Config(4, 16, 2, 1, 4), False),
+    ("fp8-tiles", 19, F8.Fp8Config(16, 16, 4, 1, 3), False),
+    ("mid", 20, G.MidConfig(16, 32, 4, 1, 4), False),
+])
+def test_each_kernel_sums_its_own_way_unless_forced(kind, m, config, fixup, device, monkeypatch):
+    """Unforced, the AWQ kernels sum by the fix-up and the FP8 and mid GEMMs by the reduce launch (H100, thirty-second
+    session); forced, every kernel the forced way, with the same bits."""
+    if kind == "mid":
+        x, w = activations(m, 256, torch.float32, device), activations(40, 256, torch.float32, device, 3)
+
+        def run(out, config):
+            return G.mid_linear(x, w, out=out, config=config)
+    else:
+        run, _ = _gemm(kind, m, torch.float32, device, True)
+    split_k.allocate_counters(torch.device(device))
+    launches = _reduce_launches(monkeypatch)
+    results = []
+    for forced, reduce_launches in ((None, 0 if fixup else 1), (True, 0), (False, 1)):
+        monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", forced)
+        launches.clear()
+        results.append(run(None, config))
+        assert len(launches) == reduce_launches, (forced, launches)
         assert _counters_zero(device)
-        second = run(poison(torch.empty((m, n), dtype=dtype, device=device)), config)
-        assert _counters_zero(device)
-        assert torch.equal(first, reduced) and torch.equal(second, reduced), early
-
-
-def test_fixup_is_on_and_its_early_check_off_by_default_and_read_from_the_environment():
-    assert split_k.fixup_wanted({})
-    assert not split_k.fixup_wanted({split_k.FIXUP_ENV: "0"})
-    assert split_k.fixup_wanted({split_k.FIXUP_ENV: "1"})
-    assert not split_k.early_last_wanted({})  # off until it has run on a GPU
-    assert split_k.early_last_wanted({split_k.EARLY_LAST_ENV: "1"})
-    assert not split_k.early_last_wanted({split_k.EARLY_LAST_ENV: "0"})
-
-
-def test_the_kernels_fixup_mode_follows_the_counters_and_the_early_switch(device, monkeypatch):
-    out = torch.empty((1, 8), device=device)
-    monkeypatch.setattr(split_k, "FIXUP", True)
-    for early, mode in ((True, split_k.FIXUP_EARLY), (False, split_k.FIXUP_LAST)):
-        monkeypatch.setattr(split_k, "EARLY_LAST", early)
-        assert split_k.partials(2, 1, 8, out, 1).fixup == mode
-    monkeypatch.setattr(split_k, "FIXUP", False)
-    assert split_k.partials(2, 1, 8, out, 1).fixup == split_k.FIXUP_OFF
+    assert torch.equal(results[0], results[1]) and torch.equal(results[0], results[2])
 
 
 def test_one_range_and_too_many_tiles_keep_the_plain_paths(device, monkeypatch):
     """K not split: no workspace, no counters. More tiles than counters: the reduce kernel, the same output."""
-    monkeypatch.setattr(split_k, "FIXUP", True)
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", True)
     out = torch.empty((1, 8), device=device)
-    one = split_k.partials(1, 1, 8, out, 3)
+    one = split_k.partials(1, 1, 8, out, 3, fixup=True)
     assert one.workspace is out and not one.partial and not one.fixup
     run, n = _gemm("awq-gemv", 3, torch.float32, device, True)
     config = A.AwqConfig(4, 16, 16, 2, 1, 3)
@@ -123,36 +137,36 @@ def test_one_range_and_too_many_tiles_keep_the_plain_paths(device, monkeypatch):
 
 def test_counters_are_never_allocated_off_or_under_capture(device, monkeypatch):
     monkeypatch.setattr(split_k, "_counters", {})
-    monkeypatch.setattr(split_k, "FIXUP", False)
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", False)
     assert split_k.allocate_counters(torch.device(device)) is None  # the switch is off
-    monkeypatch.setattr(split_k, "FIXUP", True)
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", True)
     monkeypatch.setattr(split_k, "_capturing", lambda _device: True)
     out = torch.empty((1, 8), device=device)
-    p = split_k.partials(2, 1, 8, out, 1)
+    p = split_k.partials(2, 1, 8, out, 1, fixup=True)
     assert p.partial and not p.fixup and split_k.counters(torch.device(device)) is None
     monkeypatch.setattr(split_k, "_capturing", lambda _device: False)
-    assert split_k.partials(2, 1, 8, out, 1).fixup
+    assert split_k.partials(2, 1, 8, out, 1, fixup=True).fixup
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", None)
+    assert not split_k.partials(2, 1, 8, out, 1, fixup=False).fixup  # a reduce-launch kernel, unforced
 
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("early", [False, True])
 @pytest.mark.parametrize("fmt", ["awq", "fp8"])
 @pytest.mark.parametrize("m", [1, 3, 8, 33])
-def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, m, early, monkeypatch):
+def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, m, monkeypatch):
     """Qwen3-4B's shapes and one with partial column tiles (N = 2600), bf16, with a bias on one of them; then the
     o_proj captured in a CUDA graph after the counters are allocated (as `CudaBackend` does), replayed three times
-    on new inputs: each replay equals an eager call of the reduce path, and the counters stay at 0. With and without
-    the early check (on a GPU the programs of a tile race: both of its paths run)."""
-    monkeypatch.setattr(split_k, "EARLY_LAST", early)
+    on new inputs: each replay equals an eager call of the reduce path, and the counters stay at 0."""
     shapes = QWEN3_4B + ((2600, 2560),)
     for i, (n, k) in enumerate(shapes):
-        operands = awq_operands(n, k, 128, "cuda", seed=n) if fmt == "awq" else fp8_operands([n], k, (128, 128), "cuda", seed=n)
+        operands = (awq_operands(n, k, 128, "cuda", seed=n) if fmt == "awq"
+                    else fp8_operands([n], k, (128, 128), "cuda", seed=n))
         bias = activations(n, 1, torch.bfloat16, "cuda", 7).reshape(n) if i % 2 else None
         x = activations(m, k, torch.bfloat16, "cuda")
 
         def run(fixup: bool) -> torch.Tensor:
-            monkeypatch.setattr(split_k, "FIXUP", fixup)
+            monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", fixup)
             if fmt == "awq":
                 return A.awq_linear(x, *operands, bias)
             return F8.fp8_block_linear(x, *operands, 128, bias)
@@ -171,7 +185,7 @@ def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, 
     def gemm() -> torch.Tensor:
         return A.awq_linear(x, *operands, bias) if fmt == "awq" else F8.fp8_block_linear(x, *operands, 128, bias)
 
-    monkeypatch.setattr(split_k, "FIXUP", True)
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", True)
     split_k.allocate_counters(torch.device("cuda"))
     gemm()  # warm-up outside the capture (Triton compiles here)
     torch.cuda.synchronize()
@@ -181,9 +195,9 @@ def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, 
     for seed in (5, 6, 7):
         x.copy_(activations(m, k, torch.bfloat16, "cuda", seed=seed))
         graph.replay()
-        monkeypatch.setattr(split_k, "FIXUP", False)
+        monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", False)
         expected = gemm()
-        monkeypatch.setattr(split_k, "FIXUP", True)
+        monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", True)
         torch.cuda.synchronize()
         assert torch.equal(captured, expected), seed
         assert _counters_zero("cuda")

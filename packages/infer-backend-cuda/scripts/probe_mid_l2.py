@@ -116,14 +116,11 @@ def _variants(x: torch.Tensor, w: list[torch.Tensor], out: torch.Tensor, tile: s
     row = {}
     if "mid" in modes:
         row[f"mid_{tag}"] = _time(lambda i: G.mid_linear(x, w[i], out=out, config=cfg))
-    if "mid_early" in modes and splits > 1:  # the fix-up with its early check (split_k.py)
-        before, split_k.EARLY_LAST = split_k.EARLY_LAST, True
-        row[f"mid_early_{tag}"] = _time(lambda i: G.mid_linear(x, w[i], out=out, config=cfg))
-        split_k.EARLY_LAST = before
-    if "mid_reduce" in modes and splits > 1:  # the split-K sum as a reduce launch instead of the last arrival's
-        split_k.FIXUP = False
-        row[f"mid_reduce_{tag}"] = _time(lambda i: G.mid_linear(x, w[i], out=out, config=cfg))
-        split_k.FIXUP = True
+    for mode, chosen in (("mid_fixup", True), ("mid_reduce", False)):  # the split-K sum forced one way (split_k.py)
+        if mode in modes and splits > 1:
+            before, split_k.FIXUP_OVERRIDE = split_k.FIXUP_OVERRIDE, chosen
+            row[f"{mode}_{tag}"] = _time(lambda i: G.mid_linear(x, w[i], out=out, config=cfg))
+            split_k.FIXUP_OVERRIDE = before
     variants = [(mode, MODES[mode]) for mode in modes if mode in MODES]
     if m == 96 and "split64_32" in modes:
         variants.append(("split64_32", 3))
@@ -147,7 +144,7 @@ def main() -> None:
     ap.add_argument("--tiles", default="64:64:4:3,64:128:4:4,128:64:8:4")
     ap.add_argument("--splits", default="", help="K ranges to time (e.g. 3,6); default 1 at N >= 6144, else 3")
     ap.add_argument("--modes", default="mid,full,x_once,w_once,split64_32,tma",
-                    help="of mid, mid_early, mid_reduce, full, x_once, w_once, split64_32, tma")
+                    help="of mid, mid_fixup, mid_reduce, full, x_once, w_once, split64_32, tma")
     args = ap.parse_args()
     dev = torch.device("cuda")
     split_k.allocate_counters(dev)

@@ -269,12 +269,13 @@ def awq_linear(
         return out
     steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
-    p = split_k.partials(splits, m, n, out, grid[0] * grid[1])
+    p = split_k.partials(splits, m, n, out, grid[0] * grid[1], fixup=True)
     _awq_kernel[grid](
         x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n, k,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, MAGIC,
         GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=p.partial, FIXUP=p.fixup,
-        DOT_F32=dot_in_fp32(x.dtype), SCALE_AFTER=cfg.block_m <= SCALE_AFTER_MAX_M, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        DOT_F32=dot_in_fp32(x.dtype), SCALE_AFTER=cfg.block_m <= SCALE_AFTER_MAX_M, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)

@@ -124,7 +124,7 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
     per, splits = split_k.steps_per_split(groups, k_splits)
     tiles = triton.cdiv(n, block_n)
     rows = m if row_programs else 1
-    p = split_k.partials(splits, m, n, out, tiles * rows)
+    p = split_k.partials(splits, m, n, out, tiles * rows, fixup=True)
     grid = (m, tiles, splits) if row_programs else (tiles, splits)
     _awq_gemv_kernel[grid](
         x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n,

@@ -473,7 +473,7 @@ def fp8_block_linear(
     codes, x_scale = (x, x) if skinny else _quantize(x, group, norm)
     per, splits = split_k.steps_per_split(triton.cdiv(k, group), cfg.k_splits)
     grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
-    p = split_k.partials(splits, m, n, out, grid[0] * grid[1])
+    p = split_k.partials(splits, m, n, out, grid[0] * grid[1], fixup=False)
     _fp8_gemm_kernel[grid](
         codes, x_scale, weight, scale_inv, scale_row, bias if bias is not None else x_scale, out, p.workspace,
         p.counter_arg, m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0),

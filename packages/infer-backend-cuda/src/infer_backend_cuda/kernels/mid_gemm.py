@@ -222,7 +222,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ou
     per_steps, splits = split_k.steps_per_split(triton.cdiv(k, config.block_k), config.k_splits)
     k_per_split = per_steps * config.block_k
     column_tiles = triton.cdiv(n_out, config.block_n // 2) if gated else triton.cdiv(n, config.block_n)
-    p = split_k.partials(splits, m, n, out, column_tiles)
+    p = split_k.partials(splits, m, n, out, column_tiles, fixup=False)
     xs, ws, rows = (scales.x_scale, scales.scale_inv, scales.scale_row) if scales is not None else (x, x, x)
     _mid_gemm_kernel[(column_tiles, splits)](
         x, weight, bias if bias is not None else weight, out, p.workspace, p.counter_arg, xs, ws, rows,

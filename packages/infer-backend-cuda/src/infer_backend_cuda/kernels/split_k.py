@@ -5,18 +5,15 @@ about a seventh of an H200's 132 SMs, each walking all of K: latency-bound, far 
 into ranges gives a few programs per SM; each writes fp32 partial sums to a workspace `[splits, M, N]`, and one
 small kernel adds them in split order (deterministic, unlike atomics) with the bias.
 
-By default there is no second kernel (the fix-up; `INFER_CUDA_SPLIT_K_FIXUP=0` brings the reduce launch back for
-A/B runs): the program that finishes a tile last (an arrival counter per tile, `_fixup`) adds the partials in the
-same split order, so the output is the reduce kernel's bit for bit, one launch fewer per split GEMM (144 a
-Qwen3-4B AWQ decode step: on the H200 its batch-1 replay 3.290 -> 3.154 ms; FP8's 3.465 -> 3.484, unchanged
-within the run's noise; docs/benchmarks.md, eighth session).
-
-The sum is the launch's tail: every program stores its partial and counts in, and only then may the last one load
-them all. With the early check (`INFER_CUDA_SPLIT_K_EARLY_LAST=1`; off by default until measured on a GPU) a program
-first reads its tile's count: the one that finds every other range already in (the usual last finisher) sums at
-once, its own range from its registers, and skips its store, the release that waits for that store, and one partial
-load; a program that comes in while another is still running stores and counts in as before. The same sums in the
-same order: the bits do not change.
+Two ways to sum, chosen per kernel (`partials(..., fixup=)`): the fix-up, where the program that finishes a tile
+last (an arrival counter per tile, `last_arrival`) adds the partials in the same split order, so the output is the
+reduce kernel's bit for bit with one launch fewer; or the reduce launch. The fix-up's sum is its launch's tail (every
+program stores and counts in before the last one may load them all), so it pays where launches are many and short:
+the AWQ GEMMs keep it (H200, eighth session: the batch-1 replay 3.290 -> 3.154 ms; H100, thirty-second: 2.60 against
+2.73 ms at one row, 3.68 against 3.73 at eight). The mid GEMM (BF16 and block FP8) and the FP8 GEMMs take the reduce
+launch (H100, thirty-second session: BF16 replays -0.05 ms at 16 and 64 rows; FP8 -0.07 / -0.11 / -0.08 ms at 1 / 16
+/ 64 rows; the mid GEMM's down at 96-128 rows 1.8-2.2 us faster alone; docs/benchmarks.md).
+`INFER_CUDA_SPLIT_K_FIXUP=1` / `0` puts every kernel on the fix-up / the reduce launch (A/B runs).
 """
 
 from __future__ import annotations
@@ -33,30 +30,29 @@ from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
 # A few programs per SM of an H100/H200 (132 SMs).
 TARGET_PROGRAMS = 512
 
-# INFER_CUDA_SPLIT_K_FIXUP (default 1): the last program of a tile sums the partials instead of a reduce launch;
-# 0 for the reduce kernel (A/B runs). Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_,
-# the config loader's prefix, which refuses names it does not know).
+# INFER_CUDA_SPLIT_K_FIXUP: unset, each kernel's own sum (module docstring); 1 the fix-up everywhere, 0 the reduce
+# launch everywhere (A/B runs). Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the
+# config loader's prefix, which refuses names it does not know).
 FIXUP_ENV = "INFER_CUDA_SPLIT_K_FIXUP"
 
 
-def fixup_wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(FIXUP_ENV, "1").strip() != "0"
+def fixup_override(environ: Mapping[str, str] = os.environ) -> bool | None:
+    """The switch's choice for every kernel, or None (unset or empty): each kernel's own."""
+    raw = environ.get(FIXUP_ENV, "").strip()
+    if not raw:
+        return None
+    if raw not in ("0", "1"):
+        raise ValueError(f"{FIXUP_ENV}={raw!r}: expected 1 (the fix-up everywhere) or 0 (the reduce launch everywhere)")
+    return raw == "1"
 
 
-FIXUP = fixup_wanted()
-
-# INFER_CUDA_SPLIT_K_EARLY_LAST (default 0): 1 turns on the fix-up's early check (module docstring). Off until it has
-# run on a GPU: its GPU tests and timings are the next device call's (scripts/device_session31.sh CALL=early).
-EARLY_LAST_ENV = "INFER_CUDA_SPLIT_K_EARLY_LAST"
+FIXUP_OVERRIDE = fixup_override()
 
 
-def early_last_wanted(environ: Mapping[str, str] = os.environ) -> bool:
-    return environ.get(EARLY_LAST_ENV, "0").strip() == "1"
+def fixup_chosen(kernel_default: bool) -> bool:
+    """Whether a kernel whose own choice is `kernel_default` sums by the fix-up."""
+    return kernel_default if FIXUP_OVERRIDE is None else FIXUP_OVERRIDE
 
-
-EARLY_LAST = early_last_wanted()
-# The kernels' FIXUP constexpr: no fix-up (the reduce launch sums), the last arrival sums, or the early check first.
-FIXUP_OFF, FIXUP_LAST, FIXUP_EARLY = 0, 1, 2
 
 # The arrival counters: one int32 per tile of a launch, zero between launches (each launch's last arrivals set
 # theirs back to 0). Owner: one buffer per device, allocated when the backend is built (`allocate_counters`,
@@ -100,51 +96,37 @@ def last_arrival(counter_ptr, arrivals):
 
 
 @triton.jit
-def _write_sum(acc, own_split, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride,
-               splits, tile, HAS_BIAS: tl.constexpr, OWN_IN_REGISTERS: tl.constexpr):
-    """Every range's partial summed in split order (the reduce kernel's sum, bit for bit; loaded with `.cg`, L2 only),
-    plus the bias, written to the output; the tile's counter set back to 0. OWN_IN_REGISTERS: range `own_split`'s
-    partial is `acc` (this program never stored it)."""
-    total = tl.zeros_like(acc)
-    for s in range(0, splits):
-        part_ptrs = ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :]
-        if OWN_IN_REGISTERS:  # (a tile-shaped test: the interpreter takes no scalar-broadcast mask)
-            theirs = tl.full(acc.shape, s, tl.int32) != own_split
-            part = tl.load(part_ptrs, mask=mask & theirs, other=0.0, cache_modifier=".cg")
-            total += tl.where(theirs, part, acc)
-        else:
-            total += tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-    if HAS_BIAS:
-        total += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], total.to(out_ptr.dtype.element_ty),
-             mask=mask)
-    tl.store(counter_ptr + tile, 0)
+def _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride, splits,
+           tile, HAS_BIAS: tl.constexpr):
+    """After this program's partial is stored: the last of the tile's `splits` programs (`last_arrival`) sums every
+    partial in split order (the reduce kernel's sum, bit for bit), adds the bias, writes the output and sets the
+    counter back to 0. The partials are loaded with `.cg` (L2 only)."""
+    if last_arrival(counter_ptr + tile, splits):
+        tl.debug_barrier()
+        total = tl.zeros_like(acc)
+        for s in range(0, splits):
+            total += tl.load(ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :], mask=mask, other=0.0,
+                             cache_modifier=".cg")
+        if HAS_BIAS:
+            total += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], total.to(out_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(counter_ptr + tile, 0)
 
 
 @triton.jit
 def store_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride, split_stride,
                split, splits, tile, PARTIAL: tl.constexpr, HAS_BIAS: tl.constexpr, FIXUP: tl.constexpr):
     """A program's fp32 tile `acc [rows rm, columns cols]`: with PARTIAL, range `split`'s partial sums into the
-    workspace (`ws_ptr + split * split_stride`, rows N apart; the bias waits for the sum), and with FIXUP (FIXUP_LAST
-    or FIXUP_EARLY) the last of the tile's `splits` programs (tile number `tile`) sums them into the output; with
-    FIXUP_EARLY a program that finds the other ranges all in before it stores sums at once instead (module
-    docstring). Else, plus the bias, the output in its dtype."""
+    workspace (`ws_ptr + split * split_stride`, rows N apart; the bias waits for the sum), and with FIXUP the last
+    of the tile's `splits` programs (tile number `tile`) sums them into the output (`_fixup`); else, plus the
+    bias, the output in its dtype."""
     mask = m_mask[:, None] & n_mask[None, :]
     if PARTIAL:
-        early = False
-        if FIXUP == 2:  # FIXUP_EARLY: the count read (an add of 0) with acquire: each range counted released its part
-            early = tl.atomic_add(counter_ptr + tile, 0, sem="acquire", scope="gpu") == splits - 1
-        if early:
-            tl.debug_barrier()  # the count reached every thread (through shared memory) before their loads
-            _write_sum(acc, split, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride,
-                       split_stride, splits, tile, HAS_BIAS, True)
-        else:
-            tl.store(ws_ptr + split * split_stride + rm[:, None] * N + cols[None, :], acc, mask=mask)
-            if FIXUP:
-                if last_arrival(counter_ptr + tile, splits):
-                    tl.debug_barrier()
-                    _write_sum(acc, split, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N,
-                               out_stride, split_stride, splits, tile, HAS_BIAS, False)
+        tl.store(ws_ptr + split * split_stride + rm[:, None] * N + cols[None, :], acc, mask=mask)
+        if FIXUP:
+            _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride,
+                   splits, tile, HAS_BIAS)
     else:
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
@@ -190,9 +172,9 @@ def _key(device: torch.device) -> torch.device:
 
 
 def allocate_counters(device: torch.device) -> torch.Tensor | None:
-    """The device's arrival counters, zeroed, allocated now if the fix-up is on (never under graph capture: there
-    the zeroing would not run until a replay); None with the fix-up off."""
-    if not FIXUP:
+    """The device's arrival counters, zeroed, allocated now unless the switch puts every kernel on the reduce launch
+    (never under graph capture: there the zeroing would not run until a replay); None then."""
+    if FIXUP_OVERRIDE is False:
         return None
     key = _key(device)
     if key not in _counters:
@@ -209,11 +191,12 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def counters_for(tiles: int, device: torch.device) -> torch.Tensor | None:
+def counters_for(tiles: int, device: torch.device, fixup: bool = True) -> torch.Tensor | None:
     """The arrival counters for a launch of `tiles` last-arriver tiles (this module's fix-up, or another kernel's
-    merge of the same pattern), or None: the fix-up is off, the launch has more tiles than counters, or none exist
-    and the stream is capturing (the zeroing of a new buffer would not run until a replay)."""
-    if not FIXUP or tiles > COUNTERS:
+    merge of the same pattern) whose own choice is `fixup`, or None: the fix-up is not chosen (`fixup_chosen`), the
+    launch has more tiles than counters, or none exist and the stream is capturing (the zeroing of a new buffer
+    would not run until a replay)."""
+    if not fixup_chosen(fixup) or tiles > COUNTERS:
         return None
     cnt = counters(device)
     if cnt is None and not _capturing(device):
@@ -234,12 +217,8 @@ class Partials(NamedTuple):
         return self.splits > 1
 
     @property
-    def fixup(self) -> int:
-        """The kernels' FIXUP constexpr: FIXUP_OFF without counters (`finish` launches the reduce kernel), else
-        FIXUP_EARLY or, with the early check switched off, FIXUP_LAST."""
-        if self.counters is None:
-            return FIXUP_OFF
-        return FIXUP_EARLY if EARLY_LAST else FIXUP_LAST
+    def fixup(self) -> bool:
+        return self.counters is not None
 
     @property
     def counter_arg(self) -> torch.Tensor:
@@ -247,13 +226,14 @@ class Partials(NamedTuple):
         return self.counters if self.counters is not None else self.workspace
 
 
-def partials(splits: int, m: int, n: int, out: torch.Tensor, tiles: int) -> Partials:
-    """The targets of a launch with `splits` K ranges and `tiles` output tiles per range: with the fix-up on, the
-    device's counters if they cover `tiles` and exist or can be made now (not under capture, so the backend makes
-    them first); else a workspace that `finish` reduces."""
+def partials(splits: int, m: int, n: int, out: torch.Tensor, tiles: int, fixup: bool) -> Partials:
+    """The targets of a launch with `splits` K ranges and `tiles` output tiles per range, from a kernel whose own sum
+    is the fix-up (`fixup`) or the reduce launch: with the fix-up chosen, the device's counters if they cover `tiles`
+    and exist or can be made now (not under capture, so the backend makes them first); else a workspace that
+    `finish` reduces."""
     if splits == 1:
         return Partials(1, out, None)
-    return Partials(splits, workspace(splits, m, n, out.device), counters_for(tiles, out.device))
+    return Partials(splits, workspace(splits, m, n, out.device), counters_for(tiles, out.device, fixup))
 
 
 def finish(p: Partials, bias: torch.Tensor | None, out: torch.Tensor) -> None:
