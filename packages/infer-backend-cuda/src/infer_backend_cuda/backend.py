@@ -104,8 +104,8 @@ class CudaBackend:
 
         sampler = CudaSampler(dev)
         sampler.warmup()  # Numba kernels compiled and loaded before any graph capture
-        # The split-K fix-up (default; INFER_CUDA_SPLIT_K_FIXUP=0 turns it off): its arrival counters, zeroed before
-        # any graph capture.
+        # The split-K fix-up's arrival counters (the AWQ GEMMs' sum and the decode attention's merge; none with
+        # INFER_CUDA_SPLIT_K_FIXUP=0), zeroed before any graph capture.
         split_k.allocate_counters(dev)
         # INFER_CUDA_SKINNY_GEMM=0 keeps every GEMM on cuBLAS (for A/B benchmarks and debugging).
         math = CudaMathOps(skinny_gemm=os.environ.get(SKINNY_GEMM_ENV, "1") != "0")

@@ -9,8 +9,9 @@ Two kernels, picked by the config's `block_m`: up to SKINNY_MAX_M rows (decode) 
 each program streams a `[BLOCK_K, BLOCK_N / 8]` tile of packed words per K step, reading each word once,
 unpacks it in registers and multiplies on the tensor cores (`tl.dot`). Both may split K into ranges (so that a
 decode GEMM launches a few programs per SM); the last program of each tile (or, with `INFER_CUDA_SPLIT_K_FIXUP=0`,
-a second small kernel) sums the ranges in a fixed order. The tiled kernel rounds dequantized weights to the
-activation dtype before the product, as the CPU reference's dequantized GEMM does. Launch configs: a shape heuristic
+a second small kernel) sums the ranges in a fixed order (split_k.py: the AWQ kernels' own choice). The tiled
+kernel rounds dequantized weights to the activation dtype before the product, as the CPU reference's dequantized
+GEMM does. Launch configs: a shape heuristic
 (`scripts/bench_quant_gemm.py` times alternatives on a GPU).
 """
 

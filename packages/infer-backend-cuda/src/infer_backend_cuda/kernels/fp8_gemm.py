@@ -131,8 +131,8 @@ def _fp8_gemm_kernel(
     USE_PDL: tl.constexpr,
 ):
     """Program (m, n, s) covers K groups `[s * GROUPS_PER_SPLIT, (s + 1) * GROUPS_PER_SPLIT)`; with PARTIAL it
-    stores fp32 partial sums at `part_ptr + s * M * N` (a split-K workspace `[splits, M, N]`), which with FIXUP
-    the last program of tile (m, n) sums into `out_ptr` (split_k.py).
+    stores fp32 partial sums at `part_ptr + s * M * N` (a split-K workspace `[splits, M, N]`), which the reduce
+    launch sums (the FP8 GEMMs' choice; with FIXUP the last program of tile (m, n) sums into `out_ptr`, split_k.py).
 
     With FUSE_QUANT `xq_ptr` is the unquantized input (`xs_ptr` unused): each program quantizes the activation
     groups of its own K range, one group per K step (a few rows: the work is small next to the weight tile, and

@@ -8,8 +8,8 @@ gate_up on 192x64 tiles, 102 CTAs on 132 SMs; o_proj 64x32 tiles at 2.2 TB/s), a
 chain. Here the weight is the tensor cores' left operand: a program computes `out^T [BLOCK_N, M] = W [BLOCK_N, K]
 · x^T [K, M]`, so `BLOCK_N` weight rows fill the MMA's 64-row side (wgmma on Hopper) and all M rows, padded to
 16-128, are its narrow side: the weight is read once, the activations (L2-resident) once per column tile.
-Narrow outputs (o_proj / down: N = 2560, 20-40 column tiles) split K into ranges whose fp32 partials the tile's
-last program sums in a fixed order (split_k.py: deterministic, no second launch).
+Narrow outputs (o_proj / down: N = 2560, 20-40 column tiles) split K into ranges whose fp32 partials a reduce launch
+sums in a fixed order (split_k.py: deterministic; on an H100 it beat the last program's fix-up at 16-128 rows).
 
 With `gated` the weight is `[gate | up]` and a program's rows are the gate row and the up row of each of its
 `BLOCK_N / 2` output columns; its epilogue writes `silu(gate) * up` (skinny_gemm.gated_epilogue): no `[M, 2I]`
