@@ -9,7 +9,8 @@
 #           GEMM with the last arrival's fix-up, with a reduce launch instead, and the same loop leaving its partials
 #           unsummed (call 1: at 96 rows the fix-up's down was 2.6 us slower than the loop without it, 27.3 against
 #           24.6, cuBLAS 26.5).
-#   CALL=early: the split-K fix-up's early check (off by default): its GPU tests, the split mid GEMMs with and
+#   CALL=early (ran in the 32nd session; the early check then removed, so its switch no longer exists): the split-K
+#           fix-up's early check (off by default): its GPU tests, the split mid GEMMs with and
 #           without it, decode replays (BF16 at 16 / 64 rows, AWQ at 1 / 8) with and without it (~7 min).
 #   CALL=probe: packages/infer-backend-cuda/scripts/probe_mid_l2.py: is the mid GEMM at 64-128 rows bound by the
 #           activation tiles re-read from L2 (full / x_once / w_once, 96 rows as 64 + 32-row tiles)?
