@@ -11,7 +11,11 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
 def load_bench_script(name: str) -> ModuleType:
-    """Registered in sys.modules before it runs, as dataclasses need."""
+    """Registered in sys.modules before it runs, as dataclasses need; its sibling imports (`from decode_roofline
+    import ...`, as a script run from bench/ has them) resolve from bench/, appended to the path so that it shadows
+    nothing installed."""
+    if str(BENCH) not in sys.path:
+        sys.path.append(str(BENCH))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
