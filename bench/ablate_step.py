@@ -27,17 +27,12 @@ from pathlib import Path
 
 import torch
 
-from decode_roofline import commit, prefill_in_groups
+from decode_roofline import commit, decode_bench, decode_once, prefill_in_groups, random_seqs, replay_times_ms
 from infer_backend_cuda import kernels
-from infer_core.dtypes import DType
 from infer_core.ports.fused_ops import unfused_add_rms_norm_linear
-from infer_worker.application.cache_layout import allocate_caches
 from infer_worker.application.graph_runner import GraphModelRunner
 from infer_worker.application.model_runner import ModelRunner
 from infer_worker.components.linear import Linear
-from infer_worker.domain.sequence import GREEDY, ScheduledSeq, Sequence
-from infer_worker.infrastructure.backend_registry import create_backend
-from infer_worker.infrastructure.model_loader import load_model
 
 
 def named_linears(root: object) -> list[tuple[str, Linear]]:
@@ -121,39 +116,21 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     ablations = args.ablations.split(",")
 
-    backend = create_backend("cuda", "cuda:0")
-    model, spec = load_model(args.model_dir, backend, DType.BFLOAT16, "dummy", 0)
-    max_len = args.context + 2 * len(ablations) + 8
-    blocks_per_seq = math.ceil(max_len / args.block_size)
-    max_batch = max(batches)
-    caches = allocate_caches(backend, spec, max_batch * blocks_per_seq, args.block_size, DType.BFLOAT16,
-                             max_batch, spec.num_kv_heads)
-    runner_args = (model, backend, caches.per_layer, args.block_size, blocks_per_seq, backend.device)
-    eager = ModelRunner(*runner_args, state_pools=caches.state_pools)
-    fused = backend.ops.fused
+    bench = decode_bench(args.model_dir, max(batches), args.context + 2 * len(ablations) + 8, args.block_size)
+    eager = ModelRunner(*bench.runner_args, state_pools=bench.caches.state_pools)
+    fused = bench.backend.ops.fused
     gen = torch.Generator().manual_seed(0)
     results, kept = [], []
     for b in batches:
-        seqs = [Sequence(i, torch.randint(0, spec.vocab_size, (args.context,), generator=gen).tolist(), 0,
-                         list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), GREEDY, state_slot=i + 1)
-                for i in range(b)]
+        seqs = random_seqs(bench, b, args.context, gen)
         prefill_in_groups(eager, seqs)
         row = {"batch": b}
         for name in ablations:
-            with ablated(name, model, fused):
-                graph = GraphModelRunner(*runner_args, state_pools=caches.state_pools, capture_sizes=[b])
+            with ablated(name, bench.model, fused):
+                graph = GraphModelRunner(*bench.runner_args, state_pools=bench.caches.state_pools, capture_sizes=[b])
                 graph.capture()
-                out = graph.execute([ScheduledSeq(s, 1) for s in seqs])  # the replay's inputs, as a step leaves them
-                for s, tok in zip(seqs, out.token_ids):
-                    s.num_computed += 1
-                    s.token_ids.append(tok)
-                g = graph._graphs[(b, True)]
-                times = []
-                for _ in range(args.steps):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record(); g.replay(); end.record(); end.synchronize()
-                    times.append(start.elapsed_time(end))
-                row[name] = statistics.median(times)
+                decode_once(graph, seqs)  # the replay's inputs, as a step leaves them
+                row[name] = statistics.median(replay_times_ms(graph._graphs[(b, True)], args.steps))
                 kept.append(graph)  # graphs share the backend's pool: freeing one breaks the next capture
         results.append(row)
         print(json.dumps(row), flush=True)

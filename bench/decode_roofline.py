@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 
@@ -88,6 +89,64 @@ def prefill_in_groups(runner: ModelRunner, seqs: list[Sequence], size: int = 16)
             s.token_ids.append(tok)
 
 
+class DecodeBench(NamedTuple):
+    """A dummy-weight BF16 model on the CUDA backend with KV pages for `max_batch` sequences of `blocks_per_seq`
+    pages each (sequence i owns pages `[i * blocks_per_seq, (i + 1) * blocks_per_seq)`)."""
+
+    backend: Any
+    model: Any
+    spec: Any
+    caches: Any
+    block_size: int
+    blocks_per_seq: int
+
+    @property
+    def runner_args(self) -> tuple:
+        """The leading arguments of `ModelRunner` / `GraphModelRunner` (pass `state_pools=caches.state_pools`)."""
+        return (self.model, self.backend, self.caches.per_layer, self.block_size, self.blocks_per_seq,
+                self.backend.device)
+
+
+def decode_bench(model_dir: Path, max_batch: int, max_len: int, block_size: int) -> DecodeBench:
+    backend = create_backend("cuda", "cuda:0")
+    model, spec = load_model(model_dir, backend, DType.BFLOAT16, "dummy", 0)
+    blocks_per_seq = math.ceil(max_len / block_size)
+    caches = allocate_caches(backend, spec, max_batch * blocks_per_seq, block_size, DType.BFLOAT16, max_batch,
+                             spec.num_kv_heads)
+    return DecodeBench(backend, model, spec, caches, block_size, blocks_per_seq)
+
+
+def random_seqs(bench: DecodeBench, count: int, context: int, gen: torch.Generator) -> list[Sequence]:
+    """`count` greedy sequences of `context` random prompt tokens on their own pages (and state slots, for a model
+    with linear-attention layers)."""
+    stateful = state_geometry(bench.spec, DType.BFLOAT16) is not None
+    return [Sequence(i, torch.randint(0, bench.spec.vocab_size, (context,), generator=gen).tolist(), 0,
+                     list(range(i * bench.blocks_per_seq, (i + 1) * bench.blocks_per_seq)), GREEDY,
+                     state_slot=(i + 1) if stateful else 0)
+            for i in range(count)]
+
+
+def decode_once(runner: ModelRunner, seqs: list[Sequence]) -> float:
+    """One decode step of every sequence, each left with its new token; the step's wall time in seconds."""
+    t = time.perf_counter()
+    out = runner.execute([ScheduledSeq(s, 1) for s in seqs])
+    elapsed = time.perf_counter() - t
+    for s, tok in zip(seqs, out.token_ids):
+        s.num_computed += 1
+        s.token_ids.append(tok)
+    return elapsed
+
+
+def replay_times_ms(graph: torch.cuda.CUDAGraph, steps: int) -> list[float]:
+    """GPU time of `steps` replays of a captured graph, each timed alone with CUDA events."""
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(); graph.replay(); end.record(); end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model-dir", type=Path, default=Path("bench/models/qwen3-4b"))
@@ -103,70 +162,49 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     eager_batches = {int(b) for b in args.eager_batches.split(",") if b}
 
-    backend = create_backend("cuda", "cuda:0")
-    model, spec = load_model(args.model_dir, backend, DType.BFLOAT16, "dummy", 0)
+    max_len = args.context + 3 * args.steps + 8 + (args.profile_steps if args.profile else 0)
+    bench = decode_bench(args.model_dir, max(batches), max_len, args.block_size)
+    model, spec, caches = bench.model, bench.spec, bench.caches
     bandwidth = copy_bandwidth()
     wbytes = weight_bytes(model)
     # A hybrid model's linear-attention layers read and write a fixed state per sequence instead of KV.
     kv_per_token = 2 * spec.num_attention_layers * spec.num_kv_heads * spec.head_dim * 2
     geometry = state_geometry(spec, DType.BFLOAT16)
     state_bytes_per_seq = 2 * geometry.bytes_per_slot if geometry else 0
-    max_len = args.context + 3 * args.steps + 8 + (args.profile_steps if args.profile else 0)
-    blocks_per_seq = math.ceil(max_len / args.block_size)
-    max_batch = max(batches)
-    caches = allocate_caches(backend, spec, max_batch * blocks_per_seq, args.block_size, DType.BFLOAT16,
-                             max_batch, spec.num_kv_heads)
-    runner_args = (model, backend, caches.per_layer, args.block_size, blocks_per_seq, backend.device)
-    graph = GraphModelRunner(*runner_args, state_pools=caches.state_pools, capture_sizes=batches)
+    graph = GraphModelRunner(*bench.runner_args, state_pools=caches.state_pools, capture_sizes=batches)
     t0 = time.perf_counter()
     graph.capture()
     capture_s = time.perf_counter() - t0
-    eager = ModelRunner(*runner_args, state_pools=caches.state_pools)
+    eager = ModelRunner(*bench.runner_args, state_pools=caches.state_pools)
     gen = torch.Generator().manual_seed(0)
     results = []
     for b in batches:
-        seqs = [Sequence(i, torch.randint(0, spec.vocab_size, (args.context,), generator=gen).tolist(), 0,
-                         list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)), GREEDY,
-                         state_slot=(i + 1) if geometry else 0)
-                for i in range(b)]
+        seqs = random_seqs(bench, b, args.context, gen)
         prefill_in_groups(eager, seqs)
-
-        def decode(runner: ModelRunner) -> float:
-            t = time.perf_counter()
-            out = runner.execute([ScheduledSeq(s, 1) for s in seqs])
-            elapsed = time.perf_counter() - t
-            for s, tok in zip(seqs, out.token_ids):
-                s.num_computed += 1
-                s.token_ids.append(tok)
-            return elapsed
-
         row = {"batch": b}
         for name, runner in (("graph", graph), ("eager", eager)):
             if name == "eager" and b not in eager_batches:
                 continue
             for _ in range(3):
-                decode(runner)
-            times = [decode(runner) for _ in range(args.steps)]
+                decode_once(runner, seqs)
+            times = [decode_once(runner, seqs) for _ in range(args.steps)]
             row[f"{name}_step_ms"] = statistics.median(times) * 1e3
         # Pure GPU time of one replay at this size (inputs as left by the last step).
         size = min(s for s in graph.capture_sizes if s >= b)
         g = graph._graphs[(size, True)]
-        gpu = []
-        for _ in range(args.steps):
-            a, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); g.replay(); e.record(); e.synchronize()
-            gpu.append(a.elapsed_time(e))
+        gpu = replay_times_ms(g, args.steps)
         ctx = statistics.mean(s.num_computed for s in seqs)
         floor_ms = (wbytes + b * (ctx * kv_per_token + state_bytes_per_seq)) / bandwidth * 1e3
         row.update(replay_gpu_ms=statistics.median(gpu), floor_ms=floor_ms,
                    replay_over_floor=statistics.median(gpu) / floor_ms, context=ctx)
         if args.profile:
-            row["top_kernels"] = profile_steps(b, args.profile_steps, g.replay, lambda: decode(eager))
+            row["top_kernels"] = profile_steps(b, args.profile_steps, g.replay, lambda: decode_once(eager, seqs))
         results.append(row)
         print(json.dumps(row), flush=True)
     report = {
         "gpu": torch.cuda.get_device_name(0), "model": str(args.model_dir), "dtype": "bfloat16",
-        "weight_bytes": wbytes, "state_bytes_per_seq": state_bytes_per_seq, "copy_bandwidth_Bps": bandwidth, "capture_s": capture_s, "commit": commit(),
+        "weight_bytes": wbytes, "state_bytes_per_seq": state_bytes_per_seq, "copy_bandwidth_Bps": bandwidth,
+        "capture_s": capture_s, "commit": commit(),
         "torch": torch.__version__, "results": results,
     }
     args.out.write_text(json.dumps(report, indent=2))
