@@ -342,11 +342,18 @@ def test_decode_tile_override_rejects_bad_values(monkeypatch, raw: str) -> None:
 
 def test_decode_tile_override_sets_the_gpu_config_at_head_dim_128_only(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(D, "interpreting", lambda: False)
-    assert D._decode_config(128) == (64, 4, 2)
+    assert D._decode_config(128, 8) == (64, 4, 2)
     monkeypatch.setattr(D, "TILE", (32, 2, 2))
-    assert D._decode_config(128) == (32, 2, 2)
-    assert D._decode_config(64) == (32, 2, 2)
-    assert D._decode_config(256) == (32, 4, 2)  # a 256-dim head keeps its own tile
+    assert D._decode_config(128, 8) == (32, 2, 2)
+    assert D._decode_config(128, 1) == (32, 2, 2)  # the override holds at every batch
+    assert D._decode_config(64, 8) == (32, 2, 2)
+    assert D._decode_config(256, 8) == (32, 4, 2)  # a 256-dim head keeps its own tile
+
+
+def test_decode_tile_is_32_keys_up_to_two_sequences(monkeypatch) -> None:  # noqa: ANN001
+    monkeypatch.setattr(D, "interpreting", lambda: False)
+    assert [D._decode_config(128, n)[0] for n in (1, 2, 3, 4, 64)] == [32, 32, 64, 64, 64]
+    assert D._decode_config(256, 1) == (32, 4, 2)
 
 
 H200 = dict(regs_per_sm=65536, shared_per_sm=233472, threads_per_sm=2048)

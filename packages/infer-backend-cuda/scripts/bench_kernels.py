@@ -162,7 +162,7 @@ def sweep(add) -> None:
             sl = torch.full((B,), ctx, dtype=torch.int32, device=dev)
             nbytes = 2 * B * ctx * HKV * D * 2 + 2 * B * HQ * D * 2
             for cfg in ((64, 4, 2), (32, 4, 2), (128, 4, 2), (64, 8, 2), (64, 4, 3), (128, 8, 3), (16, 4, 2)):
-                attention_decode._decode_config = lambda d, cfg=cfg: cfg
+                attention_decode._decode_config = lambda d, n, cfg=cfg: cfg
                 for splits in (None, 4, 8, 16, 32):
                     try:
                         t = bench(lambda: K.paged_attention_decode(q, kc, vc, sl, bt, D**-0.5, num_splits=splits), calls=5, reps=5)

@@ -447,12 +447,20 @@ def choose_num_splits(batch: int, num_kv_heads: int, device: torch.device) -> in
     return max(1, min(MAX_SPLITS, triton.cdiv(SPLIT_WAVES * sms, work)))
 
 
-def _decode_config(head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_N, num_warps, num_stages)."""
+# Up to this many sequences the key loop takes 32-key tiles at head_dim <= 128: a short context then splits into
+# twice the tiles, so more of the (KV head, split) programs have keys to walk. Thirty-third session, H100, Qwen3-4B
+# BF16 replays, two runs each (ms, 32 against 64 keys): context 400, 1 row 3.288 / 3.298 against 3.336 / 3.340, 2
+# rows 3.528 / 3.607 against 3.648 / 3.641, 4 rows 3.552 / 3.620 against 3.632 / 3.562; context 1,500, 1 row equal
+# (3.38 / 3.38 against 3.37 / 3.37), 2 rows 3.680 / 3.720 against 3.798 / 3.744, 4 rows 3.94 / 3.88 against 3.88 / 3.81.
+SMALL_TILE_MAX_SEQS = 2
+
+
+def _decode_config(head_dim: int, n_seq: int) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for a batch of `n_seq` sequences (a graph's shape, never a context)."""
     if interpreting():
         return 16, 4, 1
     if head_dim <= 128:
-        return TILE or (64, 4, 2)
+        return TILE or ((32, 4, 2) if n_seq <= SMALL_TILE_MAX_SEQS else (64, 4, 2))
     return 32, 4, 2
 
 
@@ -530,7 +538,7 @@ def paged_attention_decode(
     group = num_q_heads // num_kv_heads
     splits = int(num_splits or choose_num_splits(n_seq, num_kv_heads, q.device))
     splits = max(1, min(splits, MAX_SPLITS))
-    bn, num_warps, num_stages = _decode_config(head_dim)
+    bn, num_warps, num_stages = _decode_config(head_dim, n_seq)
     bn = block_n or bn
     block_d = max(16, next_pow2(head_dim))
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
