@@ -83,6 +83,12 @@ tune_mid() {  # tune_mid TAG BUDGET_S: bench_mid_gemm.py's bests (ops OPS, rows 
   echo "bench_mid_gemm rc=$?"; grep -A60 "^ *op  *m" "$LOGS/$1_tune.log"; cp "$table" "$LOGS/mid_gemm.json"; pack
 }
 
+h200_then() {  # h200_then SCRIPT NEXT: a session script's CALL=auto / h200: `h200_served` first on an H200 (or when
+  # CALL=h200), then CALL=NEXT of SCRIPT
+  if [ "${CALL:-auto}" = h200 ] || [ "$(gpu_branch)" = h200 ]; then h200_served; fi
+  CALL=$2 bash "$1"
+}
+
 gpu_branch() {  # gpu_branch: the session scripts' CALL=auto choice: h200 on an H200, else $OTHER (default next)
   if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then echo h200; else echo "${OTHER:-next}"; fi
 }

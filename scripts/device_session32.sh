@@ -17,10 +17,7 @@ source "$(dirname "$0")/device_lib.sh"  # session_logs, gpu_branch, h200_served,
 session_logs s32
 
 case ${CALL:-auto} in
-  auto) OTHER=${OTHER:-confirm} CALL=$(gpu_branch) bash "$0" ;;
-  h200)
-    h200_served
-    CALL=confirm bash "$0" ;;
+  auto | h200) h200_then "$0" "${OTHER:-confirm}" ;;
   confirm)
     gpu_tests sum "${TEST_S:-100}" tests/backend_cuda/test_split_k_fixup.py tests/backend_cuda/test_mid_gemm.py \
       tests/backend_cuda/test_mid_gemm_fp8.py

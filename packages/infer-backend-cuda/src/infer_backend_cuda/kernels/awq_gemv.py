@@ -19,6 +19,9 @@ for fp32 activations there is none.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import torch
 import triton
 import triton.language as tl
@@ -26,6 +29,20 @@ import triton.language as tl
 from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, unpack
 from infer_backend_cuda.kernels._common import pdl_launch
+
+# INFER_CUDA_AWQ_PRELOAD (default 0, not yet measured on a GPU): 1 has one-row programs ask for their first group's
+# weights before `gdc_wait` (`_one_row_preloaded`); 0 reads every weight after it (A/B runs).
+PRELOAD_ENV = "INFER_CUDA_AWQ_PRELOAD"
+
+
+def preload_switch(environ: Mapping[str, str] = os.environ) -> bool:
+    raw = environ.get(PRELOAD_ENV, "0").strip() or "0"
+    if raw not in ("0", "1"):
+        raise ValueError(f"{PRELOAD_ENV}={raw!r}: expected 1 (weights asked for before the wait) or 0 (after it)")
+    return raw == "1"
+
+
+PRELOAD = preload_switch()
 
 
 @triton.jit
@@ -46,41 +63,59 @@ def _step(part, x_ptr, x_rows, qw_ptr, qw_stride, rw, w_mask, m_mask, zero, kk, 
 
 
 @triton.jit
-def _awq_gemv_kernel(
-    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, counter_ptr,
-    M, N, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, groups, groups_per_split, magic,
-    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-    ROW_PROGRAMS: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    """Program (n, s) covers every row (with ROW_PROGRAMS program (r, n, s) row r alone), columns `n * BLOCK_N`
-    and groups `[s * groups_per_split, ...)`; with PARTIAL it writes fp32 partial sums to `ws_ptr + s *
-    split_stride` (a split-K workspace, split_k.py), which with FIXUP the last program of the tile sums into
-    `out_ptr` (arrival counter n, or n * M + r with ROW_PROGRAMS).
+def _group_weights(qw_ptr, qw_stride, qz_ptr, qz_stride, s_ptr, s_stride, rw, cols, w_mask, n_mask, rk, g, g_end,
+                   GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Group `g`'s word tiles (a tuple of its `GROUP / BLOCK_K` K steps), zero words and scales. From `g_end` on no
+    word is read (the tiles are 0); the zero words and scales are then group `g_end - 1`'s again (from L2)."""
+    words = ()
+    for i in tl.static_range(GROUP // BLOCK_K):
+        kk = g * GROUP + i * BLOCK_K + rk
+        words = words + (tl.load(qw_ptr + kk[:, None] * qw_stride + rw[None, :],
+                                 mask=(kk < g_end * GROUP)[:, None] & w_mask[None, :], other=0,
+                                 eviction_policy="evict_first"),)
+    g = tl.minimum(g, g_end - 1)
+    zero_words = tl.load(qz_ptr + g * qz_stride + rw, mask=w_mask, other=0)
+    scales = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0)
+    return words, zero_words, scales
 
-    `magic` is 0x4B000000 (the bits of 2^23), passed at run time: as a literal, ptxas keeps it as the LOP3's
-    immediate and re-materializes the five nibble masks before every LOP3 instead (sm_90 SASS: 5.3 against 4.3
-    instructions a weight in the loop, `scripts/sass_census.py`)."""
-    if USE_PDL:  # programmatic dependent launch: start early, read x only after its producer ends
-        tl.extra.cuda.gdc_launch_dependents()
+
+@triton.jit
+def _one_row_preloaded(x_ptr, qw_ptr, qz_ptr, s_ptr, qw_stride, qz_stride, s_stride, rw, cols, w_mask, n_mask,
+                       unscale, rk, g_first, g_end, magic, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    """One row's `[BLOCK_K, BLOCK_N]` running sums over groups `[g_first, g_end)`. The weights are constants that
+    no kernel writes, so the first group's words, zero words and scales are asked for before `gdc_wait`, while
+    the kernel before (norm, attention or GEMV) still runs: at one row most programs cover one or two groups, so
+    that is most of their weight stream. Each later group's are asked for one group ahead (two groups of words
+    live: ~64 registers a thread at 128 columns on 2 warps)."""
+    words, zero_words, scales = _group_weights(qw_ptr, qw_stride, qz_ptr, qz_stride, s_ptr, s_stride, rw, cols,
+                                               w_mask, n_mask, rk, g_first, g_end, GROUP, BLOCK_K)
+    if USE_PDL:
         tl.extra.cuda.gdc_wait()
-    if ROW_PROGRAMS:  # one row a program (BLOCK_M 1), the rows of a tile and range neighbours in launch order
-        row, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        x_ptr += row.to(tl.int64) * x_stride
-        tile = pid_n * M + row
-    else:
-        row, pid_n, pid_k = 0, tl.program_id(0), tl.program_id(1)
-        tile = pid_n
-    rm, rk = row + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
-    rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
-    m_mask = rm < M
-    x_rows = x_ptr + rm.to(tl.int64)[:, None] * x_stride
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    for g in range(g_first, g_end):
+        zero = unpack(zero_words[None, :], BLOCK_N, magic)
+        part = tl.zeros_like(acc)
+        for i in tl.static_range(GROUP // BLOCK_K):
+            w = unpack(words[i], BLOCK_N, magic) - zero
+            part += tl.load(x_ptr + g * GROUP + i * BLOCK_K + rk).to(tl.float32)[:, None] * w
+        acc += part * (scales.to(tl.float32) * unscale)[None, :]
+        words, zero_words, scales = _group_weights(qw_ptr, qw_stride, qz_ptr, qz_stride, s_ptr, s_stride, rw, cols,
+                                                   w_mask, n_mask, rk, g + 1, g_end, GROUP, BLOCK_K)
+    return acc
+
+
+@triton.jit
+def _groups(x_ptr, x_rows, qw_ptr, qz_ptr, s_ptr, qw_stride, qz_stride, s_stride, rw, cols, w_mask, n_mask, m_mask,
+            unscale, rk, g_first, g_end, magic, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_K: tl.constexpr, UNROLL: tl.constexpr):
+    """The running sums over groups `[g_first, g_end)`: `[BLOCK_K, BLOCK_N]` at one row, else
+    `[BLOCK_M, BLOCK_K, BLOCK_N]`; every load after the kernel's `gdc_wait`."""
     if BLOCK_M == 1:
         acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_K, BLOCK_N), dtype=tl.float32)
-    g_first = pid_k * groups_per_split
-    for g in range(g_first, tl.minimum(g_first + groups_per_split, groups)):
+    for g in range(g_first, g_end):
         # Masked columns: words and zero words 0, so the field minus the zero field is 2^23 - 2^23 = 0.
         zero = unpack(tl.load(qz_ptr + g * qz_stride + rw, mask=w_mask, other=0)[None, :], BLOCK_N, magic)
         scale = tl.load(s_ptr + g * s_stride + cols, mask=n_mask, other=0.0).to(tl.float32) * unscale
@@ -95,6 +130,48 @@ def _awq_gemv_kernel(
             acc += part * scale[None, :]
         else:
             acc += part * scale[None, None, :]
+    return acc
+
+
+@triton.jit
+def _awq_gemv_kernel(
+    x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, out_ptr, ws_ptr, counter_ptr,
+    M, N, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, groups, groups_per_split, magic,
+    GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+    ROW_PROGRAMS: tl.constexpr, PRELOAD: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """Program (n, s) covers every row (with ROW_PROGRAMS program (r, n, s) row r alone), columns `n * BLOCK_N`
+    and groups `[s * groups_per_split, ...)`; with PARTIAL it writes fp32 partial sums to `ws_ptr + s *
+    split_stride` (a split-K workspace, split_k.py), which with FIXUP the last program of the tile sums into
+    `out_ptr` (arrival counter n, or n * M + r with ROW_PROGRAMS).
+
+    `magic` is 0x4B000000 (the bits of 2^23), passed at run time: as a literal, ptxas keeps it as the LOP3's
+    immediate and re-materializes the five nibble masks before every LOP3 instead (sm_90 SASS: 5.3 against 4.3
+    instructions a weight in the loop, `scripts/sass_census.py`)."""
+    if USE_PDL:  # programmatic dependent launch: start early, read x only after its producer ends
+        tl.extra.cuda.gdc_launch_dependents()
+        if not PRELOAD:
+            tl.extra.cuda.gdc_wait()
+    if ROW_PROGRAMS:  # one row a program (BLOCK_M 1), the rows of a tile and range neighbours in launch order
+        row, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        x_ptr += row.to(tl.int64) * x_stride
+        tile = pid_n * M + row
+    else:
+        row, pid_n, pid_k = 0, tl.program_id(0), tl.program_id(1)
+        tile = pid_n
+    rm, rk = row + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
+    rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
+    m_mask = rm < M
+    x_rows = x_ptr + rm.to(tl.int64)[:, None] * x_stride
+    g_first = pid_k * groups_per_split
+    g_end = tl.minimum(g_first + groups_per_split, groups)
+    if PRELOAD:
+        acc = _one_row_preloaded(x_ptr, qw_ptr, qz_ptr, s_ptr, qw_stride, qz_stride, s_stride, rw, cols, w_mask,
+                                 n_mask, unscale, rk, g_first, g_end, magic, GROUP, BLOCK_N, BLOCK_K, USE_PDL)
+    else:
+        acc = _groups(x_ptr, x_rows, qw_ptr, qz_ptr, s_ptr, qw_stride, qz_stride, s_stride, rw, cols, w_mask, n_mask,
+                      m_mask, unscale, rk, g_first, g_end, magic, GROUP, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL)
     if BLOCK_M == 1:
         y = tl.sum(acc, axis=0)[None, :]
     else:
@@ -131,7 +208,8 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, groups, per,
         MAGIC, GROUP=group, HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup,
         BLOCK_M=1 if row_programs else triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
-        UNROLL=unroll(1 if row_programs else m, group // block_k), ROW_PROGRAMS=row_programs, num_warps=num_warps,
+        UNROLL=unroll(1 if row_programs else m, group // block_k), ROW_PROGRAMS=row_programs,
+        PRELOAD=PRELOAD and (row_programs or m == 1), num_warps=num_warps,
         num_stages=1, **pdl_launch(x.device),
     )
     split_k.finish(p, bias, out)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Thirty-third session's device calls (docs/benchmarks.md, "Thirty-third device session").
+#   CALL=auto: on an H200, CALL=h200; on another GPU, CALL=$OTHER (default preload).
+#   CALL=h200: the thirty-first's H200 flow (mid GEMM tuned for the H200: copy the returned mid_gemm.json into
+#           packages/infer-backend-cuda/src/infer_backend_cuda/configs/; chat at qps 1 and 32; the ~3k prompts), then
+#           CALL=preload.
+#   CALL=preload (~5 min): the AWQ one-row GEMV asking for its first group's weights before `gdc_wait`
+#           (INFER_CUDA_AWQ_PRELOAD=1, the default) against after it (0): GPU tests (AWQ kernels, quantized CUDA ==
+#           CPU, the decode attention with its 32-key tile up to 2 sequences), AWQ one-row replays 1 / 0 / 1 / 0, BF16
+#           replays at 1-4 rows with the new tile rule.
+#   CALL=ablate: bench/ablate_step.py on the AWQ model at one row (what each GEMM costs inside the chain now).
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
+#   CALL=auto COMMIT=abc1234 bash scripts/device_session33.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, gpu_branch, h200_served, roofline, gpu_tests, ...
+session_logs s33
+
+case ${CALL:-auto} in
+  auto | h200) h200_then "$0" "${OTHER:-preload}" ;;
+  preload)
+    gpu_tests preload "${TEST_S:-200}" tests/backend_cuda/test_quant_gemm.py tests/backend_cuda/test_split_k_fixup.py \
+      tests/backend_cuda/test_quant_linear_ops.py tests/gpu/test_quantized_cuda_matches_cpu.py \
+      tests/backend_cuda/test_attention.py tests/backend_cuda/test_fused_decode_attention.py
+    for pre in 1 0 1 0; do
+      roofline "awq_pre${pre}" qwen3-4b-awq 1 INFER_CUDA_AWQ_PRELOAD=$pre
+    done
+    roofline bf16_tile qwen3-4b 1,2,4 ;;
+  ablate)
+    timeout "${ABLATE_S:-200}" python3 bench/ablate_step.py --model-dir bench/models/qwen3-4b-awq \
+      --batches "${ABLATE_BATCHES:-1}" --out "$LOGS/ablate_awq.json" > "$LOGS/ablate_awq.log" 2>&1
+    echo "ablate rc=$?"; tail -12 "$LOGS/ablate_awq.log"; pack ;;
+  *) echo "unknown CALL=$CALL"; exit 2 ;;
+esac

@@ -1,0 +1,87 @@
+"""The one-row AWQ GEMV asking for its first group's weights before `gdc_wait` (`awq_gemv._one_row_preloaded`,
+`INFER_CUDA_AWQ_PRELOAD=1`) must give the after-the-wait path's output bit for bit: one, two and three
+groups a program (the group-ahead loads, a last split shorter than the others), a partial column tile, both sums,
+bias on and off. Interpreter shapes are tiny; the Qwen3-4B shapes with PDL and a graph replay are marked `gpu`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from infer_backend_cuda.kernels import awq_gemm as A, awq_gemv as AV, split_k
+from tests.backend_cuda.conftest import gpu, needs_cuda, poison
+from tests.backend_cuda.quant_operands import QWEN3_4B, activations, awq_operands
+from tests.worker.quant_checkpoints import quantize_awq
+
+# (K, group, k_splits): 8 groups in 8 / 4 / 3 ranges (1, 2 and 3-3-2 groups a program); 4 groups in one range
+CASES = [(512, 64, 8), (512, 64, 4), (512, 64, 3), (256, 64, 1)]
+
+
+def _run(x, operands, bias, config, preload: bool, monkeypatch) -> torch.Tensor:  # noqa: ANN001
+    monkeypatch.setattr(AV, "PRELOAD", preload)
+    out = poison(torch.empty((x.shape[0], operands[2].shape[1]), dtype=x.dtype, device=x.device))
+    return A.awq_linear(x, *operands, bias, out=out, config=config)
+
+
+@pytest.mark.parametrize("fixup", [True, False])
+@pytest.mark.parametrize("k,group,k_splits", CASES)
+def test_preloaded_one_row_gemv_equals_the_after_wait_path_bit_for_bit(k, group, k_splits, fixup, device,
+                                                                        monkeypatch):
+    n = 72  # a partial last column tile of 32
+    tensors, dense = quantize_awq(torch.randn(n, k, generator=torch.Generator().manual_seed(k_splits)) * 0.05, group)
+    operands = [tensors[name].to(device) for name in ("qweight", "qzeros", "scales")]
+    bias = activations(n, 1, torch.float32, device, 7).reshape(n) if fixup else None
+    x = activations(1, k, torch.float32, device, seed=3)
+    monkeypatch.setattr(split_k, "FIXUP_OVERRIDE", fixup)
+    config = A.AwqConfig(1, 32, 16, 2, 1, k_splits)
+    after = _run(x, operands, bias, config, False, monkeypatch)
+    preloaded = _run(x, operands, bias, config, True, monkeypatch)
+    assert torch.equal(preloaded, after)
+    expected = x @ dense.to(device).t() + (bias if bias is not None else 0)
+    torch.testing.assert_close(preloaded, expected, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, False), ("", False), (" 1 ", True), ("0", False)])
+def test_preload_switch_parses(raw, expected) -> None:  # noqa: ANN001
+    environ = {} if raw is None else {AV.PRELOAD_ENV: raw}
+    assert AV.preload_switch(environ) is expected
+
+
+@pytest.mark.parametrize("raw", ["yes", "2", "on"])
+def test_preload_switch_refuses_other_values(raw) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=AV.PRELOAD_ENV):
+        AV.preload_switch({AV.PRELOAD_ENV: raw})
+
+
+@gpu
+@needs_cuda
+def test_preloaded_gemv_on_gpu_equals_the_after_wait_path_and_replays_in_a_graph(monkeypatch):
+    """Qwen3-4B's four shapes at one row in bf16 (each its default config, PDL on a Hopper GPU): same bits either
+    way; then the four chained in one CUDA graph (each GEMV's preload overlapping the one before), replayed on new
+    inputs, equal to eager calls of the after-wait path."""
+    weights = [awq_operands(n, k, 128, "cuda", seed=n) for n, k in QWEN3_4B]
+    xs = [activations(1, k, torch.bfloat16, "cuda", seed=k) for _, k in QWEN3_4B]
+    for x, operands in zip(xs, weights):
+        after = _run(x, operands, None, None, False, monkeypatch)
+        assert torch.equal(_run(x, operands, None, None, True, monkeypatch), after)
+
+    monkeypatch.setattr(AV, "PRELOAD", True)
+    split_k.allocate_counters(torch.device("cuda"))
+
+    def chain() -> list[torch.Tensor]:
+        return [A.awq_linear(x, *operands, None) for x, operands in zip(xs, weights)]
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = chain()
+    for seed in (5, 6):
+        for x in xs:
+            x.copy_(activations(1, x.shape[1], torch.bfloat16, "cuda", seed=seed))
+        graph.replay()
+        monkeypatch.setattr(AV, "PRELOAD", False)
+        expected = chain()
+        monkeypatch.setattr(AV, "PRELOAD", True)
+        torch.cuda.synchronize()
+        assert all(torch.equal(c, e) for c, e in zip(captured, expected))
