@@ -1,5 +1,5 @@
 """The one-row AWQ GEMV asking for its first group's weights before `gdc_wait` (`awq_gemv._one_row_preloaded`,
-`INFER_CUDA_AWQ_PRELOAD=1`) must give the after-the-wait path's output bit for bit: one, two and three
+`INFER_CUDA_AWQ_PRELOAD`, default on) must give the after-the-wait path's output bit for bit: one, two and three
 groups a program (the group-ahead loads, a last split shorter than the others), a partial column tile, both sums,
 bias on and off. Interpreter shapes are tiny; the Qwen3-4B shapes with PDL and a graph replay are marked `gpu`."""
 
@@ -41,7 +41,7 @@ def test_preloaded_one_row_gemv_equals_the_after_wait_path_bit_for_bit(k, group,
     torch.testing.assert_close(preloaded, expected, atol=2e-4, rtol=2e-4)
 
 
-@pytest.mark.parametrize(("raw", "expected"), [(None, False), ("", False), (" 1 ", True), ("0", False)])
+@pytest.mark.parametrize(("raw", "expected"), [(None, True), ("", True), (" 1 ", True), ("0", False)])
 def test_preload_switch_parses(raw, expected) -> None:  # noqa: ANN001
     environ = {} if raw is None else {AV.PRELOAD_ENV: raw}
     assert AV.preload_switch(environ) is expected
