@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Thirty-third session's device calls (docs/benchmarks.md, "Thirty-third device session").
-#   CALL=auto: on an H200, CALL=h200; on another GPU, CALL=$OTHER (default preload).
-#   CALL=h200: the thirty-first's H200 flow (mid GEMM tuned for the H200: copy the returned mid_gemm.json into
-#           packages/infer-backend-cuda/src/infer_backend_cuda/configs/; chat at qps 1 and 32; the ~3k prompts), then
-#           CALL=preload.
+#   CALL=auto: on an H200, CALL=h200; on another GPU, CALL=$OTHER (default replays).
+#   CALL=h200 (~8 min): the thirty-first's H200 flow (mid GEMM tuned for the H200: copy the returned mid_gemm.json
+#           into packages/infer-backend-cuda/src/infer_backend_cuda/configs/; chat at qps 1 and 32; the ~3k
+#           prompts), then CALL=replays.
+#   CALL=replays (~1.5 min): decode replays as the defaults now run: BF16 1-4 rows (the 32-key tile up to two
+#           sequences), AWQ one row (its weights before the wait), FP8 one row (the BF16 / AWQ / FP8 batch-1 targets).
 #   CALL=preload (~5 min): the AWQ one-row GEMV asking for its first group's weights before `gdc_wait`
-#           (INFER_CUDA_AWQ_PRELOAD=1, the default) against after it (0): GPU tests (AWQ kernels, quantized CUDA ==
-#           CPU, the decode attention with its 32-key tile up to 2 sequences), AWQ one-row replays 1 / 0 / 1 / 0, BF16
-#           replays at 1-4 rows with the new tile rule.
-#   CALL=ablate: bench/ablate_step.py on the AWQ model at one row (what each GEMM costs inside the chain now).
+#           (INFER_CUDA_AWQ_PRELOAD=1) against after it (0): GPU tests (AWQ kernels, quantized CUDA == CPU, the decode
+#           attention), AWQ one-row replays 1 / 0 / 1 / 0, BF16 replays at 1-4 rows. Ran in this session (H100).
+#   CALL=ablate (~2 min): bench/ablate_step.py on the AWQ model at one row (what each GEMV costs inside the chain with
+#           its weights asked for before the wait; the thirty-second session's ran without).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=auto COMMIT=abc1234 bash scripts/device_session33.sh
 set -u
@@ -16,7 +18,11 @@ source "$(dirname "$0")/device_lib.sh"  # session_logs, gpu_branch, h200_served,
 session_logs s33
 
 case ${CALL:-auto} in
-  auto | h200) h200_then "$0" "${OTHER:-preload}" ;;
+  auto | h200) h200_then "$0" "${OTHER:-replays}" ;;
+  replays)
+    roofline bf16 qwen3-4b 1,2,4
+    roofline awq qwen3-4b-awq 1
+    roofline fp8 qwen3-4b-fp8 1 ;;
   preload)
     gpu_tests preload "${TEST_S:-200}" tests/backend_cuda/test_quant_gemm.py tests/backend_cuda/test_split_k_fixup.py \
       tests/backend_cuda/test_quant_linear_ops.py tests/gpu/test_quantized_cuda_matches_cpu.py \
