@@ -98,11 +98,13 @@ def _fp8_types(x: str, split: bool = False) -> dict[str, str]:
 
 def cases():
     """(label, kernel, weight elements per program-step, threads) for the decode configs worth comparing."""
-    for bn in (256, 512):  # one row: the longest loop is one group (its K steps unrolled)
+    # one row: the longest loop is one group (its K steps unrolled); 128 columns on 2 warps is the served config,
+    # with its first group's loads before the wait (PRELOAD, awq_gemv._one_row_preloaded)
+    for bn, warps, preload in ((128, 2, True), (128, 2, False), (256, 4, False), (512, 4, False)):
         ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, FIXUP=_FIXUP, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=8,
-                  UNROLL=16, ROW_PROGRAMS=False, USE_PDL=False)
-        kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, 4, 1, _AWQ_DIVISIBLE)
-        yield f"awq gemv 1x{bn}x8 w4", kernel, bn * 128, 4
+                  UNROLL=16, ROW_PROGRAMS=False, PRELOAD=preload, USE_PDL=preload)
+        kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, warps, 1, _AWQ_DIVISIBLE)
+        yield f"awq gemv 1x{bn}x8 w{warps}{' preload' if preload else ''}", kernel, bn * 128, warps
     for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (16, 256, 64, 4, 3), (16, 128, 128, 4, 3),
                                       (16, 256, 128, 8, 3), (32, 128, 64, 4, 3), (64, 128, 64, 4, 3)):
         ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, FIXUP=_FIXUP, DOT_F32=False,
