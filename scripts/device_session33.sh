@@ -9,6 +9,9 @@
 #   CALL=preload (~5 min): the AWQ one-row GEMV asking for its first group's weights before `gdc_wait`
 #           (INFER_CUDA_AWQ_PRELOAD=1) against after it (0): GPU tests (AWQ kernels, quantized CUDA == CPU, the decode
 #           attention), AWQ one-row replays 1 / 0 / 1 / 0, BF16 replays at 1-4 rows. Ran in this session (H100).
+#   CALL=maxnreg (~3 min): the one-row AWQ GEMV capped at 128 registers (INFER_CUDA_AWQ_GEMV_MAXNREG: 8 programs an
+#           SM instead of 6, so qkv's 960 fit one wave) against uncapped: its GPU test capped, AWQ one-row replays
+#           uncapped / 128 / uncapped / 128.
 #   CALL=ablate (~2 min): bench/ablate_step.py on the AWQ model at one row (what each GEMV costs inside the chain with
 #           its weights asked for before the wait; the thirty-second session's ran without).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
@@ -31,6 +34,11 @@ case ${CALL:-auto} in
       roofline "awq_pre${pre}" qwen3-4b-awq 1 INFER_CUDA_AWQ_PRELOAD=$pre
     done
     roofline bf16_tile qwen3-4b 1,2,4 ;;
+  maxnreg)
+    gpu_tests maxnreg "${TEST_S:-120}" tests/backend_cuda/test_awq_preload.py
+    for cap in "" 128 "" 128; do
+      roofline "awq_maxnreg${cap:-_none}" qwen3-4b-awq 1 INFER_CUDA_AWQ_GEMV_MAXNREG=$cap
+    done ;;
   ablate)
     timeout "${ABLATE_S:-200}" python3 bench/ablate_step.py --model-dir bench/models/qwen3-4b-awq \
       --batches "${ABLATE_BATCHES:-1}" --out "$LOGS/ablate_awq.json" > "$LOGS/ablate_awq.log" 2>&1

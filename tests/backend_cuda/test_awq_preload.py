@@ -53,12 +53,27 @@ def test_preload_switch_refuses_other_values(raw) -> None:  # noqa: ANN001
         AV.preload_switch({AV.PRELOAD_ENV: raw})
 
 
+@pytest.mark.parametrize(("raw", "expected"),
+                         [(None, {}), (" ", {}), ("128", {"maxnreg": 128}), ("255", {"maxnreg": 255})])
+def test_register_cap_switch_parses(raw, expected) -> None:  # noqa: ANN001
+    environ = {} if raw is None else {AV.MAXNREG_ENV: raw}
+    assert AV.maxnreg_switch(environ) == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "23", "256", "many", "-128"])
+def test_register_cap_switch_refuses_other_values(raw) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=AV.MAXNREG_ENV):
+        AV.maxnreg_switch({AV.MAXNREG_ENV: raw})
+
+
 @gpu
 @needs_cuda
-def test_preloaded_gemv_on_gpu_equals_the_after_wait_path_and_replays_in_a_graph(monkeypatch):
+@pytest.mark.parametrize("maxnreg", [{}, {"maxnreg": 128}])
+def test_preloaded_gemv_on_gpu_equals_the_after_wait_path_and_replays_in_a_graph(maxnreg, monkeypatch):
     """Qwen3-4B's four shapes at one row in bf16 (each its default config, PDL on a Hopper GPU): same bits either
     way; then the four chained in one CUDA graph (each GEMV's preload overlapping the one before), replayed on new
     inputs, equal to eager calls of the after-wait path."""
+    monkeypatch.setattr(AV, "MAXNREG", maxnreg)  # the register cap of INFER_CUDA_AWQ_GEMV_MAXNREG, off and on
     weights = [awq_operands(n, k, 128, "cuda", seed=n) for n, k in QWEN3_4B]
     xs = [activations(1, k, torch.bfloat16, "cuda", seed=k) for _, k in QWEN3_4B]
     for x, operands in zip(xs, weights):

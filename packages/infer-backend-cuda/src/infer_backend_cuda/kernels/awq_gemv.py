@@ -44,6 +44,23 @@ def preload_switch(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 PRELOAD = preload_switch()
+# INFER_CUDA_AWQ_GEMV_MAXNREG (unset: the compiler's choice): a register cap for the GEMV's launches (A/B runs). The
+# one-row preload form takes 168 registers at 128 columns on 2 warps, 6 programs an SM (792 on 132 SMs, fewer than
+# qkv's 960 at one row); capped at 128 (64 bytes of stack, ~2 % more instructions a weight; sm_90 SASS) 8 fit.
+MAXNREG_ENV = "INFER_CUDA_AWQ_GEMV_MAXNREG"
+
+
+def maxnreg_switch(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """The launch option for the cap: `{}` when unset, else `{"maxnreg": n}`."""
+    raw = environ.get(MAXNREG_ENV, "").strip()
+    if not raw:
+        return {}
+    if not raw.isdigit() or not 24 <= int(raw) <= 255:
+        raise ValueError(f"{MAXNREG_ENV}={raw!r}: expected a register count from 24 to 255")
+    return {"maxnreg": int(raw)}
+
+
+MAXNREG = maxnreg_switch()
 
 
 @triton.jit
@@ -212,6 +229,6 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
         BLOCK_M=1 if row_programs else triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
         UNROLL=unroll(1 if row_programs else m, group // block_k), ROW_PROGRAMS=row_programs,
         PRELOAD=PRELOAD and (row_programs or m == 1), num_warps=num_warps,
-        num_stages=1, **pdl_launch(x.device),
+        num_stages=1, **pdl_launch(x.device), **MAXNREG,
     )
     split_k.finish(p, bias, out)
