@@ -1,7 +1,8 @@
 """The one-row AWQ GEMV asking for its first group's weights before `gdc_wait` (`awq_gemv._one_row_preloaded`,
 `INFER_CUDA_AWQ_PRELOAD`, default on) must give the after-the-wait path's output bit for bit: one, two and three
 groups a program (the group-ahead loads, a last split shorter than the others), a partial column tile, both sums,
-bias on and off. Interpreter shapes are tiny; the Qwen3-4B shapes with PDL and a graph replay are marked `gpu`."""
+bias on and off; rows as one-row programs. Interpreter shapes are tiny; the Qwen3-4B shapes with PDL and a graph
+replay are marked `gpu`."""
 
 from __future__ import annotations
 
@@ -39,6 +40,20 @@ def test_preloaded_one_row_gemv_equals_the_after_wait_path_bit_for_bit(k, group,
     assert torch.equal(preloaded, after)
     expected = x @ dense.to(device).t() + (bias if bias is not None else 0)
     torch.testing.assert_close(preloaded, expected, atol=2e-4, rtol=2e-4)
+
+
+def test_row_programs_preload_each_row_bit_for_bit(device, monkeypatch):
+    """Three rows as one-row programs of their own (`AwqConfig.row_programs`, each program's x offset to its row):
+    preloaded == after-wait bit for bit, close to the dense twin."""
+    n, k, group = 72, 512, 64
+    tensors, dense = quantize_awq(torch.randn(n, k, generator=torch.Generator().manual_seed(11)) * 0.05, group)
+    operands = [tensors[name].to(device) for name in ("qweight", "qzeros", "scales")]
+    x = activations(3, k, torch.float32, device, seed=4)
+    config = A.AwqConfig(4, 32, 16, 2, 1, 4, True)
+    after = _run(x, operands, None, config, False, monkeypatch)
+    preloaded = _run(x, operands, None, config, True, monkeypatch)
+    assert torch.equal(preloaded, after)
+    torch.testing.assert_close(preloaded, x @ dense.to(device).t(), atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize(("raw", "expected"), [(None, True), ("", True), (" 1 ", True), ("0", False)])
