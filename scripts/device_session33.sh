@@ -4,8 +4,10 @@
 #   CALL=h200 (~8 min): the thirty-first's H200 flow (mid GEMM tuned for the H200: copy the returned mid_gemm.json
 #           into packages/infer-backend-cuda/src/infer_backend_cuda/configs/; chat at qps 1 and 32; the ~3k
 #           prompts), then CALL=replays.
-#   CALL=replays (~1.5 min): decode replays as the defaults now run: BF16 1-4 rows (the 32-key tile up to two
-#           sequences), AWQ one row (its weights before the wait), FP8 one row (the BF16 / AWQ / FP8 batch-1 targets).
+#   CALL=replays (~2 min): decode replays as the defaults now run: BF16 1-4 rows (the 32-key tile up to two
+#           sequences), AWQ one row (its weights before the wait; and without, INFER_CUDA_AWQ_PRELOAD=0: on the H200
+#           the tuned one-row gate / up config takes 16-row K steps, 255 registers with the preload), FP8 one row
+#           (the BF16 / AWQ / FP8 batch-1 targets).
 #   CALL=preload (~5 min): the AWQ one-row GEMV asking for its first group's weights before `gdc_wait`
 #           (INFER_CUDA_AWQ_PRELOAD=1) against after it (0): GPU tests (AWQ kernels, quantized CUDA == CPU, the decode
 #           attention), AWQ one-row replays 1 / 0 / 1 / 0, BF16 replays at 1-4 rows. Ran in this session (H100).
@@ -25,6 +27,7 @@ case ${CALL:-auto} in
   replays)
     roofline bf16 qwen3-4b 1,2,4
     roofline awq qwen3-4b-awq 1
+    roofline awq_pre0 qwen3-4b-awq 1 INFER_CUDA_AWQ_PRELOAD=0
     roofline fp8 qwen3-4b-fp8 1 ;;
   preload)
     gpu_tests preload "${TEST_S:-200}" tests/backend_cuda/test_quant_gemm.py tests/backend_cuda/test_split_k_fixup.py \
