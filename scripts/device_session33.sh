@@ -5,9 +5,9 @@
 #           into packages/infer-backend-cuda/src/infer_backend_cuda/configs/; chat at qps 1 and 32; the ~3k
 #           prompts), then CALL=replays.
 #   CALL=replays (~2 min): decode replays as the defaults now run: BF16 1-4 rows (the 32-key tile up to two
-#           sequences), AWQ one row (its weights before the wait; and without, INFER_CUDA_AWQ_PRELOAD=0: on the H200
-#           the tuned one-row gate / up config takes 16-row K steps, 255 registers with the preload), FP8 one row
-#           (the BF16 / AWQ / FP8 batch-1 targets).
+#           sequences), AWQ one row (its weights before the wait where they fit, `awq_gemv.preloads`; and without,
+#           INFER_CUDA_AWQ_PRELOAD=0: the H200's tuned one-row configs differ from the H100's), FP8 one row (the
+#           BF16 / AWQ / FP8 batch-1 targets).
 #   CALL=preload (~5 min): the AWQ one-row GEMV asking for its first group's weights before `gdc_wait`
 #           (INFER_CUDA_AWQ_PRELOAD=1) against after it (0): GPU tests (AWQ kernels, quantized CUDA == CPU, the decode
 #           attention), AWQ one-row replays 1 / 0 / 1 / 0, BF16 replays at 1-4 rows. Ran in this session (H100).

@@ -56,6 +56,19 @@ def test_row_programs_preload_each_row_bit_for_bit(device, monkeypatch):
     torch.testing.assert_close(preloaded, x @ dense.to(device).t(), atol=2e-4, rtol=2e-4)
 
 
+def test_preload_only_where_its_registers_fit(monkeypatch):
+    """One-row programs of 16 accumulator elements a thread or fewer: the H100's default one-row config (128 columns,
+    8-row K steps, 2 warps) and the H200 table's qkv / down (64, 8, 1 warp); not its gate / up (128, 16, 2 warps:
+    255 registers with the preload), not the multi-row GEMV, not with the switch off."""
+    monkeypatch.setattr(AV, "PRELOAD", True)
+    assert A.gemv_config(1, 6144, 2560, 128)[1:4] == (128, 8, 2)  # the default this test's first case stands for
+    assert AV.preloads(1, False, 8, 128, 2) and AV.preloads(1, False, 8, 64, 1) and AV.preloads(3, True, 8, 128, 2)
+    assert not AV.preloads(1, False, 16, 128, 2)
+    assert not AV.preloads(2, False, 8, 128, 2)
+    monkeypatch.setattr(AV, "PRELOAD", False)
+    assert not AV.preloads(1, False, 8, 128, 2)
+
+
 @pytest.mark.parametrize(("raw", "expected"), [(None, True), ("", True), (" 1 ", True), ("0", False)])
 def test_preload_switch_parses(raw, expected) -> None:  # noqa: ANN001
     environ = {} if raw is None else {AV.PRELOAD_ENV: raw}

@@ -37,6 +37,7 @@ PRELOAD_ENV = "INFER_CUDA_AWQ_PRELOAD"
 
 
 def preload_switch(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether one-row programs may ask for their first group's weights before the wait (`preloads` says where)."""
     raw = environ.get(PRELOAD_ENV, "1").strip() or "1"
     if raw not in ("0", "1"):
         raise ValueError(f"{PRELOAD_ENV}={raw!r}: expected 1 (weights asked for before the wait) or 0 (after it)")
@@ -199,6 +200,19 @@ def _awq_gemv_kernel(
                        split_stride, pid_k, tl.num_programs(2 if ROW_PROGRAMS else 1), tile, PARTIAL, HAS_BIAS, FIXUP)
 
 
+# The preload's register bound: accumulator elements a thread (`BLOCK_K * BLOCK_N / threads`). sm_90 SASS (Triton 3.6,
+# one row, fix-up on): at 16 (8 x 128 on 2 warps, 8 x 64 on 1) 124-127 registers without the preload, 166-168 with
+# it; at 32 (the H200 table's one-row gate / up, 16 x 128 on 2 warps) 168 without, 255 with: 4 programs an SM
+# instead of 6, a second wave for its 760 programs, so there the weights stay after the wait.
+PRELOAD_MAX_ACC_PER_THREAD = 16
+
+
+def preloads(m: int, row_programs: bool, block_k: int, block_n: int, num_warps: int) -> bool:
+    """The kernel's PRELOAD: with the switch on, for one-row programs whose registers fit it."""
+    one_row = row_programs or m == 1
+    return PRELOAD and one_row and block_k * block_n <= PRELOAD_MAX_ACC_PER_THREAD * 32 * num_warps
+
+
 def unroll(m: int, steps: int) -> int:
     """K steps unrolled per loop trip (a divisor of the group's `steps`): the whole group at one row (~16-32 KB
     of words in flight a program, 96-168 registers); at more rows the 3-D products take ~250 registers at 4
@@ -228,7 +242,7 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
         MAGIC, GROUP=group, HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup,
         BLOCK_M=1 if row_programs else triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
         UNROLL=unroll(1 if row_programs else m, group // block_k), ROW_PROGRAMS=row_programs,
-        PRELOAD=PRELOAD and (row_programs or m == 1), num_warps=num_warps,
+        PRELOAD=preloads(m, row_programs, block_k, block_n, num_warps), num_warps=num_warps,
         num_stages=1, **pdl_launch(x.device), **MAXNREG,
     )
     split_k.finish(p, bias, out)
