@@ -8,7 +8,7 @@
 #           sequences), AWQ one row (its weights before the wait where they fit, `awq_gemv.preloads`; and without,
 #           INFER_CUDA_AWQ_PRELOAD=0: the H200's tuned one-row configs differ from the H100's), FP8 one row (the
 #           BF16 / AWQ / FP8 batch-1 targets).
-#   CALL=preload (~5 min): the AWQ one-row GEMV asking for its first group's weights before `gdc_wait`
+#   CALL=preload (~8 min): the AWQ one-row GEMV asking for its first group's weights before `gdc_wait`
 #           (INFER_CUDA_AWQ_PRELOAD=1) against after it (0): GPU tests (AWQ kernels, quantized CUDA == CPU, the decode
 #           attention), AWQ one-row replays 1 / 0 / 1 / 0, BF16 replays at 1-4 rows. Ran in this session (H100).
 #   CALL=maxnreg (~3 min): the one-row AWQ GEMV capped at 128 registers (INFER_CUDA_AWQ_GEMV_MAXNREG: 8 programs an
@@ -30,7 +30,7 @@ case ${CALL:-auto} in
     roofline awq_pre0 qwen3-4b-awq 1 INFER_CUDA_AWQ_PRELOAD=0
     roofline fp8 qwen3-4b-fp8 1 ;;
   preload)
-    gpu_tests preload "${TEST_S:-200}" tests/backend_cuda/test_quant_gemm.py tests/backend_cuda/test_split_k_fixup.py \
+    gpu_tests preload "${TEST_S:-400}" tests/backend_cuda/test_quant_gemm.py tests/backend_cuda/test_split_k_fixup.py \
       tests/backend_cuda/test_quant_linear_ops.py tests/gpu/test_quantized_cuda_matches_cpu.py \
       tests/backend_cuda/test_attention.py tests/backend_cuda/test_fused_decode_attention.py
     for pre in 1 0 1 0; do
