@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 
 import torch
@@ -11,6 +12,17 @@ import torch
 # Not under RUSTINFER_: that prefix is the config loader's, which refuses names it does not know.
 PDL_ENV = "INFER_CUDA_PDL"
 _PDL_WANTED = os.environ.get(PDL_ENV, "1").strip() != "0"
+
+
+def on_off_switch(environ: Mapping[str, str], name: str, on: str, off: str) -> bool | None:
+    """An `INFER_CUDA_` switch of two values: 1 -> True, 0 -> False, unset or empty -> None; anything else is refused,
+    naming what `on` (1) and `off` (0) mean."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return None
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name}={raw!r}: expected 1 ({on}) or 0 ({off})")
+    return raw == "1"
 
 
 def interpreting() -> bool:

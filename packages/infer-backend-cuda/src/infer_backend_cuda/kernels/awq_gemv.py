@@ -28,7 +28,7 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, unpack
-from infer_backend_cuda.kernels._common import pdl_launch
+from infer_backend_cuda.kernels._common import on_off_switch, pdl_launch
 
 # INFER_CUDA_AWQ_PRELOAD (default 1): one-row programs ask for their first group's weights before `gdc_wait`
 # (`_one_row_preloaded`); 0 reads every weight after it (A/B runs). Thirty-third session, H100, Qwen3-4B AWQ
@@ -38,10 +38,8 @@ PRELOAD_ENV = "INFER_CUDA_AWQ_PRELOAD"
 
 def preload_switch(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether one-row programs may ask for their first group's weights before the wait (`preloads` says where)."""
-    raw = environ.get(PRELOAD_ENV, "1").strip() or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{PRELOAD_ENV}={raw!r}: expected 1 (weights asked for before the wait) or 0 (after it)")
-    return raw == "1"
+    chosen = on_off_switch(environ, PRELOAD_ENV, "weights asked for before the wait", "after it")
+    return True if chosen is None else chosen
 
 
 PRELOAD = preload_switch()

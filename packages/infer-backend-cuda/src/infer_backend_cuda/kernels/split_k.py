@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import next_pow2, pdl_launch
+from infer_backend_cuda.kernels._common import next_pow2, on_off_switch, pdl_launch
 
 # A few programs per SM of an H100/H200 (132 SMs).
 TARGET_PROGRAMS = 512
@@ -38,12 +38,7 @@ FIXUP_ENV = "INFER_CUDA_SPLIT_K_FIXUP"
 
 def fixup_override(environ: Mapping[str, str] = os.environ) -> bool | None:
     """The switch's choice for every kernel, or None (unset or empty): each kernel's own."""
-    raw = environ.get(FIXUP_ENV, "").strip()
-    if not raw:
-        return None
-    if raw not in ("0", "1"):
-        raise ValueError(f"{FIXUP_ENV}={raw!r}: expected 1 (the fix-up everywhere) or 0 (the reduce launch everywhere)")
-    return raw == "1"
+    return on_off_switch(environ, FIXUP_ENV, "the fix-up everywhere", "the reduce launch everywhere")
 
 
 FIXUP_OVERRIDE = fixup_override()
