@@ -41,6 +41,12 @@ roofline() {  # roofline TAG MODEL BATCHES [extra env assignments...]; ROOFLINE_
   echo "$tag rc=$?"; grep -A8 "^batch *floor" "$LOGS/$tag.log" | tail -8; pack
 }
 
+ablate() {  # ablate MODEL BATCHES SECONDS: bench/ablate_step.py (the decode step with one part made free at a time)
+  timeout "$3" python3 bench/ablate_step.py --model-dir "bench/models/$1" --batches "$2" --out "$LOGS/ablate_$1.json" \
+    > "$LOGS/ablate_$1.log" 2>&1
+  echo "ablate rc=$?"; tail -12 "$LOGS/ablate_$1.log"; pack
+}
+
 gpu_tests() {  # gpu_tests TAG SECONDS FILES... [-k EXPR]
   local tag=$1 secs=$2; shift 2
   timeout -s INT "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" > "$LOGS/pytest_$tag.log" 2>&1

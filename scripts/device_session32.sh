@@ -32,9 +32,6 @@ case ${CALL:-auto} in
       done
     done ;;
   ablate)
-    timeout "${ABLATE_S:-240}" python3 bench/ablate_step.py --model-dir "bench/models/${ABLATE_MODEL:-qwen3-4b}" \
-      --batches "${ABLATE_BATCHES:-1,2,4,16,64,128}" --out "$LOGS/ablate_${ABLATE_MODEL:-qwen3-4b}.json" \
-      > "$LOGS/ablate_${ABLATE_MODEL:-qwen3-4b}.log" 2>&1
-    echo "ablate rc=$?"; tail -12 "$LOGS/ablate_${ABLATE_MODEL:-qwen3-4b}.log"; pack ;;
+    ablate "${ABLATE_MODEL:-qwen3-4b}" "${ABLATE_BATCHES:-1,2,4,16,64,128}" "${ABLATE_S:-240}" ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac

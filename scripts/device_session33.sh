@@ -43,8 +43,6 @@ case ${CALL:-auto} in
       roofline "awq_maxnreg${cap:-_none}" qwen3-4b-awq 1 INFER_CUDA_AWQ_GEMV_MAXNREG=$cap
     done ;;
   ablate)
-    timeout "${ABLATE_S:-200}" python3 bench/ablate_step.py --model-dir bench/models/qwen3-4b-awq \
-      --batches "${ABLATE_BATCHES:-1}" --out "$LOGS/ablate_awq.json" > "$LOGS/ablate_awq.log" 2>&1
-    echo "ablate rc=$?"; tail -12 "$LOGS/ablate_awq.log"; pack ;;
+    ablate qwen3-4b-awq "${ABLATE_BATCHES:-1}" "${ABLATE_S:-200}" ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac
