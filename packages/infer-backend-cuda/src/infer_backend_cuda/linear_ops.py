@@ -3,8 +3,9 @@
 Dense weights take cuBLAS, the skinny Triton GEMM at 1-8 rows (with its fused norm prologue, and the gate / up
 GEMM's SiLU-and-mul epilogue) or the mid Triton GEMM at 9-128 rows (with that epilogue too) where the GPU's tables say
 so. AWQ and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after the unfused norm
-kernel, and the SiLU-and-mul kernel after the gate / up GEMM, except where block FP8 takes the mid GEMM (its table's
-FP8 entries, 1-128 rows), whose epilogue applies the activation. Every path allocates its outputs with
+kernel; the gate / up GEMM applies the SiLU-and-mul itself where it can (AWQ: the last program of each output tile,
+`awq_linear_silu_mul`; block FP8: the mid GEMM's epilogue where its table has the FP8 entry, 1-128 rows), else the
+SiLU-and-mul kernel runs after it. Every path allocates its outputs with
 `torch.empty` only, which a CUDA-graph capture serves from the graph's pool, and never synchronises with the host.
 """
 
@@ -72,13 +73,28 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class _QuantizedLinearOps(UnfusedLinearOps):
-    """A quantized scheme's GEMM with the norm kernel before it and the SiLU-and-mul kernel after it, unfused."""
+    """A quantized scheme's GEMM with the norm kernel before it; the gate / up GEMM's SiLU-and-mul where the scheme
+    fuses it (`gated_gemm`), else its kernel after the GEMM."""
 
     def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
+    def gated_gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        """`silu_and_mul(gemm(x, [gate | up]))` for `x [M, K]`; a scheme with a fused epilogue overrides it."""
+        return self._fused.silu_and_mul(self.gemm(x, weight, bias))
+
     def linear(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
         return self.gemm(_rows(x), weight, bias).reshape(*x.shape[:-1], -1)
+
+    def add_rms_norm_linear_silu_mul(
+        self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+        weight: Operands, bias: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return unfused_add_rms_norm_linear(self._fused, self._gated_linear, x, residual, norm_weight, eps, weight,
+                                           bias)
+
+    def _gated_linear(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        return self.gated_gemm(_rows(x), weight, bias).reshape(*x.shape[:-1], -1)
 
 
 class AwqLinearOps(_QuantizedLinearOps):
@@ -89,6 +105,11 @@ class AwqLinearOps(_QuantizedLinearOps):
     def gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
         qweight, qzeros, scales = weight
         return awq_gemm.awq_linear(x, qweight, qzeros, scales, bias)
+
+    def gated_gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+        """The gate / up GEMM whose last program of each tile writes the activation (`awq_linear_silu_mul`)."""
+        qweight, qzeros, scales = weight
+        return awq_gemm.awq_linear_silu_mul(x, qweight, qzeros, scales, bias)
 
 
 class Fp8BlockLinearOps(_QuantizedLinearOps):
@@ -121,14 +142,12 @@ class Fp8BlockLinearOps(_QuantizedLinearOps):
         """The norm kernel, then the gate / up GEMM with SiLU-and-mul in the mid GEMM's epilogue where the mid table
         has the shape (else the GEMM and the SiLU-and-mul kernel); with the norm in the quantization pass, unfused."""
         if FP8_NORM_QUANT:
-            return super().add_rms_norm_linear_silu_mul(x, residual, norm_weight, eps, weight, bias)
-        return unfused_add_rms_norm_linear(self._fused, self._gated_gemm, x, residual, norm_weight, eps, weight,
-                                           bias)
+            return UnfusedLinearOps.add_rms_norm_linear_silu_mul(self, x, residual, norm_weight, eps, weight, bias)
+        return super().add_rms_norm_linear_silu_mul(x, residual, norm_weight, eps, weight, bias)
 
-    def _gated_gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
+    def gated_gemm(self, x: torch.Tensor, weight: Operands, bias: torch.Tensor | None) -> torch.Tensor:
         codes, scale_inv, scale_row = weight
-        out = fp8_gemm.fp8_block_linear_silu_mul(_rows(x), codes, scale_inv, scale_row, self.scheme.block[1], bias)
-        return out.reshape(*x.shape[:-1], -1)
+        return fp8_gemm.fp8_block_linear_silu_mul(x, codes, scale_inv, scale_row, self.scheme.block[1], bias)
 
 
 class CudaLinears:

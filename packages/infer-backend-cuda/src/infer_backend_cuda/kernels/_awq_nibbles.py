@@ -50,3 +50,19 @@ def column_block(pid_n, N, BLOCK_N: tl.constexpr):
     rw = pid_n * BLOCK_W + tl.arange(0, BLOCK_W)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     return rw, cols, rw < N // 8, cols < N, column_unscale(cols)
+
+
+@triton.jit
+def gated_column_block(pid_n, N, BLOCK_N: tl.constexpr):
+    """`column_block` of a gated weight `[gate | up]` (N columns, N / 2 a multiple of 8): program `pid_n` takes gate
+    columns `pid_n * BLOCK_N / 2 + j` and their up twins `+ N / 2`, the gate words first, so that one program's
+    sums hold both halves of its output columns (`split_k.store_gated_tile`)."""
+    HALF_W: tl.constexpr = BLOCK_N // 16
+    HALF_N: tl.constexpr = BLOCK_N // 2
+    j = tl.arange(0, 2 * HALF_W)
+    gate_words = pid_n * HALF_W + j % HALF_W
+    rw = gate_words + tl.where(j >= HALF_W, N // 16, 0)
+    c = tl.arange(0, BLOCK_N)
+    gate_cols = pid_n * HALF_N + c % HALF_N
+    cols = gate_cols + tl.where(c >= HALF_N, N // 2, 0)
+    return rw, cols, gate_words < N // 16, gate_cols < N // 2, column_unscale(cols)

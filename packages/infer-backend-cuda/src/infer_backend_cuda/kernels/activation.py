@@ -16,6 +16,12 @@ from infer_backend_cuda.kernels._common import next_pow2, pdl_launch, rows_view
 
 
 @triton.jit
+def silu_mul(gate, up):
+    """`silu(gate) * up` in fp32, the one formula of every SiLU-and-mul (this kernel, the GEMMs' gated epilogues)."""
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, I, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
@@ -25,8 +31,7 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride, out_stride, I, BLOCK: tl.cons
     mask = cols < I
     g = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * x_stride + I + cols, mask=mask, other=0.0).to(tl.float32)
-    y = g / (1.0 + tl.exp(-g)) * u
-    tl.store(out_ptr + row * out_stride + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * out_stride + cols, silu_mul(g, u).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

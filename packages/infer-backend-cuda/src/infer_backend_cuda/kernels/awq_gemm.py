@@ -26,8 +26,10 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import awq_gemv, split_k, tuned_table
-from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, unpack
+from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, gated_column_block, unpack
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
+from infer_backend_cuda.kernels.activation import silu_and_mul
+from infer_backend_cuda.kernels.skinny_gemm import GATED
 
 SKINNY_MAX_M = 8
 # Row tiles up to this take SCALE_AFTER (`_awq_kernel`): the step's product scaled once, BLOCK_M / BLOCK_K FMAs a
@@ -55,11 +57,12 @@ def _awq_kernel(
     M, N, K, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, magic,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, K_SPLIT: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
     DOT_F32: tl.constexpr, SCALE_AFTER: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (m, n, s) covers rows `m * BLOCK_M`, columns `n * BLOCK_N` and K `[s * K_SPLIT, (s + 1) * K_SPLIT)`;
     with PARTIAL it writes fp32 partial sums to `ws_ptr + s * split_stride` (a split-K workspace, split_k.py), which
-    with FIXUP the last program of tile (m, n) sums into `out_ptr`.
+    with FIXUP the last program of tile (m, n) sums into `out_ptr`. GATED: as the GEMV's (`awq_gemv`), the weight
+    `[gate | up]`, `out [M, N / 2]` written `silu(gate) * up` by the last program of each tile.
 
     Each K step loads the packed words `[BLOCK_K, BLOCK_N / 8]` once (contiguous rows) and unpacks them in
     registers (`_awq_nibbles.unpack`; `magic` at run time, as in the GEMV, or ptxas re-materializes the nibble
@@ -77,7 +80,10 @@ def _awq_kernel(
         tl.extra.cuda.gdc_wait()
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm, rk = pid_m * BLOCK_M + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
-    rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
+    if GATED:
+        rw, cols, w_mask, n_mask, unscale = gated_column_block(pid_n, N, BLOCK_N)
+    else:
+        rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
     m_mask = rm < M
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * x_stride
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -119,9 +125,14 @@ def _awq_kernel(
             acc += part * s[None, :]
         else:
             acc += part
-    split_k.store_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride,
-                       split_stride, pid_k, tl.num_programs(2), pid_m * tl.num_programs(1) + pid_n, PARTIAL,
-                       HAS_BIAS, FIXUP)
+    tile = pid_m * tl.num_programs(1) + pid_n
+    if GATED:
+        split_k.store_gated_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask,
+                                 pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2), N, out_stride, split_stride,
+                                 pid_k, tl.num_programs(2), tile, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
+    else:
+        split_k.store_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride,
+                           split_stride, pid_k, tl.num_programs(2), tile, PARTIAL, HAS_BIAS, FIXUP)
 
 
 def group_block_k(group: int, cap: int) -> int:
@@ -234,6 +245,31 @@ def choose_config(m: int, n: int, k: int, group: int, device: torch.device) -> A
     return default_config(m, n, k, group)
 
 
+def _operands(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> tuple[int, int, int, int]:
+    """(M, N, K, group) of a checked AWQ GEMM's operands; ValueError where they do not fit together or the kernels."""
+    if x.dim() != 2 or qweight.shape[0] != x.shape[1] or scales.shape[1] != qweight.shape[1] * 8:
+        raise ValueError(f"AWQ GEMM: input {tuple(x.shape)}, qweight {tuple(qweight.shape)} and scales "
+                         f"{tuple(scales.shape)} do not match")
+    m, k = x.shape
+    n = scales.shape[1]
+    group = k // scales.shape[0]
+    if group * scales.shape[0] != k:
+        raise ValueError(f"AWQ GEMM: K = {k} is not a whole number of groups ({scales.shape[0]} scale rows)")
+    check_group(group)
+    check_last_dim_contiguous("input", x)
+    return m, n, k, group
+
+
+def _checked_config(cfg: AwqConfig, m: int, group: int) -> AwqConfig:
+    if group % cfg.block_k:
+        raise ValueError(f"block_k {cfg.block_k} must divide the group size {group}")
+    if cfg.block_n % 8:
+        raise ValueError(f"block_n {cfg.block_n} must be a multiple of 8 (whole packed words)")
+    if cfg.block_m <= SKINNY_MAX_M and cfg.block_m < m:
+        raise ValueError(f"a GEMV config covers at most block_m = {cfg.block_m} rows, got {m}")
+    return cfg
+
+
 def awq_linear(
     x: torch.Tensor,
     qweight: torch.Tensor,
@@ -245,39 +281,63 @@ def awq_linear(
 ) -> torch.Tensor:
     """`x [M, K] @ dequant(qweight, qzeros, scales) (+ bias)` -> `[M, N]` in x's dtype. A config's `block_m`
     picks the kernel: <= SKINNY_MAX_M rows the CUDA-core GEMV, >= 16 the tensor cores (`tl.dot`)."""
-    if x.dim() != 2 or qweight.shape[0] != x.shape[1] or scales.shape[1] != qweight.shape[1] * 8:
-        raise ValueError(f"AWQ GEMM: input {tuple(x.shape)}, qweight {tuple(qweight.shape)} and scales "
-                         f"{tuple(scales.shape)} do not match")
-    m, k = x.shape
-    n = scales.shape[1]
-    group = k // scales.shape[0]
-    if group * scales.shape[0] != k:
-        raise ValueError(f"AWQ GEMM: K = {k} is not a whole number of groups ({scales.shape[0]} scale rows)")
-    check_group(group)
-    check_last_dim_contiguous("input", x)
+    m, n, k, group = _operands(x, qweight, scales)
     if out is None:
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    cfg = config or choose_config(m, n, k, group, x.device)
-    if group % cfg.block_k:
-        raise ValueError(f"block_k {cfg.block_k} must divide the group size {group}")
-    if cfg.block_n % 8:
-        raise ValueError(f"block_n {cfg.block_n} must be a multiple of 8 (whole packed words)")
+    cfg = _checked_config(config or choose_config(m, n, k, group, x.device), m, group)
+    _launch(x, qweight, qzeros, scales, bias, out, cfg, group, gated=False)
+    return out
+
+
+def awq_linear_silu_mul(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: AwqConfig | None = None,
+) -> torch.Tensor:
+    """`silu_and_mul(awq_linear(x, [gate | up] ...))` -> `[M, N / 2]`: one launch, whose last program of each tile
+    writes the activation (`split_k.store_gated_tile`), with the plain GEMM's config at this shape; the GEMM and the
+    SiLU-and-mul kernel where the columns do not pair in whole words (`awq_gemv.gated_fits`), the split-K counters
+    are off or short, or `INFER_CUDA_GATED_GEMM=0`."""
+    m, n, k, group = _operands(x, qweight, scales)
+    cfg = _checked_config(config or choose_config(m, n, k, group, x.device), m, group)
+    if GATED and awq_gemv.gated_fits(n, cfg.block_n):
+        out = torch.empty((m, n // 2), dtype=x.dtype, device=x.device)
+        if _launch(x, qweight, qzeros, scales, bias, out, cfg, group, gated=True):
+            return out
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    _launch(x, qweight, qzeros, scales, bias, out, cfg, group, gated=False)
+    return silu_and_mul(out)
+
+
+def _launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+            bias: torch.Tensor | None, out: torch.Tensor, cfg: AwqConfig, group: int, gated: bool) -> bool:
+    """Either kernel on checked operands (`awq_gemv.launch`'s contract: False, nothing launched, where a gated
+    launch finds no split-K counters)."""
     if cfg.block_m <= SKINNY_MAX_M:
-        if cfg.block_m < m:
-            raise ValueError(f"a GEMV config covers at most block_m = {cfg.block_m} rows, got {m}")
-        awq_gemv.launch(x, qweight, qzeros, scales, bias, out, group, cfg.block_n, cfg.block_k, cfg.num_warps,
-                        cfg.k_splits, cfg.row_programs)
-        return out
+        return awq_gemv.launch(x, qweight, qzeros, scales, bias, out, group, cfg.block_n, cfg.block_k,
+                               cfg.num_warps, cfg.k_splits, cfg.row_programs, gated)
+    m, k = x.shape
+    n = scales.shape[1]
     steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)
-    grid = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n), splits)
-    p = split_k.partials(splits, m, n, out, grid[0] * grid[1], fixup=True)
+    column_tiles = triton.cdiv(n // 2, cfg.block_n // 2) if gated else triton.cdiv(n, cfg.block_n)
+    grid = (triton.cdiv(m, cfg.block_m), column_tiles, splits)
+    if gated:
+        p = split_k.gated_partials(splits, m, n, out.device, grid[0] * grid[1])
+        if p is None:
+            return False
+    else:
+        p = split_k.partials(splits, m, n, out, grid[0] * grid[1], fixup=True)
     _awq_kernel[grid](
         x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n, k,
         x.stride(0), qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0), m * n, MAGIC,
         GROUP=group, HAS_BIAS=bias is not None, K_SPLIT=steps * cfg.block_k, PARTIAL=p.partial, FIXUP=p.fixup,
         DOT_F32=dot_in_fp32(x.dtype), SCALE_AFTER=cfg.block_m <= SCALE_AFTER_MAX_M, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GATED=gated,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x.device),
     )
-    split_k.finish(p, bias, out)
-    return out
+    if not gated:
+        split_k.finish(p, bias, out)
+    return True

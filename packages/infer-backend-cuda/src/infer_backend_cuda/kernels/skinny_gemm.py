@@ -26,10 +26,11 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels import tuned_table
 from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
+from infer_backend_cuda.kernels.activation import silu_mul
 
 MAX_M = 8
 # INFER_CUDA_GATED_GEMM=0: a gated MLP's gate / up GEMM without the SiLU-and-mul epilogue (that kernel after it; A/B
-# runs). On the H200 the epilogue with its gate / up rows paired adjacently gains 0.02-0.08 ms a decode step at 1-8
+# runs; the AWQ GEMMs' gated split-K sum follows it too, `awq_gemm.awq_linear_silu_mul`). On the H200 the epilogue with its gate / up rows paired adjacently gains 0.02-0.08 ms a decode step at 1-8
 # rows (docs/benchmarks.md, ninth session). Read once at import, like the other INFER_CUDA_ switches.
 GATED_ENV = "INFER_CUDA_GATED_GEMM"
 GATED = os.environ.get(GATED_ENV, "1").strip() != "0"
@@ -205,7 +206,7 @@ def gated_epilogue(y, out_ptr, out_stride, rm, m_mask, pid, half_n, BLOCK_M: tl.
     gate, up = tl.split(tl.reshape(y, [BLOCK_M, HALF_N, 2]))
     gate = gate.to(dt).to(tl.float32)
     up = up.to(dt).to(tl.float32)
-    act = gate / (1.0 + tl.exp(-gate)) * up
+    act = silu_mul(gate, up)
     cols = pid * HALF_N + tl.arange(0, HALF_N)
     mask = m_mask[:, None] & (cols < half_n)[None, :]
     tl.store(out_ptr + rm[:, None] * out_stride + cols[None, :], act.to(dt), mask=mask)

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels._common import next_pow2, on_off_switch, pdl_launch
+from infer_backend_cuda.kernels.activation import silu_mul
 
 # A few programs per SM of an H100/H200 (132 SMs).
 TARGET_PROGRAMS = 512
@@ -91,6 +92,15 @@ def last_arrival(counter_ptr, arrivals):
 
 
 @triton.jit
+def _sum_splits(total, ws_ptr, rm, cols, mask, N, split_stride, splits):
+    """`total` plus the partials of rows `rm`, columns `cols` of every range, in split order, read with `.cg` (L2)."""
+    for s in range(0, splits):
+        total += tl.load(ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :], mask=mask, other=0.0,
+                         cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, out_stride, split_stride, splits,
            tile, HAS_BIAS: tl.constexpr):
     """After this program's partial is stored: the last of the tile's `splits` programs (`last_arrival`) sums every
@@ -98,10 +108,7 @@ def _fixup(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, mask, n_mask, N, 
     counter back to 0. The partials are loaded with `.cg` (L2 only)."""
     if last_arrival(counter_ptr + tile, splits):
         tl.debug_barrier()
-        total = tl.zeros_like(acc)
-        for s in range(0, splits):
-            total += tl.load(ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :], mask=mask, other=0.0,
-                             cache_modifier=".cg")
+        total = _sum_splits(tl.zeros_like(acc), ws_ptr, rm, cols, mask, N, split_stride, splits)
         if HAS_BIAS:
             total += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], total.to(out_ptr.dtype.element_ty),
@@ -127,6 +134,34 @@ def store_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mas
             acc += tl.load(b_ptr + cols, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + cols[None, :], acc.to(out_ptr.dtype.element_ty),
                  mask=mask)
+
+
+@triton.jit
+def store_gated_tile(acc, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, gate_cols, N, out_stride,
+                     split_stride, split, splits, tile, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                     HALF_N: tl.constexpr):
+    """A gated GEMM's tile (weight `[gate | up]`, N columns): `acc [rows rm, columns cols]` holds gate and up columns
+    in any order, stored as range `split`'s partial sums (also with one range: `gated_partials`); the last of the
+    tile's `splits` programs sums gate columns `gate_cols` (`HALF_N` of them) and their up twins (`+ N / 2`) in split
+    order, adds the bias, and writes `silu(gate) * up` to `out [M, N / 2]`, rounded as the unfused GEMM and
+    `silu_and_mul` round (each sum to the output dtype, then the product)."""
+    tl.store(ws_ptr + split * split_stride + rm[:, None] * N + cols[None, :], acc,
+             mask=m_mask[:, None] & n_mask[None, :])
+    if last_arrival(counter_ptr + tile, splits):
+        tl.debug_barrier()
+        half = N // 2
+        g_mask = gate_cols < half
+        mask = m_mask[:, None] & g_mask[None, :]
+        zero = tl.zeros((BLOCK_M, HALF_N), dtype=tl.float32)
+        gate = _sum_splits(zero, ws_ptr, rm, gate_cols, mask, N, split_stride, splits)
+        up = _sum_splits(zero, ws_ptr, rm, gate_cols + half, mask, N, split_stride, splits)
+        if HAS_BIAS:
+            gate += tl.load(b_ptr + gate_cols, mask=g_mask, other=0.0).to(tl.float32)[None, :]
+            up += tl.load(b_ptr + half + gate_cols, mask=g_mask, other=0.0).to(tl.float32)[None, :]
+        dt = out_ptr.dtype.element_ty
+        act = silu_mul(gate.to(dt).to(tl.float32), up.to(dt).to(tl.float32))
+        tl.store(out_ptr + rm.to(tl.int64)[:, None] * out_stride + gate_cols[None, :], act.to(dt), mask=mask)
+        tl.store(counter_ptr + tile, 0)
 
 
 @triton.jit
@@ -229,6 +264,14 @@ def partials(splits: int, m: int, n: int, out: torch.Tensor, tiles: int, fixup: 
     if splits == 1:
         return Partials(1, out, None)
     return Partials(splits, workspace(splits, m, n, out.device), counters_for(tiles, out.device, fixup))
+
+
+def gated_partials(splits: int, m: int, n: int, device: torch.device, tiles: int) -> Partials | None:
+    """The targets of a gated launch (`store_gated_tile`): always a workspace, even for one range (the activation
+    needs both halves summed, which only the last arriver of a tile holds), and the counters; None where the
+    fix-up is switched off or no counters serve `tiles`: the caller then runs the GEMM and `silu_and_mul`."""
+    cnt = counters_for(tiles, device)
+    return None if cnt is None else Partials(splits, workspace(splits, m, n, device), cnt)
 
 
 def finish(p: Partials, bias: torch.Tensor | None, out: torch.Tensor) -> None:
