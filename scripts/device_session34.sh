@@ -4,9 +4,11 @@
 #   CALL=h200 (~9 min): the H200 flow of device_lib's `h200_served` (mid GEMM tuned for the H200: copy the returned
 #           mid_gemm.json into packages/infer-backend-cuda/src/infer_backend_cuda/configs/; chat at qps 1 and 32;
 #           the ~3k prompts), then CALL=replays.
-#   CALL=replays (~3 min): the gated AWQ GEMM's GPU test, then decode replays as the defaults now run: BF16 1-4 rows,
-#           AWQ one row with the SiLU-and-mul in the gate / up GEMM's last programs (INFER_CUDA_GATED_GEMM=1) and
-#           without (0), without the preload (INFER_CUDA_AWQ_PRELOAD=0), AWQ 4 rows gated / not, FP8 one row.
+#   CALL=replays (~4 min): the gated AWQ GEMM's and the split-K sum's GPU tests, then decode replays as the defaults
+#           now run: BF16 1-4 rows; AWQ 1 and 4 rows with the SiLU-and-mul in the gate / up GEMM's last programs
+#           (INFER_CUDA_GATED_GEMM=1) and without (0), twice each; AWQ one row with the fix-up's partials read one
+#           tile at a time (INFER_CUDA_SPLIT_K_SUM_CHUNK=0, the old sum) and without the preload
+#           (INFER_CUDA_AWQ_PRELOAD=0); FP8 one row.
 #   CALL=maxnreg / ablate: the thirty-third session's (scripts/device_session33.sh), prepared there, not yet run.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=auto COMMIT=abc1234 bash scripts/device_session34.sh
@@ -17,11 +19,12 @@ session_logs s34
 case ${CALL:-auto} in
   auto | h200) h200_then "$0" "${OTHER:-replays}" ;;
   replays)
-    gpu_tests gated "${TEST_S:-150}" tests/backend_cuda/test_awq_gated.py
+    gpu_tests gated "${TEST_S:-200}" tests/backend_cuda/test_awq_gated.py tests/backend_cuda/test_split_k_fixup.py
     roofline bf16 qwen3-4b 1,2,4
     for gated in 1 0 1 0; do
       roofline "awq_gated$gated" qwen3-4b-awq 1,4 INFER_CUDA_GATED_GEMM=$gated
     done
+    roofline awq_chunk0 qwen3-4b-awq 1 INFER_CUDA_SPLIT_K_SUM_CHUNK=0
     roofline awq_pre0 qwen3-4b-awq 1 INFER_CUDA_AWQ_PRELOAD=0
     roofline fp8 qwen3-4b-fp8 1 ;;
   maxnreg | ablate) bash "$(dirname "$0")/device_session33.sh" ;;

@@ -20,6 +20,7 @@ CASES = [
     ("awq-gemv", 1, A.AwqConfig(1, 16, 16, 2, 1, 2)),
     ("awq-gemv", 3, A.AwqConfig(4, 16, 16, 2, 1, 3)),
     ("awq-gemv", 7, A.AwqConfig(8, 256, 16, 2, 1, 8)),
+    ("awq-gemv-long", 1, A.AwqConfig(1, 16, 16, 2, 1, 21)),  # 21 ranges: the sum's chunks of 16 and a short one
     ("awq-tiled", 5, A.AwqConfig(16, 16, 16, 4, 1, 3)),
     ("awq-tiled", 19, A.AwqConfig(16, 32, 16, 4, 1, 5)),
     ("fp8-rows", 1, F8.Fp8Config(1, 32, 4, 1, 2)),
@@ -31,7 +32,7 @@ CASES = [
 def _gemm(kind: str, m: int, dtype: torch.dtype, device: str, with_bias: bool):
     """A closure `run(out, config)` over one operand set, and the output width."""
     if kind.startswith("awq"):
-        n, k = 72, 256
+        n, k = 72, 21 * 64 if kind.endswith("long") else 256
         operands = awq_operands(n, k, 64, device, seed=m)
     else:
         n, k = 60, 200  # parts of 40 and 20 rows in blocks of 16; K = 200 in groups of 64: a partial last group
@@ -201,3 +202,15 @@ def test_fixup_on_gpu_equals_the_reduce_kernel_and_replays_in_a_cuda_graph(fmt, 
         torch.cuda.synchronize()
         assert torch.equal(captured, expected), seed
         assert _counters_zero("cuda")
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 2048), ("", 2048), ("0", 0), (" 512 ", 512)])
+def test_sum_chunk_switch_parses(raw, expected) -> None:  # noqa: ANN001
+    environ = {} if raw is None else {split_k.SUM_CHUNK_ENV: raw}
+    assert split_k.sum_chunk_elements(environ) == expected
+
+
+@pytest.mark.parametrize("raw", ["-1", "many", "2k"])
+def test_sum_chunk_switch_refuses_other_values(raw) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=split_k.SUM_CHUNK_ENV):
+        split_k.sum_chunk_elements({split_k.SUM_CHUNK_ENV: raw})

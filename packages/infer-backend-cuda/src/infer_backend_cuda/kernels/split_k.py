@@ -91,12 +91,43 @@ def last_arrival(counter_ptr, arrivals):
     return tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == arrivals - 1
 
 
+# Partial tiles a fix-up asks for at once: up to SUM_CHUNK_ELEMENTS fp32 values in flight (32 registers a thread on 2
+# warps), at most 16 tiles. INFER_CUDA_SPLIT_K_SUM_CHUNK sets it for A/B runs (0: one tile at a time, the old loop).
+SUM_CHUNK_ENV = "INFER_CUDA_SPLIT_K_SUM_CHUNK"
+
+
+def sum_chunk_elements(environ: Mapping[str, str] = os.environ) -> int:
+    raw = environ.get(SUM_CHUNK_ENV, "").strip() or "2048"
+    if not raw.isdigit():
+        raise ValueError(f"{SUM_CHUNK_ENV}={raw!r}: expected a count of fp32 values (0: one partial tile at a time)")
+    return int(raw)
+
+
+SUM_CHUNK_ELEMENTS = tl.constexpr(sum_chunk_elements())
+
+
 @triton.jit
 def _sum_splits(total, ws_ptr, rm, cols, mask, N, split_stride, splits):
-    """`total` plus the partials of rows `rm`, columns `cols` of every range, in split order, read with `.cg` (L2)."""
-    for s in range(0, splits):
-        total += tl.load(ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :], mask=mask, other=0.0,
-                         cache_modifier=".cg")
+    """`total` plus the partials of rows `rm`, columns `cols` of every range, in split order, read with `.cg` (L2).
+    The loads go out a chunk of ranges at a time (masked past the last range: `x + 0.0` is x), their sums after:
+    each is an L2 round trip (~0.2-0.3 us) that a load-then-add loop pays once a range (ptxas unrolled it by 4:
+    eight trips for the 32 ranges of the one-row AWQ o_proj), at the end of the GEMM's critical path."""
+    TILE: tl.constexpr = total.shape[0] * total.shape[1]
+    CHUNK: tl.constexpr = max(1, min(16, SUM_CHUNK_ELEMENTS // TILE))
+    if CHUNK == 1:  # a tile of 2048 values or more (tiled GEMMs): one load of registers at a time
+        for s in range(0, splits):
+            total += tl.load(ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :], mask=mask, other=0.0,
+                             cache_modifier=".cg")
+    else:
+        offsets = rm[:, None] * N + cols[None, :]
+        for s0 in range(0, splits, CHUNK):
+            parts = ()
+            for i in tl.static_range(CHUNK):
+                in_range = (s0 + i + 0 * cols) < splits  # a vector: the 3.9 interpreter refuses `mask & bool`
+                parts = parts + (tl.load(ws_ptr + (s0 + i) * split_stride + offsets, mask=mask & in_range[None, :],
+                                         other=0.0, cache_modifier=".cg"),)
+            for i in tl.static_range(CHUNK):
+                total += parts[i]
     return total
 
 
