@@ -43,7 +43,7 @@ def _sass_print(fn, constexprs: dict, pointers: dict[str, str], floats: tuple[st
 def cases():
     """(label, fingerprint, SASS lines) of each kernel in a served configuration with its last-arrival path on."""
     ce = dict(GROUP=128, HAS_BIAS=True, PARTIAL=True, FIXUP=True, BLOCK_M=1, BLOCK_N=128, BLOCK_K=8, UNROLL=16,
-              ROW_PROGRAMS=False, PRELOAD=True, GATED=False, USE_PDL=True)
+              ROW_PROGRAMS=False, PRELOAD=True, USE_PDL=True)
     yield "awq gemv, split-K fix-up", *_sass_print(AV._awq_gemv_kernel, ce, {
         "x_ptr": "*bf16", "qw_ptr": "*i32", "qz_ptr": "*i32", "s_ptr": "*fp16", "b_ptr": "*fp16", "out_ptr": "*bf16",
         "counter_ptr": "*i32"})

@@ -102,7 +102,7 @@ def cases():
     # with its first group's loads before the wait (PRELOAD, awq_gemv._one_row_preloaded)
     for bn, warps, preload in ((128, 2, True), (128, 2, False), (256, 4, False), (512, 4, False)):
         ce = dict(GROUP=128, HAS_BIAS=False, PARTIAL=True, FIXUP=_FIXUP, BLOCK_M=1, BLOCK_N=bn, BLOCK_K=8,
-                  UNROLL=16, ROW_PROGRAMS=False, PRELOAD=preload, GATED=False, USE_PDL=preload)
+                  UNROLL=16, ROW_PROGRAMS=False, PRELOAD=preload, USE_PDL=preload)
         kernel = compile_sm90(AV._awq_gemv_kernel, _AWQ_GEMV_TYPES, ce, warps, 1, _AWQ_DIVISIBLE)
         yield f"awq gemv 1x{bn}x8 w{warps}{' preload' if preload else ''}", kernel, bn * 128, warps
     for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (16, 256, 64, 4, 3), (16, 128, 128, 4, 3),

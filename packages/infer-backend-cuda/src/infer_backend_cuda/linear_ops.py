@@ -3,9 +3,9 @@
 Dense weights take cuBLAS, the skinny Triton GEMM at 1-8 rows (with its fused norm prologue, and the gate / up
 GEMM's SiLU-and-mul epilogue) or the mid Triton GEMM at 9-128 rows (with that epilogue too) where the GPU's tables say
 so. AWQ and block FP8 run their Triton GEMMs (`kernels/awq_gemm.py`, `kernels/fp8_gemm.py`) after the unfused norm
-kernel; the gate / up GEMM applies the SiLU-and-mul itself where it can (AWQ: the last program of each output tile,
-`awq_linear_silu_mul`; block FP8: the mid GEMM's epilogue where its table has the FP8 entry, 1-128 rows), else the
-SiLU-and-mul kernel runs after it. Every path allocates its outputs with
+kernel; the gate / up GEMM applies the SiLU-and-mul itself where it pays (AWQ's tiled kernel, 2 rows and more: the
+last program of each output tile, `awq_linear_silu_mul`; block FP8: the mid GEMM's epilogue where its table has the
+FP8 entry, 1-128 rows), else the SiLU-and-mul kernel runs after it. Every path allocates its outputs with
 `torch.empty` only, which a CUDA-graph capture serves from the graph's pool, and never synchronises with the host.
 """
 

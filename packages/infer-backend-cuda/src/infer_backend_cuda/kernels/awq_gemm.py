@@ -297,13 +297,13 @@ def awq_linear_silu_mul(
     bias: torch.Tensor | None = None,
     config: AwqConfig | None = None,
 ) -> torch.Tensor:
-    """`silu_and_mul(awq_linear(x, [gate | up] ...))` -> `[M, N / 2]`: one launch, whose last program of each tile
-    writes the activation (`split_k.store_gated_tile`), with the plain GEMM's config at this shape; the GEMM and the
-    SiLU-and-mul kernel where the columns do not pair in whole words (`awq_gemv.gated_fits`), the split-K counters
-    are off or short, or `INFER_CUDA_GATED_GEMM=0`."""
+    """`silu_and_mul(awq_linear(x, [gate | up] ...))` -> `[M, N / 2]`, with the plain GEMM's config at this shape: on
+    the tiled kernel one launch, whose last program of each tile writes the activation (`split_k.store_gated_tile`);
+    the GEMM and the SiLU-and-mul kernel on the GEMV (measured slower gated: below), where the halves do not pair in
+    whole words (`gated_fits`), the split-K counters are off or short, or with `INFER_CUDA_GATED_GEMM=0`."""
     m, n, k, group = _operands(x, qweight, scales)
     cfg = _checked_config(config or choose_config(m, n, k, group, x.device), m, group)
-    if GATED and awq_gemv.gated_fits(n, cfg.block_n):
+    if GATED and cfg.block_m > SKINNY_MAX_M and gated_fits(n, cfg.block_n):
         out = torch.empty((m, n // 2), dtype=x.dtype, device=x.device)
         if _launch(x, qweight, qzeros, scales, bias, out, cfg, group, gated=True):
             return out
@@ -312,13 +312,23 @@ def awq_linear_silu_mul(
     return silu_and_mul(out)
 
 
+# The gated form on the one-row GEMV (thirty-fourth session, H100, Qwen3-4B AWQ replays): 2.281 / 2.281 ms against
+# 2.231 / 2.235 unfused at one row (its programs read gate and up columns as two 32-byte runs a K row instead of one of
+# 64), while the tiled kernel's at four rows gained (3.676 / 3.700 against 3.852 / 3.786): the tiled kernel alone.
+def gated_fits(n: int, block_n: int) -> bool:
+    """Whether a gated launch can pair `[gate | up]`'s columns in whole packed words: each half and each program's
+    share of it (`block_n / 2`) a multiple of 8 columns."""
+    return n % 16 == 0 and block_n % 16 == 0
+
+
 def _launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
             bias: torch.Tensor | None, out: torch.Tensor, cfg: AwqConfig, group: int, gated: bool) -> bool:
-    """Either kernel on checked operands (`awq_gemv.launch`'s contract: False, nothing launched, where a gated
-    launch finds no split-K counters)."""
+    """Either kernel on checked operands; `gated` (the tiled kernel only): False, with nothing launched, where the
+    split-K counters that launch needs are not available (`split_k.gated_partials`)."""
     if cfg.block_m <= SKINNY_MAX_M:
-        return awq_gemv.launch(x, qweight, qzeros, scales, bias, out, group, cfg.block_n, cfg.block_k,
-                               cfg.num_warps, cfg.k_splits, cfg.row_programs, gated)
+        awq_gemv.launch(x, qweight, qzeros, scales, bias, out, group, cfg.block_n, cfg.block_k, cfg.num_warps,
+                        cfg.k_splits, cfg.row_programs)
+        return True
     m, k = x.shape
     n = scales.shape[1]
     steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)

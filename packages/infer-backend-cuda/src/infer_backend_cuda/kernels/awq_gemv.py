@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import split_k
-from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, gated_column_block, unpack
+from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, unpack
 from infer_backend_cuda.kernels._common import on_off_switch, pdl_launch
 
 # INFER_CUDA_AWQ_PRELOAD (default 1): one-row programs ask for their first group's weights before `gdc_wait`
@@ -157,14 +157,12 @@ def _awq_gemv_kernel(
     M, N, x_stride, qw_stride, qz_stride, s_stride, out_stride, split_stride, groups, groups_per_split, magic,
     GROUP: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, FIXUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
-    ROW_PROGRAMS: tl.constexpr, PRELOAD: tl.constexpr, GATED: tl.constexpr, USE_PDL: tl.constexpr,
+    ROW_PROGRAMS: tl.constexpr, PRELOAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Program (n, s) covers every row (with ROW_PROGRAMS program (r, n, s) row r alone), columns `n * BLOCK_N`
     and groups `[s * groups_per_split, ...)`; with PARTIAL it writes fp32 partial sums to `ws_ptr + s *
     split_stride` (a split-K workspace, split_k.py), which with FIXUP the last program of the tile sums into
-    `out_ptr` (arrival counter n, or n * M + r with ROW_PROGRAMS). With GATED the weight is `[gate | up]`, a program's
-    columns are gate columns and their up twins (`gated_column_block`), and the last program of the tile writes
-    `silu(gate) * up` to `out [M, N / 2]` (`split_k.store_gated_tile`; always through the workspace).
+    `out_ptr` (arrival counter n, or n * M + r with ROW_PROGRAMS).
 
     `magic` is 0x4B000000 (the bits of 2^23), passed at run time: as a literal, ptxas keeps it as the LOP3's
     immediate and re-materializes the five nibble masks before every LOP3 instead (sm_90 SASS: 5.3 against 4.3
@@ -181,10 +179,7 @@ def _awq_gemv_kernel(
         row, pid_n, pid_k = 0, tl.program_id(0), tl.program_id(1)
         tile = pid_n
     rm, rk = row + tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_K)
-    if GATED:
-        rw, cols, w_mask, n_mask, unscale = gated_column_block(pid_n, N, BLOCK_N)
-    else:
-        rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
+    rw, cols, w_mask, n_mask, unscale = column_block(pid_n, N, BLOCK_N)
     m_mask = rm < M
     x_rows = x_ptr + rm.to(tl.int64)[:, None] * x_stride
     g_first = pid_k * groups_per_split
@@ -199,14 +194,8 @@ def _awq_gemv_kernel(
         y = tl.sum(acc, axis=0)[None, :]
     else:
         y = tl.sum(acc, axis=1)
-    splits = tl.num_programs(2 if ROW_PROGRAMS else 1)
-    if GATED:
-        split_k.store_gated_tile(y, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask,
-                                 pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2), N, out_stride, split_stride,
-                                 pid_k, splits, tile, HAS_BIAS, BLOCK_M, BLOCK_N // 2)
-    else:
-        split_k.store_tile(y, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride,
-                           split_stride, pid_k, splits, tile, PARTIAL, HAS_BIAS, FIXUP)
+    split_k.store_tile(y, out_ptr, ws_ptr, b_ptr, counter_ptr, rm, cols, m_mask, n_mask, N, out_stride,
+                       split_stride, pid_k, tl.num_programs(2 if ROW_PROGRAMS else 1), tile, PARTIAL, HAS_BIAS, FIXUP)
 
 
 # The preload's register bound: accumulator elements a thread (`BLOCK_K * BLOCK_N / threads`). sm_90 SASS (Triton 3.6,
@@ -231,32 +220,19 @@ def unroll(m: int, steps: int) -> int:
     return max(d for d in (4, 3, 2, 1) if steps % d == 0)
 
 
-def gated_fits(n: int, block_n: int) -> bool:
-    """Whether a gated launch can pair `[gate | up]`'s columns in whole packed words: each half and each program's
-    share of it (`block_n / 2`) a multiple of 8 columns."""
-    return n % 16 == 0 and block_n % 16 == 0
-
-
 def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
            bias: torch.Tensor | None, out: torch.Tensor, group: int, block_n: int, block_k: int, num_warps: int,
-           k_splits: int, row_programs: bool = False, gated: bool = False) -> bool:
+           k_splits: int, row_programs: bool = False) -> None:
     """`out = x @ dequant (+ bias)` for `x [M <= 8, K]`, K a whole number of groups; `k_splits` ranges at most,
     each of whole groups (validated by `awq_gemm.awq_linear`). With `row_programs` each row runs the one-row
     kernel in programs of its own, next to the other rows' programs of the same tile and range in launch order, so
-    that a word tile read from HBM for one row is read from L2 for the others. With `gated` (`gated_fits`) the
-    weight is `[gate | up]` and `out [M, N / 2]` takes `silu(gate) * up`; False, with nothing launched, where the
-    split-K counters that gated launch needs are not available (`split_k.gated_partials`)."""
-    m, n = x.shape[0], scales.shape[1]
+    that a word tile read from HBM for one row is read from L2 for the others."""
+    m, n = x.shape[0], out.shape[1]
     groups = scales.shape[0]
     per, splits = split_k.steps_per_split(groups, k_splits)
-    tiles = triton.cdiv(n // 2 if gated else n, block_n // 2 if gated else block_n)
+    tiles = triton.cdiv(n, block_n)
     rows = m if row_programs else 1
-    if gated:
-        p = split_k.gated_partials(splits, m, n, out.device, tiles * rows)
-        if p is None:
-            return False
-    else:
-        p = split_k.partials(splits, m, n, out, tiles * rows, fixup=True)
+    p = split_k.partials(splits, m, n, out, tiles * rows, fixup=True)
     grid = (m, tiles, splits) if row_programs else (tiles, splits)
     _awq_gemv_kernel[grid](
         x, qweight, qzeros, scales, bias if bias is not None else scales, out, p.workspace, p.counter_arg, m, n,
@@ -264,9 +240,7 @@ def launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales:
         MAGIC, GROUP=group, HAS_BIAS=bias is not None, PARTIAL=p.partial, FIXUP=p.fixup,
         BLOCK_M=1 if row_programs else triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k,
         UNROLL=unroll(1 if row_programs else m, group // block_k), ROW_PROGRAMS=row_programs,
-        PRELOAD=preloads(m, row_programs, block_k, block_n, num_warps), GATED=gated, num_warps=num_warps,
+        PRELOAD=preloads(m, row_programs, block_k, block_n, num_warps), num_warps=num_warps,
         num_stages=1, **pdl_launch(x.device), **MAXNREG,
     )
-    if not gated:
-        split_k.finish(p, bias, out)
-    return True
+    split_k.finish(p, bias, out)
