@@ -9,8 +9,9 @@
 #           (INFER_CUDA_GATED_GEMM=1) and without (0), twice each; AWQ one row with the fix-up's partials read one
 #           tile at a time (INFER_CUDA_SPLIT_K_SUM_CHUNK=0, the old sum); FP8 one row on its own sum (the reduce
 #           launch) and on the fix-up (INFER_CUDA_SPLIT_K_FIXUP=1: the fix-up's sum is now chunked).
-#   CALL=confirm (~2.5 min): the gated GPU test and AWQ replays at 1 and 4 rows, twice, with the gated form on the
-#           tiled kernel only (the GEMV's measured slower in CALL=replays).
+#   CALL=confirm (~3.5 min): the gated GPU test and AWQ replays at 1 and 4 rows, twice, with the gated form on the
+#           tiled kernel only (the GEMV's measured slower in CALL=replays); between them one row with the default split
+#           counts aimed at 1,024 programs (INFER_CUDA_SPLIT_K_TARGET_PROGRAMS: one group a program at one row).
 #   CALL=targets (~1.5 min): BF16 1-2 rows, AWQ and FP8 one row (OTHER=targets after the H200 flow).
 #   CALL=maxnreg / ablate: the thirty-third session's (scripts/device_session33.sh), prepared there, not yet run.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
@@ -33,7 +34,9 @@ case ${CALL:-auto} in
   confirm)  # the tree with the gated form on the tiled kernel alone: its GPU test, AWQ replays at 1 and 4 rows twice
     gpu_tests confirm "${TEST_S:-120}" tests/backend_cuda/test_awq_gated.py
     roofline awq_a qwen3-4b-awq 1,4
-    roofline awq_b qwen3-4b-awq 1,4 ;;
+    roofline awq_t1024a qwen3-4b-awq 1 INFER_CUDA_SPLIT_K_TARGET_PROGRAMS=1024
+    roofline awq_b qwen3-4b-awq 1,4
+    roofline awq_t1024b qwen3-4b-awq 1 INFER_CUDA_SPLIT_K_TARGET_PROGRAMS=1024 ;;
   targets)  # the batch-1 targets alone (after the H200 flow, within one call's 10 minutes)
     roofline bf16 qwen3-4b 1,2
     roofline awq qwen3-4b-awq 1

@@ -214,3 +214,15 @@ def test_sum_chunk_switch_parses(raw, expected) -> None:  # noqa: ANN001
 def test_sum_chunk_switch_refuses_other_values(raw) -> None:  # noqa: ANN001
     with pytest.raises(ValueError, match=split_k.SUM_CHUNK_ENV):
         split_k.sum_chunk_elements({split_k.SUM_CHUNK_ENV: raw})
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, 512), (" ", 512), ("1024", 1024)])
+def test_target_programs_switch_parses(raw, expected) -> None:  # noqa: ANN001
+    environ = {} if raw is None else {split_k.TARGET_PROGRAMS_ENV: raw}
+    assert split_k.target_programs(environ) == expected
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "lots"])
+def test_target_programs_switch_refuses_other_values(raw) -> None:  # noqa: ANN001
+    with pytest.raises(ValueError, match=split_k.TARGET_PROGRAMS_ENV):
+        split_k.target_programs({split_k.TARGET_PROGRAMS_ENV: raw})

@@ -28,8 +28,19 @@ import triton.language as tl
 from infer_backend_cuda.kernels._common import next_pow2, on_off_switch, pdl_launch
 from infer_backend_cuda.kernels.activation import silu_mul
 
-# A few programs per SM of an H100/H200 (132 SMs).
-TARGET_PROGRAMS = 512
+# A few programs per SM of an H100/H200 (132 SMs). INFER_CUDA_SPLIT_K_TARGET_PROGRAMS sets it for A/B runs (every
+# split kernel's default split count; tuned-table configs keep theirs).
+TARGET_PROGRAMS_ENV = "INFER_CUDA_SPLIT_K_TARGET_PROGRAMS"
+
+
+def target_programs(environ: Mapping[str, str] = os.environ) -> int:
+    raw = environ.get(TARGET_PROGRAMS_ENV, "").strip() or "512"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{TARGET_PROGRAMS_ENV}={raw!r}: expected a positive count of programs")
+    return int(raw)
+
+
+TARGET_PROGRAMS = target_programs()
 
 # INFER_CUDA_SPLIT_K_FIXUP: unset, each kernel's own sum (module docstring); 1 the fix-up everywhere, 0 the reduce
 # launch everywhere (A/B runs). Read once at import, like kernels/_common.PDL_ENV (and not under RUSTINFER_, the
