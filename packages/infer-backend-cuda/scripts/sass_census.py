@@ -108,7 +108,8 @@ def cases():
     for bm, bn, bk, warps, stages in ((16, 128, 64, 4, 3), (16, 256, 64, 4, 3), (16, 128, 128, 4, 3),
                                       (16, 256, 128, 8, 3), (32, 128, 64, 4, 3), (64, 128, 64, 4, 3)):
         ce = dict(GROUP=128, HAS_BIAS=False, K_SPLIT=1024, PARTIAL=True, FIXUP=_FIXUP, DOT_F32=False,
-                  SCALE_AFTER=bm <= A.SCALE_AFTER_MAX_M, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GATED=False, USE_PDL=False)
+                  SCALE_AFTER=bm <= A.SCALE_AFTER_MAX_M, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GATED=False,
+                  USE_PDL=False)
         kernel = compile_sm90(A._awq_kernel, _AWQ_TYPES, ce, warps, stages, _AWQ_DIVISIBLE[:-1])
         yield f"awq {bm}x{bn}x{bk} w{warps}", kernel, bn * bk, warps
     for bm, bn, warps, stages, fuse in ((1, 64, 4, 2, True), (16, 64, 4, 3, False)):

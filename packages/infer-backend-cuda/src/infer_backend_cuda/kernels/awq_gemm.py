@@ -61,8 +61,9 @@ def _awq_kernel(
 ):
     """Program (m, n, s) covers rows `m * BLOCK_M`, columns `n * BLOCK_N` and K `[s * K_SPLIT, (s + 1) * K_SPLIT)`;
     with PARTIAL it writes fp32 partial sums to `ws_ptr + s * split_stride` (a split-K workspace, split_k.py), which
-    with FIXUP the last program of tile (m, n) sums into `out_ptr`. GATED: as the GEMV's (`awq_gemv`), the weight
-    `[gate | up]`, `out [M, N / 2]` written `silu(gate) * up` by the last program of each tile.
+    with FIXUP the last program of tile (m, n) sums into `out_ptr`. GATED: the weight is `[gate | up]`, a program's
+    columns are gate columns and their up twins (`gated_column_block`), and the last program of each tile writes
+    `silu(gate) * up` to `out [M, N / 2]` (`split_k.store_gated_tile`, always through the workspace).
 
     Each K step loads the packed words `[BLOCK_K, BLOCK_N / 8]` once (contiguous rows) and unpacks them in
     registers (`_awq_nibbles.unpack`; `magic` at run time, as in the GEMV, or ptxas re-materializes the nibble

@@ -30,8 +30,9 @@ from infer_backend_cuda.kernels.activation import silu_mul
 
 MAX_M = 8
 # INFER_CUDA_GATED_GEMM=0: a gated MLP's gate / up GEMM without the SiLU-and-mul epilogue (that kernel after it; A/B
-# runs; the AWQ GEMMs' gated split-K sum follows it too, `awq_gemm.awq_linear_silu_mul`). On the H200 the epilogue with its gate / up rows paired adjacently gains 0.02-0.08 ms a decode step at 1-8
-# rows (docs/benchmarks.md, ninth session). Read once at import, like the other INFER_CUDA_ switches.
+# runs; the AWQ tiled kernel's gated split-K sum follows it too, `awq_gemm.awq_linear_silu_mul`). On the H200 the
+# epilogue with its gate / up rows paired adjacently gains 0.02-0.08 ms a decode step at 1-8 rows (docs/benchmarks.md,
+# ninth session). Read once at import, like the other INFER_CUDA_ switches.
 GATED_ENV = "INFER_CUDA_GATED_GEMM"
 GATED = os.environ.get(GATED_ENV, "1").strip() != "0"
 _TABLE = tuned_table.CONFIGS / "skinny_gemm.json"
