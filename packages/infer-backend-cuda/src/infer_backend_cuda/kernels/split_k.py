@@ -102,8 +102,10 @@ def last_arrival(counter_ptr, arrivals):
     return tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == arrivals - 1
 
 
-# Partial tiles a fix-up asks for at once: up to SUM_CHUNK_ELEMENTS fp32 values in flight (32 registers a thread on 2
-# warps), at most 16 tiles. INFER_CUDA_SPLIT_K_SUM_CHUNK sets it for A/B runs (0: one tile at a time, the old loop).
+# Partial tiles a fix-up asks for at once: as many as SUM_CHUNK_ELEMENTS fp32 values make (32 registers a thread on 2
+# warps), 4 to 16 tiles (the old loop, unrolled by ptxas, had 4 in flight). Tiles over 1024 values keep that loop:
+# with 4 explicit, the AWQ 32 x 128 tile compiled to 251 registers instead of 168 (sm_90, `sass_census.py`).
+# INFER_CUDA_SPLIT_K_SUM_CHUNK sets it for A/B runs (0: the old loop everywhere).
 SUM_CHUNK_ENV = "INFER_CUDA_SPLIT_K_SUM_CHUNK"
 
 
@@ -124,8 +126,8 @@ def _sum_splits(total, ws_ptr, rm, cols, mask, N, split_stride, splits):
     each is an L2 round trip (~0.2-0.3 us) that a load-then-add loop pays once a range (ptxas unrolled it by 4:
     eight trips for the 32 ranges of the one-row AWQ o_proj), at the end of the GEMM's critical path."""
     TILE: tl.constexpr = total.shape[0] * total.shape[1]
-    CHUNK: tl.constexpr = max(1, min(16, SUM_CHUNK_ELEMENTS // TILE))
-    if CHUNK == 1:  # a tile of 2048 values or more (tiled GEMMs): one load of registers at a time
+    CHUNK: tl.constexpr = 1 if SUM_CHUNK_ELEMENTS == 0 or TILE > 1024 else max(4, min(16, SUM_CHUNK_ELEMENTS // TILE))
+    if CHUNK == 1:  # the tiled kernels' wider tiles: the old loop (ptxas keeps 4 in flight, in its registers)
         for s in range(0, splits):
             total += tl.load(ws_ptr + s * split_stride + rm[:, None] * N + cols[None, :], mask=mask, other=0.0,
                              cache_modifier=".cg")
