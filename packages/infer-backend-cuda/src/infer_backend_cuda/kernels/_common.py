@@ -25,6 +25,18 @@ def on_off_switch(environ: Mapping[str, str], name: str, on: str, off: str) -> b
     return raw == "1"
 
 
+def count_switch(environ: Mapping[str, str], name: str, default: int, lowest: int, highest: int | None,
+                 expected: str) -> int:
+    """An `INFER_CUDA_` switch holding a whole number from `lowest` (to `highest`): unset or empty -> `default`;
+    anything else is refused, saying what was `expected`."""
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < lowest or (highest is not None and int(raw) > highest):
+        raise ValueError(f"{name}={raw!r}: expected {expected}")
+    return int(raw)
+
+
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, the CI mode)."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() not in ("", "0", "false", "no")

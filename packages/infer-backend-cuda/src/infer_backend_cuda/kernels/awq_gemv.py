@@ -28,7 +28,7 @@ import triton.language as tl
 
 from infer_backend_cuda.kernels import split_k
 from infer_backend_cuda.kernels._awq_nibbles import MAGIC, column_block, unpack
-from infer_backend_cuda.kernels._common import on_off_switch, pdl_launch
+from infer_backend_cuda.kernels._common import count_switch, on_off_switch, pdl_launch
 
 # INFER_CUDA_AWQ_PRELOAD (default 1): one-row programs ask for their first group's weights before `gdc_wait`
 # (`_one_row_preloaded`); 0 reads every weight after it (A/B runs). Thirty-third session, H100, Qwen3-4B AWQ
@@ -51,12 +51,8 @@ MAXNREG_ENV = "INFER_CUDA_AWQ_GEMV_MAXNREG"
 
 def maxnreg_switch(environ: Mapping[str, str] = os.environ) -> dict[str, int]:
     """The launch option for the cap: `{}` when unset, else `{"maxnreg": n}`."""
-    raw = environ.get(MAXNREG_ENV, "").strip()
-    if not raw:
-        return {}
-    if not raw.isdigit() or not 24 <= int(raw) <= 255:
-        raise ValueError(f"{MAXNREG_ENV}={raw!r}: expected a register count from 24 to 255")
-    return {"maxnreg": int(raw)}
+    cap = count_switch(environ, MAXNREG_ENV, 0, 24, 255, "a register count from 24 to 255")
+    return {"maxnreg": cap} if cap else {}
 
 
 MAXNREG = maxnreg_switch()

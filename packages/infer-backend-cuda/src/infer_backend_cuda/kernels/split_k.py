@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from infer_backend_cuda.kernels._common import next_pow2, on_off_switch, pdl_launch
+from infer_backend_cuda.kernels._common import count_switch, next_pow2, on_off_switch, pdl_launch
 from infer_backend_cuda.kernels.activation import silu_mul
 
 # A few programs per SM of an H100/H200 (132 SMs). INFER_CUDA_SPLIT_K_TARGET_PROGRAMS sets it for A/B runs (every
@@ -34,10 +34,7 @@ TARGET_PROGRAMS_ENV = "INFER_CUDA_SPLIT_K_TARGET_PROGRAMS"
 
 
 def target_programs(environ: Mapping[str, str] = os.environ) -> int:
-    raw = environ.get(TARGET_PROGRAMS_ENV, "").strip() or "512"
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"{TARGET_PROGRAMS_ENV}={raw!r}: expected a positive count of programs")
-    return int(raw)
+    return count_switch(environ, TARGET_PROGRAMS_ENV, 512, 1, None, "a positive count of programs")
 
 
 TARGET_PROGRAMS = target_programs()
@@ -110,10 +107,7 @@ SUM_CHUNK_ENV = "INFER_CUDA_SPLIT_K_SUM_CHUNK"
 
 
 def sum_chunk_elements(environ: Mapping[str, str] = os.environ) -> int:
-    raw = environ.get(SUM_CHUNK_ENV, "").strip() or "2048"
-    if not raw.isdigit():
-        raise ValueError(f"{SUM_CHUNK_ENV}={raw!r}: expected a count of fp32 values (0: one partial tile at a time)")
-    return int(raw)
+    return count_switch(environ, SUM_CHUNK_ENV, 2048, 0, None, "a count of fp32 values (0: the one-tile loop)")
 
 
 SUM_CHUNK_ELEMENTS = tl.constexpr(sum_chunk_elements())
