@@ -48,7 +48,9 @@ case ${CALL:-auto} in
     timeout "${TUNE_S:-420}" python3 bench/tune_awq_in_model.py --model-dir bench/models/qwen3-4b-awq \
       --rounds "${ROUNDS:-1}" --write-table --out "$LOGS/tune_awq.json" > "$LOGS/tune_awq.log" 2>&1
     echo "tune rc=$?"; grep -E "best|merged" "$LOGS/tune_awq.log"
-    cp packages/infer-backend-cuda/src/infer_backend_cuda/configs/awq_gemm.json "$LOGS/"; pack ;;
+    # the merged table is the installed package's (device_setup's site copy), not the tree's
+    cp "$(python3 -c 'from infer_backend_cuda.kernels import awq_gemm; print(awq_gemm._TABLE)')" "$LOGS/"
+    roofline awq_tuned qwen3-4b-awq 1; pack ;;
   maxnreg | ablate) bash "$(dirname "$0")/device_session33.sh" ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac
