@@ -13,7 +13,7 @@
 #           tiled kernel only (the GEMV's measured slower in CALL=replays); between them one row with the default split
 #           counts aimed at 1,024 programs (INFER_CUDA_SPLIT_K_TARGET_PROGRAMS: one group a program at one row).
 #   CALL=targets (~1.5 min): BF16 1-2 rows, AWQ and FP8 one row (OTHER=targets after the H200 flow).
-#   CALL=tune (~5-7 min a round): bench/tune_awq_in_model.py, the AWQ one-row configs chosen by the decode step's replay
+#   CALL=tune (~5-7 min a round): bench/tune_quant_in_model.py --scheme awq, the AWQ one-row configs chosen by the decode step's replay
 #           (each linear's ~12 candidates, the others fixed; the table's merged winners come back in awq_gemm.json).
 #   CALL=maxnreg / ablate: the thirty-third session's (scripts/device_session33.sh), prepared there, not yet run.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
@@ -43,14 +43,7 @@ case ${CALL:-auto} in
     roofline bf16 qwen3-4b 1,2
     roofline awq qwen3-4b-awq 1
     roofline fp8 qwen3-4b-fp8 1 ;;
-  tune)  # the one-row AWQ configs tuned in the model (bench/tune_awq_in_model.py); copy the returned awq_gemm.json
-    # into packages/infer-backend-cuda/src/infer_backend_cuda/configs/ where it wins, then CALL=targets to confirm
-    timeout "${TUNE_S:-420}" python3 bench/tune_awq_in_model.py --model-dir bench/models/qwen3-4b-awq \
-      --rounds "${ROUNDS:-1}" --write-table --out "$LOGS/tune_awq.json" > "$LOGS/tune_awq.log" 2>&1
-    echo "tune rc=$?"; grep -E "best|merged" "$LOGS/tune_awq.log"
-    # the merged table is the installed package's (device_setup's site copy), not the tree's
-    cp "$(python3 -c 'from infer_backend_cuda.kernels import awq_gemm; print(awq_gemm._TABLE)')" "$LOGS/"
-    roofline awq_tuned qwen3-4b-awq 1; pack ;;
+  tune) tune_in_model awq qwen3-4b-awq "${TUNE_S:-420}" ;;  # copy the returned awq_gemm.json into configs/ where it wins
   maxnreg | ablate) bash "$(dirname "$0")/device_session33.sh" ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac
