@@ -68,13 +68,14 @@ installed_table() {  # installed_table KERNEL: the path of the installed tuned t
   python3 -c "from infer_backend_cuda.kernels import $1 as K; print(K._TABLE)"
 }
 
-tune_in_model() {  # tune_in_model SCHEME MODEL BUDGET_S: bench/tune_quant_in_model.py's one-row winners (scored by the
-  # decode step's replay) into the installed tables, which come back in $LOGS, then the model's one-row replay on them
-  timeout "$3" python3 bench/tune_quant_in_model.py --scheme "$1" --model-dir "bench/models/$2" --rounds "${ROUNDS:-1}" \
-    --write-table --out "$LOGS/tune_$1.json" > "$LOGS/tune_$1.log" 2>&1
-  echo "tune $1 rc=$?"; grep -E "best|merged" "$LOGS/tune_$1.log"
-  local kernel; for kernel in awq_gemm fp8_gemm mid_gemm; do cp "$(installed_table $kernel)" "$LOGS/"; done
-  roofline "$1_tuned" "$2" 1
+tune_in_model() {  # tune_in_model SCHEME MODEL BUDGET_S [ROWS]: bench/tune_in_model.py's winners at ROWS (default 1;
+  # scored by the decode step's replay) into the installed tables, which come back in $LOGS, then the replay on them
+  local rows=${4:-1}
+  timeout "$3" python3 bench/tune_in_model.py --scheme "$1" --rows "$rows" --model-dir "bench/models/$2" \
+    --rounds "${ROUNDS:-1}" --write-table --out "$LOGS/tune_$1_m$rows.json" > "$LOGS/tune_$1_m$rows.log" 2>&1
+  echo "tune $1 rows=$rows rc=$?"; grep -E "best|merged" "$LOGS/tune_$1_m$rows.log"
+  local kernel; for kernel in awq_gemm fp8_gemm mid_gemm skinny_gemm; do cp "$(installed_table $kernel)" "$LOGS/"; done
+  roofline "$1_m${rows}_tuned" "$2" "$rows"
 }
 
 tune_table() {  # tune_table FMT ROWS BUDGET_S TAG: bench_quant_gemm.py's bests at these rows into the installed table

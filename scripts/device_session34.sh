@@ -13,7 +13,7 @@
 #           tiled kernel only (the GEMV's measured slower in CALL=replays); between them one row with the default split
 #           counts aimed at 1,024 programs (INFER_CUDA_SPLIT_K_TARGET_PROGRAMS: one group a program at one row).
 #   CALL=targets (~1.5 min): BF16 1-2 rows, AWQ and FP8 one row (OTHER=targets after the H200 flow).
-#   CALL=tune (~5-7 min a round): bench/tune_quant_in_model.py --scheme awq, the AWQ one-row configs chosen by the decode step's replay
+#   CALL=tune (~5-7 min a round): bench/tune_in_model.py --scheme awq, the AWQ one-row configs chosen by the decode step's replay
 #           (each linear's ~12 candidates, the others fixed; the table's merged winners come back in awq_gemm.json).
 #   CALL=maxnreg / ablate: the thirty-third session's (scripts/device_session33.sh), prepared there, not yet run.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;

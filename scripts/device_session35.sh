@@ -5,9 +5,11 @@
 #           returned mid_gemm.json into packages/infer-backend-cuda/src/infer_backend_cuda/configs/; chat at qps 1 and
 #           32; the ~3k prompts), then CALL=$OTHER.
 #   CALL=targets (~1.5 min): the batch-1 replays of BF16 (1-2 rows), AWQ and FP8 (one row).
-#   CALL=tune_fp8 / tune_awq (~5-7 min): bench/tune_quant_in_model.py, the one-row configs of the scheme's linears
+#   CALL=tune_fp8 / tune_awq (~5-7 min): bench/tune_in_model.py, the one-row configs of the scheme's linears
 #           chosen by the decode step's replay, then the one-row replay on them; the installed tables come back (copy
 #           the winners into configs/).
+#   CALL=tune_dense (~6-8 min): the same for the BF16 model's GEMMs at ROWS rows (default 2: the chat sweep's qps 1
+#           gaps come mostly from 2-6-row steps, and the H100's 2-row step replays slower than its 4-row one).
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=auto COMMIT=abc1234 bash scripts/device_session35.sh
 set -u
@@ -22,5 +24,6 @@ case ${CALL:-auto} in
     roofline fp8 qwen3-4b-fp8 1 ;;
   tune_fp8) tune_in_model fp8 qwen3-4b-fp8 "${TUNE_S:-420}" ;;
   tune_awq) tune_in_model awq qwen3-4b-awq "${TUNE_S:-420}" ;;
+  tune_dense) tune_in_model dense qwen3-4b "${TUNE_S:-480}" "${ROWS:-2}" ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac
