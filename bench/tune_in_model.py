@@ -103,6 +103,19 @@ def entry_fields(shape: Shape, cfg: Config, replay_ms: float, rows: int = 1) -> 
     return {"m": rows, "n": n, "k": k, "group": group, "config": list(cfg), "replay_ms": round(replay_ms, 4)}
 
 
+@contextlib.contextmanager
+def replaced(*swaps: tuple[object, str, object]) -> Iterator[None]:
+    """(module, attribute, value) swaps for the block, restored on exit: the dispatch looks them up at each call."""
+    before = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+    for owner, name, value in swaps:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in before:
+            setattr(owner, name, value)
+
+
 def turned_off(old: dict | None) -> list[dict]:
     """An existing table entry switched off (`use: false`), or nothing where there is none."""
     return [] if old is None else [{**old, "use": False}]
@@ -128,8 +141,7 @@ class AwqTuner:
         found.append(AwqConfig(16, 64, tile_k, 4, 3, min(k // tile_k, max(1, 512 // triton.cdiv(n, 64)))))
         return list(dict.fromkeys(found))
 
-    @contextlib.contextmanager
-    def override(self, chosen: Mapping[Shape, AwqConfig]) -> Iterator[None]:
+    def override(self, chosen: Mapping[Shape, AwqConfig]) -> contextlib.AbstractContextManager[None]:
         """`awq_gemm.choose_config` answering `chosen` for one row at those shapes (the tuned table's lookup
         replaced, every other entry kept), restored on exit."""
         original = awq_gemm._tuned_table
@@ -137,11 +149,7 @@ class AwqTuner:
         def table(device_name: str) -> dict[tuple[int, int, int, int], AwqConfig]:
             return {**original(device_name), **{(1, *shape): cfg for shape, cfg in chosen.items()}}
 
-        awq_gemm._tuned_table = table
-        try:
-            yield
-        finally:
-            awq_gemm._tuned_table = original
+        return replaced((awq_gemm, "_tuned_table", table))
 
     def write_table(self, chosen: Mapping[str, tuple[Shape, AwqConfig]], scores: Mapping[str, float],
                     device_name: str) -> list[str]:
@@ -180,8 +188,7 @@ class Fp8Tuner:
                   for s in splits]
         return list(dict.fromkeys(found))
 
-    @contextlib.contextmanager
-    def override(self, chosen: Mapping[Shape, Config]) -> Iterator[None]:
+    def override(self, chosen: Mapping[Shape, Config]) -> contextlib.AbstractContextManager[None]:
         """`fp8_gemm.mid_config` and `choose_config` answering `chosen` for one row at those shapes (a mid config to
         the gated op only with one K range, as the gated epilogue takes), restored on exit."""
         mid_before, table_before = fp8_gemm.mid_config, fp8_gemm.choose_config
@@ -199,11 +206,7 @@ class Fp8Tuner:
                 return table_before(m, n, k, group, device)
             return cfg if isinstance(cfg, Fp8Config) else None
 
-        fp8_gemm.mid_config, fp8_gemm.choose_config = mid_config, choose_config
-        try:
-            yield
-        finally:
-            fp8_gemm.mid_config, fp8_gemm.choose_config = mid_before, table_before
+        return replaced((fp8_gemm, "mid_config", mid_config), (fp8_gemm, "choose_config", choose_config))
 
     def write_table(self, chosen: Mapping[str, tuple[Shape, Config]], scores: Mapping[str, float],
                     device_name: str) -> list[str]:
@@ -275,8 +278,7 @@ class DenseTuner:
                       for s in splits]
         return list(dict.fromkeys(found))
 
-    @contextlib.contextmanager
-    def override(self, chosen: Mapping[Shape, DenseChoice]) -> Iterator[None]:
+    def override(self, chosen: Mapping[Shape, DenseChoice]) -> contextlib.AbstractContextManager[None]:
         """`skinny.choose_config` and `mid.choose_config` (dense ops) answering `chosen` at the tuned rows and
         shapes, restored on exit."""
         skinny_before, mid_before = skinny.choose_config, mid.choose_config
@@ -294,11 +296,7 @@ class DenseTuner:
                 return mid_before(op, m, n, k, device)
             return choice.config if choice.path == "mid" else None
 
-        skinny.choose_config, mid.choose_config = skinny_config, mid_config
-        try:
-            yield
-        finally:
-            skinny.choose_config, mid.choose_config = skinny_before, mid_before
+        return replaced((skinny, "choose_config", skinny_config), (mid, "choose_config", mid_config))
 
     def write_table(self, chosen: Mapping[str, tuple[Shape, DenseChoice]], scores: Mapping[str, float],
                     device_name: str) -> list[str]:
