@@ -78,6 +78,20 @@ tune_in_model() {  # tune_in_model SCHEME MODEL BUDGET_S [ROWS]: bench/tune_in_m
   roofline "$1_m${rows}_tuned" "$2" "$rows"
 }
 
+tables_ab() {  # tables_ab TAG MODEL BATCHES: the installed tables (a tune's) against the tree's, interleaved twice on
+  # this machine; the installed ones are kept (and come back in $LOGS/tuned_configs)
+  local site run; site=$(dirname "$(installed_table awq_gemm)")
+  mkdir -p "$LOGS/tuned_configs"; cp -n "$site"/*.json "$LOGS/tuned_configs/"
+  for run in tuned base tuned2 base2; do
+    case $run in
+      base*) cp packages/infer-backend-cuda/src/infer_backend_cuda/configs/*.json "$site/" ;;
+      *) cp "$LOGS/tuned_configs/"*.json "$site/" ;;
+    esac
+    roofline "$1_$run" "$2" "$3"
+  done
+  cp "$LOGS/tuned_configs/"*.json "$site/"
+}
+
 tune_table() {  # tune_table FMT ROWS BUDGET_S TAG: bench_quant_gemm.py's bests at these rows into the installed table
   # (`awq_gemm` / `fp8_gemm` `_TABLE`), the log's summary printed, the table copied into the logs
   local fmt=$1 rows=$2 budget=$3 tag=$4 table
