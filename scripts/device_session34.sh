@@ -13,8 +13,8 @@
 #           tiled kernel only (the GEMV's measured slower in CALL=replays); between them one row with the default split
 #           counts aimed at 1,024 programs (INFER_CUDA_SPLIT_K_TARGET_PROGRAMS: one group a program at one row).
 #   CALL=targets (~1.5 min): BF16 1-2 rows, AWQ and FP8 one row (OTHER=targets after the H200 flow).
-#   CALL=tune (~5-7 min a round): bench/tune_in_model.py --scheme awq, the AWQ one-row configs chosen by the decode step's replay
-#           (each linear's ~12 candidates, the others fixed; the table's merged winners come back in awq_gemm.json).
+#   CALL=tune (~5-7 min a round): bench/tune_in_model.py --scheme awq, the AWQ one-row configs chosen by the decode
+#           step's replay (each linear's ~12 candidates, the others fixed; the merged winners come back in awq_gemm.json).
 #   CALL=maxnreg / ablate: the thirty-third session's (scripts/device_session33.sh), prepared there, not yet run.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=auto COMMIT=abc1234 bash scripts/device_session34.sh
@@ -43,7 +43,7 @@ case ${CALL:-auto} in
     roofline bf16 qwen3-4b 1,2
     roofline awq qwen3-4b-awq 1
     roofline fp8 qwen3-4b-fp8 1 ;;
-  tune) tune_in_model awq qwen3-4b-awq "${TUNE_S:-420}" ;;  # copy the returned awq_gemm.json into configs/ where it wins
+  tune) tune_in_model awq qwen3-4b-awq "${TUNE_S:-420}" ;;  # copy the returned awq_gemm.json's winners into configs/
   maxnreg | ablate) bash "$(dirname "$0")/device_session33.sh" ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac
