@@ -14,7 +14,7 @@
 #           counts aimed at 1,024 programs (INFER_CUDA_SPLIT_K_TARGET_PROGRAMS: one group a program at one row).
 #   CALL=targets (~1.5 min): BF16 1-2 rows, AWQ and FP8 one row (OTHER=targets after the H200 flow).
 #   CALL=tune (~5-7 min a round): bench/tune_in_model.py --scheme awq, the AWQ one-row configs chosen by the decode
-#           step's replay (each linear's ~12 candidates, the others fixed; the merged winners come back in awq_gemm.json).
+#           step's replay (~12 candidates a linear, the others fixed; the merged winners come back in awq_gemm.json).
 #   CALL=maxnreg / ablate: the thirty-third session's (scripts/device_session33.sh), prepared there, not yet run.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=auto COMMIT=abc1234 bash scripts/device_session34.sh
