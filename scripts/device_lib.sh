@@ -73,7 +73,7 @@ tune_in_model() {  # tune_in_model SCHEME MODEL BUDGET_S [ROWS]: bench/tune_in_m
   local rows=${4:-1}
   timeout "$3" python3 bench/tune_in_model.py --scheme "$1" --rows "$rows" --model-dir "bench/models/$2" \
     --rounds "${ROUNDS:-1}" --write-table --out "$LOGS/tune_$1_m$rows.json" > "$LOGS/tune_$1_m$rows.log" 2>&1
-  echo "tune $1 rows=$rows rc=$?"; grep -E "best|merged" "$LOGS/tune_$1_m$rows.log"
+  echo "tune $1 rows=$rows rc=$?"; grep -E "re-scored|keeps|merged|left as" "$LOGS/tune_$1_m$rows.log"
   local kernel; for kernel in awq_gemm fp8_gemm mid_gemm skinny_gemm; do cp "$(installed_table $kernel)" "$LOGS/"; done
   roofline "$1_m${rows}_tuned" "$2" "$rows"
 }

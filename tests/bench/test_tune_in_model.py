@@ -308,3 +308,53 @@ def test_dense_winners_merge_so_the_dispatch_takes_them(tmp_path: Path, monkeypa
             module._tuned_table.cache_clear()
     written = [e for e in tuned_table.entries(skinny_path, "GPU X") if e["m"] == 2]
     assert {e["replay_ms"] for e in written} == {3.1, 3.2, 3.3, 3.4}
+
+
+class _Landscape:
+    """A synthetic replay: each linear's config adds its cost; `lucky` scores low on its first trial only (the noise
+    a single score can carry). Records the trials it was asked for."""
+
+    def __init__(self, costs: dict[str, dict[str, float]], lucky: set[str] = frozenset()) -> None:
+        self.costs, self.lucky, self.trials = costs, set(lucky), []
+
+    def __call__(self, trial: dict[str, str]) -> float:
+        self.trials.append(dict(trial))
+        total = 2.0 + sum(self.costs[attr][cfg] for attr, cfg in trial.items())
+        first_lucky = [cfg for cfg in trial.values() if cfg in self.lucky]
+        for cfg in first_lucky:
+            self.lucky.discard(cfg)
+            total -= 0.1
+        return total
+
+
+def _descend(landscape: _Landscape, confirm: int, min_gain: float = 0.02, rounds: int = 1):
+    tries = {attr: sorted(costs) for attr, costs in landscape.costs.items()}
+    chosen = {attr: "a" for attr in landscape.costs}
+    scores, changed = tune.descend({attr: (1, 2, 3) for attr in landscape.costs}, tries, chosen, landscape, rounds,
+                                   confirm, min_gain, [])
+    return chosen, scores, changed
+
+
+def test_descent_takes_a_faster_candidate_after_confirming_it() -> None:
+    landscape = _Landscape({"o_proj": {"a": 0.5, "b": 0.3, "c": 0.6}, "qkv_proj": {"a": 0.2, "b": 0.4}})
+    chosen, scores, changed = _descend(landscape, confirm=3)
+    assert chosen == {"o_proj": "b", "qkv_proj": "a"} and changed == ["o_proj"]
+    assert scores == {"o_proj": pytest.approx(2.5), "qkv_proj": pytest.approx(2.5)}  # b + qkv's a; qkv's a + o's b
+    # o_proj: the incumbent and 3 candidates, then 3 interleaved pairs; qkv_proj: its incumbent and 2 candidates
+    assert len(landscape.trials) == 4 + 6 + 3
+    assert [t["o_proj"] for t in landscape.trials[4:10]] == ["a", "b"] * 3
+
+
+def test_descent_keeps_the_incumbent_against_a_lucky_single_score() -> None:
+    """`b` scores 0.1 ms low once: without confirmation it would win; re-scored, it is as fast as `a` and stays out."""
+    costs = {"o_proj": {"a": 0.5, "b": 0.5}}
+    chosen, _, changed = _descend(_Landscape(costs, lucky={"b"}), confirm=0)
+    assert chosen == {"o_proj": "b"} and changed == ["o_proj"]  # the winner's curse, unconfirmed
+    chosen, scores, changed = _descend(_Landscape(costs, lucky={"b"}), confirm=3)
+    assert chosen == {"o_proj": "a"} and changed == [] and scores == {"o_proj": pytest.approx(2.5)}
+
+
+def test_descent_needs_more_than_the_minimum_gain() -> None:
+    costs = {"o_proj": {"a": 0.5, "b": 0.49}}
+    assert _descend(_Landscape(costs), confirm=2, min_gain=0.02)[2] == []
+    assert _descend(_Landscape(costs), confirm=2, min_gain=0.005)[2] == ["o_proj"]
