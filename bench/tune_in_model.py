@@ -120,6 +120,11 @@ def replaced(*swaps: tuple[object, str, object]) -> Iterator[None]:
             setattr(owner, name, value)
 
 
+def op_entry(op: str, rows: int, n: int, k: int, config: Config, replay_ms: float) -> dict:
+    """An op-keyed entry of the mid or skinny table (their layout: the config's fields by name), switched on."""
+    return {"op": op, "m": rows, "n": n, "k": k, "use": True, **config._asdict(), "replay_ms": round(replay_ms, 4)}
+
+
 def turned_off(old: dict | None) -> list[dict]:
     """An existing table entry switched off (`use: false`), or nothing where there is none."""
     return [] if old is None else [{**old, "use": False}]
@@ -223,8 +228,7 @@ class Fp8Tuner:
             gated = attr == GATED_LINEAR and isinstance(cfg, mid.MidConfig) and cfg.k_splits == 1
             served = "fp8_linear_silu_mul" if gated else "fp8_linear"
             if isinstance(cfg, mid.MidConfig):
-                mid_new.append({"op": served, "m": 1, "n": n, "k": k, "use": True, **cfg._asdict(),
-                                "replay_ms": round(scores[attr], 4)})
+                mid_new.append(op_entry(served, 1, n, k, cfg, scores[attr]))
             else:
                 fp8_new.append(entry_fields(shape, cfg, scores[attr]))
             for op in ("fp8_linear_silu_mul", "fp8_linear"):
@@ -312,18 +316,17 @@ class DenseTuner:
         skinny_new, mid_new = [], []
         for attr, ((n, k, _), choice) in chosen.items():
             base = {"m": self.rows, "n": n, "k": k, "replay_ms": round(scores[attr], 4)}
-            fields = choice.config._asdict() if choice.config is not None else {}
             ops = (("add_rms_norm_linear", "norm_skinny"),) if attr == NORMED_LINEAR else ()
             for op, path in (*ops, ("linear", "skinny")):
                 old = old_skinny.get((op, self.rows, n, k))
                 if choice.path == path:
-                    skinny_new.append({"op": op, **base, "use": True, **fields})
+                    skinny_new.append(op_entry(op, self.rows, n, k, choice.config, scores[attr]))
                 elif old is not None or rule_answers:
                     rule = skinny.heuristic_config(self.rows, n, k)._asdict()
                     skinny_new.append({"op": op, **base, **(old or rule), "use": False})
             mid_op = "linear_silu_mul" if attr == GATED_LINEAR else "linear"
             if choice.path == "mid":
-                mid_new.append({"op": mid_op, **base, "use": True, **fields})
+                mid_new.append(op_entry(mid_op, self.rows, n, k, choice.config, scores[attr]))
             else:
                 mid_new += turned_off(old_mid.get((mid_op, self.rows, n, k)))
         tuned_table.merge(skinny._TABLE, device_name, skinny_new, skinny.table_key)
