@@ -39,7 +39,7 @@ def test_skinny_linear_matches_reference(m, dtype, config, device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
 @pytest.mark.parametrize("with_residual", [True, False])
 @pytest.mark.parametrize("use_dot", [False, True])
 def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, use_dot, device):
@@ -68,6 +68,56 @@ def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, use
     assert torch.equal(x, x0)
 
 
+class _LaunchSpy:
+    """Stands in for the jitted kernel: records each launch's keyword arguments and launches the real one."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("op", ["linear", "gated", "norm", "add_norm"])
+@pytest.mark.parametrize("n", [24, 38], ids=["even_n", "partial_n"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
+def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device, monkeypatch):
+    """At 1-2 rows the CUDA-core tiles that fit accumulate a 2D product a row (ROWWISE) unless
+    INFER_CUDA_SKINNY_ROWWISE=0 keeps the 3D one: both forms equal the reference for each op, with and without a
+    partial last program (the weight loads' row mask, EVEN_N). The launches are spied so that each form is known to
+    have run."""
+    dtype, k = torch.float32, 600  # three K steps, the last partial
+    config = S.SkinnyConfig(4, 256, 2, 1, prefetch=prefetch)  # 256 fp32 columns: 16-byte loads by 64 threads along K
+    assert S.rowwise_fits(config, 4) and not S.rowwise_fits(config._replace(num_warps=4), 4)
+    x = rand_offset((m, k), dtype, device, 60 + m) * 2
+    r = rand_offset((m, k), dtype, device, 61)
+    nw = rand_offset((k,), dtype, device, 62)
+    w = rand_offset((n, k), dtype, device, 63)
+    b = rand_offset((n,), dtype, device, 64)
+    if op == "linear":
+        ref, run = ref_linear(x, w, b), lambda: S.skinny_linear(x, w, b, config=config)
+    elif op == "gated":
+        ref = ref_silu_and_mul(ref_linear(x, w, b))
+        run = lambda: S.skinny_linear_silu_mul(x, w, b, config=config)  # noqa: E731
+    else:
+        residual = r if op == "add_norm" else None
+        normed = ref_add_rms_norm(x, r, nw, 1e-5)[0] if residual is not None else ref_rms_norm(x, nw, 1e-5)
+        ref = ref_linear(normed, w, b)
+        run = lambda: S.skinny_add_rms_norm_linear(x, residual, nw, 1e-5, w, b, config=config)[0]  # noqa: E731
+    spy = _LaunchSpy(S._skinny_gemm_kernel)
+    monkeypatch.setattr(S, "_skinny_gemm_kernel", spy)
+    for rowwise in (False, True):
+        monkeypatch.setattr(S, "ROWWISE", rowwise)
+        torch.testing.assert_close(run().float(), ref, **tol(dtype))
+    assert [launch["ROWWISE"] for launch in spy.launches] == [False, True]
+    even = (n // 2 if op == "gated" else n) % (config.block_n // 2 if op == "gated" else config.block_n) == 0
+    assert {launch["EVEN_N"] for launch in spy.launches} == {even}
+
+
 def test_skinny_add_rms_norm_linear_refuses_an_aliased_residual_out(device):
     x, r = rand_offset((2, 64), torch.float32, device, 1), rand_offset((2, 64), torch.float32, device, 2)
     w, nw = rand_offset((8, 64), torch.float32, device, 3), rand_offset((64,), torch.float32, device, 4)
@@ -76,7 +126,7 @@ def test_skinny_add_rms_norm_linear_refuses_an_aliased_residual_out(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
 @pytest.mark.parametrize(
     "config", [CONFIGS[0], CONFIGS[3], CONFIGS[6], None], ids=["cores", "dot", "dot-prefetch", "default"]
 )

@@ -57,6 +57,10 @@ def parse_row_buckets(raw: str) -> dict[int, int]:
 
 
 ROW_BUCKETS = parse_row_buckets(os.environ.get(ROW_BUCKETS_ENV, ""))
+# INFER_CUDA_SKINNY_ROWWISE=0: the CUDA-core tiles at 1-2 rows keep the 3D product instead of one 2D accumulator a
+# row (`_skinny_gemm_kernel`'s ROWWISE; A/B runs). Read once at import, like the other INFER_CUDA_ switches.
+ROWWISE_ENV = "INFER_CUDA_SKINNY_ROWWISE"
+ROWWISE = os.environ.get(ROWWISE_ENV, "1").strip() != "0"
 
 
 class SkinnyConfig(NamedTuple):
@@ -101,8 +105,18 @@ def _skinny_gemm_kernel(
     PREFETCH: tl.constexpr,
     GATED: tl.constexpr,
     USE_PDL: tl.constexpr,
+    EVEN_N: tl.constexpr = False,
+    ROWWISE: tl.constexpr = False,
 ):
-    """With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
+    """ROWWISE (CUDA-core products at 1-2 rows, where M == BLOCK_M, in tiles that `rowwise_fits`): one
+    `[BLOCK_N, BLOCK_K]` accumulator a row instead of the `[BLOCK_M, BLOCK_N, BLOCK_K]` product. The 3D product's
+    weight operand is a slice of a layout that differs from the weight load's, so Triton moves every weight tile
+    through shared memory (STS, barrier, LDSM); the 2D form keeps the loaded tile where it is (sm_90 SASS of the
+    tiles that fit: 3.1-4.7 against 4.2-5.8 instructions a weight at one row, 4.4-6.6 against 5.6-8.1 at two, no
+    barrier). EVEN_N: N is a multiple of the program's columns, so the weight loads need no
+    row mask (and no zero-fill of the masked-off registers).
+
+    With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
     a program streams the gate and the up row of each of its `BLOCK_N / 2` output columns and applies the
     SiLU-and-mul in its epilogue (`gated_epilogue`)."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
@@ -122,6 +136,10 @@ def _skinny_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     sum_sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc0 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)  # ROWWISE: row 0's products, row 1's, their squares
+    acc1 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    sq0 = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    sq1 = tl.zeros((BLOCK_K,), dtype=tl.float32)
     if PREFETCH:
         # Weights are never written by a kernel, so the first tile may stream in while the producer of x is still
         # finishing (under PDL); each next tile is loaded one iteration ahead.
@@ -140,38 +158,59 @@ def _skinny_gemm_kernel(
             w = w_next
             w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
                              eviction_policy="evict_first")
+        elif EVEN_K and EVEN_N:
+            w = tl.load(w_ptrs, eviction_policy="evict_first")
         elif EVEN_K:
             w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
         else:
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
-        xm = m_mask[:, None] & k_mask[None, :]
-        x = tl.load(x_ptr + rm[:, None] * x_stride + kk[None, :], mask=xm, other=0.0)
-        if PROLOGUE == 1:  # residual add (rounded to the stream's dtype, as unfused) + RMSNorm's weight
-            if HAS_RESIDUAL:
-                x = (x.to(tl.float32) + tl.load(r_ptr + rm[:, None] * r_stride + kk[None, :], mask=xm, other=0.0)
-                     .to(tl.float32)).to(x_ptr.dtype.element_ty)
-                # One program writes the new residual stream; the rest only read it.
-                writer = ((rk * 0 + pid) == 0)[None, :]
-                tl.store(r_out_ptr + rm[:, None] * r_out_stride + kk[None, :], x, mask=xm & writer)
-            a = x.to(tl.float32)
-            sum_sq += tl.sum(a * a, axis=1)
-            a = a * tl.load(nw_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        # One program writes the new residual stream (PROLOGUE with a residual); the rest only read it.
+        writer = (rk * 0 + pid) == 0
+        if ROWWISE:
+            wf = w.to(tl.float32)
+            a, sq = _input_tile(x_ptr + kk, r_ptr + kk, r_out_ptr + kk, nw_ptr + kk, k_mask, k_mask, writer,
+                                PROLOGUE, HAS_RESIDUAL)
+            acc0 += wf * a[None, :]
+            sq0 += sq
+            if BLOCK_M == 2:
+                a, sq = _input_tile(x_ptr + x_stride + kk, r_ptr + r_stride + kk, r_out_ptr + r_out_stride + kk,
+                                    nw_ptr + kk, k_mask, k_mask, writer, PROLOGUE, HAS_RESIDUAL)
+                acc1 += wf * a[None, :]
+                sq1 += sq
         else:
-            a = x.to(tl.float32)
-        if USE_DOT:  # out^T tile [BLOCK_N, BLOCK_M] on the tensor cores: N fills the MMA's M side
-            if DOT_F32:
-                acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
+            a, sq = _input_tile(x_ptr + rm[:, None] * x_stride + kk[None, :],
+                                r_ptr + rm[:, None] * r_stride + kk[None, :],
+                                r_out_ptr + rm[:, None] * r_out_stride + kk[None, :], nw_ptr + kk[None, :],
+                                m_mask[:, None] & k_mask[None, :], k_mask[None, :], writer[None, :], PROLOGUE,
+                                HAS_RESIDUAL)
+            if PROLOGUE == 1:
+                sum_sq += tl.sum(sq, axis=1)
+            if USE_DOT:  # out^T tile [BLOCK_N, BLOCK_M] on the tensor cores: N fills the MMA's M side
+                if DOT_F32:
+                    acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
+                else:
+                    acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
             else:
-                acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
-        else:
-            acc += a[:, None, :] * w.to(tl.float32)[None, :, :]
+                acc += a[:, None, :] * w.to(tl.float32)[None, :, :]
         w_ptrs += BLOCK_K
-    if USE_DOT:
-        y = tl.trans(acc_t)
+    if ROWWISE:
+        y0 = tl.sum(acc0, axis=1)
+        if PROLOGUE == 1:
+            y0 = y0 * tl.rsqrt(tl.sum(sq0, axis=0) / K + eps)
+        if BLOCK_M == 2:
+            y1 = tl.sum(acc1, axis=1)
+            if PROLOGUE == 1:
+                y1 = y1 * tl.rsqrt(tl.sum(sq1, axis=0) / K + eps)
+            y = tl.trans(tl.join(y0, y1))
+        else:
+            y = y0[None, :]
     else:
-        y = tl.sum(acc, axis=2)
-    if PROLOGUE == 1:
-        y = y * tl.rsqrt(sum_sq / K + eps)[:, None]
+        if USE_DOT:
+            y = tl.trans(acc_t)
+        else:
+            y = tl.sum(acc, axis=2)
+        if PROLOGUE == 1:
+            y = y * tl.rsqrt(sum_sq / K + eps)[:, None]
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     if GATED:
@@ -179,6 +218,26 @@ def _skinny_gemm_kernel(
     else:
         out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _input_tile(x_ptrs, r_ptrs, r_out_ptrs, nw_ptrs, mask, k_mask, writer, PROLOGUE: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr):
+    """A tile of the GEMM's input rows in fp32 (one row `[BLOCK_K]` or rows `[BLOCK_M, BLOCK_K]`) and, for the
+    RMSNorm prologue, its squares before the norm's weight: with PROLOGUE the residual is added (rounded to the
+    stream's dtype, as unfused) and written where `writer`, and the tile scaled by the norm's weight."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0)
+    if PROLOGUE == 1:
+        if HAS_RESIDUAL:
+            x = (x.to(tl.float32) + tl.load(r_ptrs, mask=mask, other=0.0).to(tl.float32)).to(x.dtype)
+            tl.store(r_out_ptrs, x, mask=mask & writer)
+        a = x.to(tl.float32)
+        sq = a * a
+        a = a * tl.load(nw_ptrs, mask=k_mask, other=0.0).to(tl.float32)
+    else:
+        a = x.to(tl.float32)
+        sq = a
+    return a, sq
 
 
 @triton.jit
@@ -245,6 +304,14 @@ def table_key(entry: dict) -> tuple[str, int, int, int]:
     return entry.get("op", "linear"), entry["m"], entry["n"], entry["k"]
 
 
+def rowwise_fits(cfg: SkinnyConfig, element_size: int) -> bool:
+    """Whether a CUDA-core config's weight tile puts every thread along K (16-byte loads, 32 threads a warp), so
+    that the row-wise accumulators' input row has the weight tile's layout. Where warps or threads also split the
+    tile's rows, the input row is replicated across them and Triton moves it through shared memory each K step,
+    which can cost more than the 3D product (sm_90 SASS: up to 3-5x the instructions a weight)."""
+    return not cfg.use_dot and cfg.block_k * element_size >= 16 * 32 * cfg.num_warps
+
+
 def heuristic_config(m: int, n: int, k: int) -> SkinnyConfig:
     """Untuned shapes: ~8 KB of weight per K step per program, fewer rows per program as M grows (the
     fp32 product tile is `M x BLOCK_N x BLOCK_K` registers)."""
@@ -303,6 +370,7 @@ def _launch(
         cfg = cfg._replace(block_n=2)
     r = residual if residual is not None else x
     r_out = residual_out if residual_out is not None else x
+    rows = block_m(m, cfg.use_dot)
     _skinny_gemm_kernel[(triton.cdiv(n_out, cfg.block_n // 2) if gated else triton.cdiv(n, cfg.block_n),)](
         x,
         r,
@@ -323,7 +391,7 @@ def _launch(
         PROLOGUE=prologue,
         HAS_RESIDUAL=residual is not None,
         HAS_BIAS=bias is not None,
-        BLOCK_M=block_m(m, cfg.use_dot),
+        BLOCK_M=rows,
         BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k,
         EVEN_K=k % cfg.block_k == 0,
@@ -331,6 +399,8 @@ def _launch(
         DOT_F32=dot_in_fp32(x.dtype),
         PREFETCH=cfg.prefetch,
         GATED=gated,
+        EVEN_N=n_out % (cfg.block_n // 2 if gated else cfg.block_n) == 0,
+        ROWWISE=ROWWISE and rows == m <= 2 and rowwise_fits(cfg, x.element_size()),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch(x.device),

@@ -1,0 +1,90 @@
+"""The skinny GEMM's row-wise accumulators (`_skinny_gemm_kernel`'s ROWWISE) against its 3D product, kernel by
+kernel, at 1-2 rows on Qwen3-4B's decode shapes: the plain GEMM, the gated gate / up GEMM and the RMSNorm
+prologue, each over the CUDA-core tiles that `rowwise_fits` and the shape's tuned-table entry.
+
+Run on the GPU machine:  PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \
+    python3 packages/infer-backend-cuda/scripts/bench_skinny_rowwise.py --json out.json
+Timed as bench_skinny_gemm.py times (CUDA-graph replays cycling through >= 256 MB of weight copies); each config's
+output is checked against the 3D form's."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import torch
+
+from bench_skinny_gemm import MODEL_SHAPES
+from graph_timing import copy_bandwidth, graph_replay_us
+from infer_backend_cuda.kernels import skinny_gemm as S
+
+FIT_TILES = [S.SkinnyConfig(bn, bk, w, 1)
+             for bn, (bk, w) in itertools.product((2, 4, 8), ((512, 2), (1024, 2), (1024, 4)))]
+CASES = [("linear", s) for s in ("qkv", "o_proj", "gate_up", "down")] + [("gated", "gate_up")] + [
+    ("add_rms_norm_linear", s) for s in ("qkv", "gate_up")]
+
+
+def run_case(op: str, m: int, n: int, k: int, dev: torch.device) -> list[dict]:
+    bf = torch.bfloat16
+    copies = max(2, -(-256 * 2**20 // (n * k * 2)))
+    ws = [torch.randn((n, k), device=dev, dtype=bf) * 0.02 for _ in range(copies)]
+    x, r = torch.randn((m, k), device=dev, dtype=bf), torch.randn((m, k), device=dev, dtype=bf)
+    nw, r_out = torch.rand((k,), device=dev, dtype=bf) + 0.5, torch.empty((m, k), device=dev, dtype=bf)
+    out = torch.empty((m, n // 2 if op == "gated" else n), device=dev, dtype=bf)
+
+    def call(i: int, cfg: S.SkinnyConfig) -> torch.Tensor:
+        if op == "gated":
+            return S.skinny_linear_silu_mul(x, ws[i], out=out, config=cfg)
+        if op == "linear":
+            return S.skinny_linear(x, ws[i], out=out, config=cfg)
+        return S.skinny_add_rms_norm_linear(x, r, nw, 1e-6, ws[i], out=out, residual_out=r_out, config=cfg)[0]
+
+    tuned = S._tuned_table(torch.cuda.get_device_name(dev)).get(("linear" if op == "gated" else op, m, n, k))
+    configs = [c for c in FIT_TILES if m * c.block_n * c.block_k <= 8192 * (2 if m == 1 else 1)]
+    rows = []
+    for cfg in configs + ([tuned] if tuned else []):
+        S.ROWWISE = False
+        ref = call(0, cfg).float().clone()
+        us3d = graph_replay_us(lambda i: call(i, cfg), copies, reps=15)
+        S.ROWWISE = True
+        err = (call(0, cfg).float() - ref).abs().max().item()
+        if err > 0.02 * ref.abs().max().item() + 1e-2:
+            raise RuntimeError(f"{op} m{m} {cfg}: the row-wise form differs by {err}")
+        us_rw = graph_replay_us(lambda i: call(i, cfg), copies, reps=15)
+        rows.append(dict(op=op, m=m, n=n, k=k, config=cfg._asdict(), table=cfg is tuned,
+                         fits=S.rowwise_fits(cfg, 2), us_3d=round(us3d, 2), us_rowwise=round(us_rw, 2)))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ms", default="1,2")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    shapes = MODEL_SHAPES["qwen3-4b"]
+    results = []
+    print(f"{torch.cuda.get_device_name(dev)}; us per call, 3D -> row-wise", flush=True)
+    for m in (int(v) for v in args.ms.split(",")):
+        for op, shape in CASES:
+            n, k = shapes[shape]
+            rows = run_case(op, m, n, k, dev)
+            results += rows
+            best3d = min(rows, key=lambda r: r["us_3d"])
+            best_rw = min(rows, key=lambda r: r["us_rowwise"])
+            table = next((r for r in rows if r["table"]), None)
+            floor = n * k * 2 / copy_bandwidth() * 1e6
+            print(f"{op:>19} m{m} {shape:>8} floor {floor:6.2f}  table "
+                  + (f"{table['us_3d']:6.2f} -> {table['us_rowwise']:6.2f}" if table else "  none")
+                  + f"  best 3D {best3d['us_3d']:6.2f} {tuple(best3d['config'].values())[:3]}"
+                  + f"  best row-wise {best_rw['us_rowwise']:6.2f} {tuple(best_rw['config'].values())[:3]}",
+                  flush=True)
+    S.ROWWISE = True
+    if args.json:
+        args.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(dev), rows=results), indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Thirty-sixth session's device calls (docs/benchmarks.md, "Thirty-sixth device session").
+#   CALL=auto: on an H200, CALL=h200 (device_lib's `h200_served`, ~8 min) then CALL=$OTHER; elsewhere CALL=$OTHER.
+#   CALL=rows (~4 min): the skinny GEMM's row-wise accumulators against its 3D product, kernel by kernel
+#           (packages/infer-backend-cuda/scripts/bench_skinny_rowwise.py), then the BF16 decode step at 1-2 rows with INFER_CUDA_SKINNY_ROWWISE 0 / 1,
+#           interleaved twice.
+# Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
+#   CALL=rows COMMIT=abc1234 bash scripts/device_session36.sh
+set -u
+source "$(dirname "$0")/device_lib.sh"  # session_logs, h200_then, roofline, ...
+session_logs s36
+
+rowwise_ab() {  # rowwise_ab BATCHES: the BF16 step with the skinny GEMM's 3D product against its row-wise form
+  local run
+  for run in 0 1 0b 1b; do roofline "bf16_rowwise$run" qwen3-4b "$1" INFER_CUDA_SKINNY_ROWWISE="${run:0:1}"; done
+}
+
+case ${CALL:-auto} in
+  auto | h200) h200_then "$0" "${OTHER:-rows}" ;;
+  rows)
+    timeout 300 python3 "$SCRIPTS/bench_skinny_rowwise.py" --json "$LOGS/rowwise.json" > "$LOGS/rowwise.log" 2>&1
+    echo "rowwise rc=$?"; cat "$LOGS/rowwise.log"; pack
+    rowwise_ab 1,2 ;;
+  ab) rowwise_ab "${BATCHES:-1,2}" ;;
+  *) echo "unknown CALL=$CALL"; exit 2 ;;
+esac
