@@ -4,6 +4,8 @@
 #   CALL=rows (~4 min): the skinny GEMM's row-wise accumulators against its 3D product, kernel by kernel
 #           (packages/infer-backend-cuda/scripts/bench_skinny_rowwise.py), then the BF16 decode step at 1-2 rows with INFER_CUDA_SKINNY_ROWWISE 0 / 1,
 #           interleaved twice.
+#   CALL=tune (~5 min): bench_skinny_gemm.py --rowwise at 1-2 rows (linear, add_rms_norm_linear) into the installed
+#           table, then device_lib's `tables_ab` (the installed table against the tree's) at 1-2 rows.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=rows COMMIT=abc1234 bash scripts/device_session36.sh
 set -u
@@ -22,5 +24,11 @@ case ${CALL:-auto} in
     echo "rowwise rc=$?"; cat "$LOGS/rowwise.log"; pack
     rowwise_ab 1,2 ;;
   ab) rowwise_ab "${BATCHES:-1,2}" ;;
+  tune)
+    table=$(installed_table skinny_gemm)
+    timeout 330 python3 "$SCRIPTS/bench_skinny_gemm.py" --rowwise --ms 1,2 --budget-s 270 --json "$LOGS/tune.json" \
+      --table "$table" > "$LOGS/tune.log" 2>&1
+    echo "tune rc=$?"; grep -A30 "^ *op  *m" "$LOGS/tune.log"; cp "$table" "$LOGS/skinny_gemm.json"; pack
+    tables_ab bf16 qwen3-4b 1,2 ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac

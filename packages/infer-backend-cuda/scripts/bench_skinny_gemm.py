@@ -61,6 +61,13 @@ def prefetch_candidates(tuned: S.SkinnyConfig | None) -> list[S.SkinnyConfig]:
     return out
 
 
+def rowwise_candidates(m: int) -> list[S.SkinnyConfig]:
+    """CUDA-core tiles that `rowwise_fits` in bf16 (every thread along K), for 1-2 rows."""
+    tiles = [S.SkinnyConfig(bn, bk, w, 1)
+             for bn, (bk, w) in itertools.product((2, 4, 8), ((512, 2), (1024, 2), (1024, 4)))]
+    return [c for c in tiles if S.rowwise_fits(c, 2) and m * c.block_n * c.block_k <= (16384 if m == 1 else 8192)]
+
+
 def candidates(op: str, m: int) -> list[S.SkinnyConfig]:
     grid = itertools.product((2, 4, 8, 16), (128, 256, 512, 1024), (2, 4, 8), (1, 2, 3))
     out = [S.SkinnyConfig(bn, bk, w, s) for bn, bk, w, s in grid if m * bn * bk <= (16384 if m == 1 else 8192)]
@@ -108,6 +115,9 @@ def main() -> None:
     ap.add_argument("--prefetch", action="store_true",
                     help="try the shape's current table entry with and without weight prefetch, and prefetching "
                          "variants of the tile shapes that won elsewhere")
+    ap.add_argument("--rowwise", action="store_true",
+                    help="try only the CUDA-core tiles that take the row-wise accumulators at 1-2 rows, plus the "
+                         "shape's current table entry (so never worse)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--table", type=Path)
     args = ap.parse_args()
@@ -126,6 +136,8 @@ def main() -> None:
                 tuned = S._tuned_table(name).get((op, S.m_bucket(m), n, k))
                 if args.prefetch:
                     configs = prefetch_candidates(tuned)
+                elif args.rowwise:
+                    configs = rowwise_candidates(m) + ([tuned] if tuned else [])
                 elif args.dot:
                     configs = dot_candidates() + ([tuned] if tuned else [])
                 else:

@@ -10,18 +10,15 @@ output is checked against the 3D form's."""
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 from pathlib import Path
 
 import torch
 
-from bench_skinny_gemm import MODEL_SHAPES
+from bench_skinny_gemm import MODEL_SHAPES, rowwise_candidates
 from graph_timing import copy_bandwidth, graph_replay_us
 from infer_backend_cuda.kernels import skinny_gemm as S
 
-FIT_TILES = [S.SkinnyConfig(bn, bk, w, 1)
-             for bn, (bk, w) in itertools.product((2, 4, 8), ((512, 2), (1024, 2), (1024, 4)))]
 CASES = [("linear", s) for s in ("qkv", "o_proj", "gate_up", "down")] + [("gated", "gate_up")] + [
     ("add_rms_norm_linear", s) for s in ("qkv", "gate_up")]
 
@@ -42,7 +39,7 @@ def run_case(op: str, m: int, n: int, k: int, dev: torch.device) -> list[dict]:
         return S.skinny_add_rms_norm_linear(x, r, nw, 1e-6, ws[i], out=out, residual_out=r_out, config=cfg)[0]
 
     tuned = S._tuned_table(torch.cuda.get_device_name(dev)).get(("linear" if op == "gated" else op, m, n, k))
-    configs = [c for c in FIT_TILES if m * c.block_n * c.block_k <= 8192 * (2 if m == 1 else 1)]
+    configs = rowwise_candidates(m)
     rows = []
     for cfg in configs + ([tuned] if tuned else []):
         S.ROWWISE = False
