@@ -271,15 +271,17 @@ class DenseTuner:
 
     def candidates(self, attr: str, shape: Shape) -> list[DenseChoice]:
         """cuBLAS; the skinny rule's config and forms, on CUDA and tensor cores (for qkv also with the norm in the
-        prologue); from 2 rows the mid GEMM's forms (one K range where gated), distinct."""
+        prologue), at 1-2 rows the CUDA-core forms that fit also with the row-wise accumulators; from 2 rows the mid
+        GEMM's forms (one K range where gated), distinct."""
         n, k, _ = shape
         found = [DenseChoice("cublas"), DenseChoice("skinny", skinny.heuristic_config(self.rows, n, k))]
         cuda_cores = [skinny.SkinnyConfig(bn, min(bk, next_pow2(k)), w, st) for bn, bk, w, st in SKINNY_FORMS]
-        found += [DenseChoice("skinny", cfg) for cfg in cuda_cores]
+        rowwise = [c._replace(rowwise=True) for c in cuda_cores if self.rows <= 2 and skinny.rowwise_fits(c, 2)]
+        found += [DenseChoice("skinny", cfg) for cfg in cuda_cores + rowwise]
         found += [DenseChoice("skinny", skinny.SkinnyConfig(bn, bk, w, st, use_dot=True))
                   for bn, bk, w, st in SKINNY_DOT_FORMS]
         if attr == NORMED_LINEAR:
-            found += [DenseChoice("norm_skinny", cfg) for cfg in cuda_cores[:3]]
+            found += [DenseChoice("norm_skinny", cfg) for cfg in cuda_cores[:3] + rowwise[:2]]
         if self.rows >= mid.MIN_M:
             splits = (1,) if attr == GATED_LINEAR else DENSE_MID_SPLITS
             found += [DenseChoice("mid", mid.MidConfig(bn, 128, w, st, s)) for bn, w, st in DENSE_MID_FORMS

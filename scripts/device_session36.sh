@@ -6,6 +6,9 @@
 #           interleaved twice.
 #   CALL=tune (~5 min): bench_skinny_gemm.py --rowwise at 1-2 rows (linear, add_rms_norm_linear) into the installed
 #           table, then device_lib's `tables_ab` (the installed table against the tree's) at 1-2 rows.
+#   CALL=entries_ab (~2.5 min): the BF16 step at 1-2 rows on the skinny table before this session's row-wise entries
+#           (bench/results/h100_session36/skinny_gemm_before.json) against the tree's, interleaved twice; then
+#           CALL=$NEXT when set.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=rows COMMIT=abc1234 bash scripts/device_session36.sh
 set -u
@@ -24,6 +27,16 @@ case ${CALL:-auto} in
     echo "rowwise rc=$?"; cat "$LOGS/rowwise.log"; pack
     rowwise_ab 1,2 ;;
   ab) rowwise_ab "${BATCHES:-1,2}" ;;
+  entries_ab)
+    site=$(dirname "$(installed_table skinny_gemm)")
+    for run in before after before2 after2; do
+      case $run in
+        before*) cp bench/results/h100_session36/skinny_gemm_before.json "$site/skinny_gemm.json" ;;
+        *) cp packages/infer-backend-cuda/src/infer_backend_cuda/configs/skinny_gemm.json "$site/" ;;
+      esac
+      roofline "bf16_entries_$run" qwen3-4b "${BATCHES:-1,2}"
+    done
+    [ -n "${NEXT:-}" ] && CALL=$NEXT bash "$0" ;;
   tune)
     table=$(installed_table skinny_gemm)
     timeout 330 python3 "$SCRIPTS/bench_skinny_gemm.py" --rowwise --ms 1,2 --budget-s 270 --json "$LOGS/tune.json" \

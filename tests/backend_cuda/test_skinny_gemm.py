@@ -86,10 +86,10 @@ class _LaunchSpy:
 @pytest.mark.parametrize("n", [24, 38], ids=["even_n", "partial_n"])
 @pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
 def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device, monkeypatch):
-    """At 1-2 rows the CUDA-core tiles that fit accumulate a 2D product a row (ROWWISE) unless
-    INFER_CUDA_SKINNY_ROWWISE=0 keeps the 3D one: both forms equal the reference for each op, with and without a
-    partial last program (the weight loads' row mask, EVEN_N). The launches are spied so that each form is known to
-    have run."""
+    """At 1-2 rows a `rowwise` config accumulates a 2D product a row (ROWWISE) unless INFER_CUDA_SKINNY_ROWWISE=0
+    keeps the 3D one, as the same tile without `rowwise` does: each form equals the reference for each op, with and
+    without a partial last program (the weight loads' row mask, EVEN_N). The launches are spied so that each form is
+    known to have run."""
     dtype, k = torch.float32, 600  # three K steps, the last partial
     config = S.SkinnyConfig(4, 256, 2, 1, prefetch=prefetch)  # 256 fp32 columns: 16-byte loads by 64 threads along K
     assert S.rowwise_fits(config, 4) and not S.rowwise_fits(config._replace(num_warps=4), 4)
@@ -110,10 +110,11 @@ def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device,
         run = lambda: S.skinny_add_rms_norm_linear(x, residual, nw, 1e-5, w, b, config=config)[0]  # noqa: E731
     spy = _LaunchSpy(S._skinny_gemm_kernel)
     monkeypatch.setattr(S, "_skinny_gemm_kernel", spy)
-    for rowwise in (False, True):
-        monkeypatch.setattr(S, "ROWWISE", rowwise)
+    for switch, rowwise in ((False, True), (True, False), (True, True)):
+        monkeypatch.setattr(S, "ROWWISE", switch)
+        config = config._replace(rowwise=rowwise)
         torch.testing.assert_close(run().float(), ref, **tol(dtype))
-    assert [launch["ROWWISE"] for launch in spy.launches] == [False, True]
+    assert [launch["ROWWISE"] for launch in spy.launches] == [False, False, True]
     even = (n // 2 if op == "gated" else n) % (config.block_n // 2 if op == "gated" else config.block_n) == 0
     assert {launch["EVEN_N"] for launch in spy.launches} == {even}
 
@@ -198,6 +199,9 @@ def test_tuned_table_entries_are_launchable():
         rows = S.block_m(e["m"], e.get("use_dot", False))
         assert rows * e["block_n"] * e["block_k"] <= 16384 or e.get("use_dot"), e
         assert not e.get("use_dot") or e["block_n"] >= 16, e
+        if e.get("rowwise"):  # tuned where the row-wise form fits the bf16 tile, at 1-2 rows
+            tile = S.SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e.get("use_dot", False))
+            assert e["m"] <= 2 and S.rowwise_fits(tile, 2), e
         assert e["num_stages"] >= 1
 
 

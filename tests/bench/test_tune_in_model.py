@@ -207,7 +207,12 @@ def test_dense_candidates_at_qwen3_4b_shapes_cover_the_paths() -> None:
             assert S.heuristic_config(2, n, k) in {c.config for c in found}
             mid_splits = {c.config.k_splits for c in found if c.path == "mid"}
             assert mid_splits == ({1} if attr == tune.GATED_LINEAR else set(tune.DENSE_MID_SPLITS))
+            rowwise = [c.config for c in found if c.path != "cublas" and getattr(c.config, "rowwise", False)]
+            assert rowwise and all(S.rowwise_fits(c, 2) for c in rowwise)
+            if attr == tune.NORMED_LINEAR:
+                assert any(c.path == "norm_skinny" and c.config.rowwise for c in found)
         assert "mid" not in {c.path for c in tune.DenseTuner(1).candidates("o_proj", (n, k, 0))}  # mid: 2+ rows
+        assert not any(getattr(c.config, "rowwise", False) for c in tune.DenseTuner(4).candidates("o_proj", (n, k, 0)))
 
 
 KERNELS = {"skinny": ("skinny_linear", "skinny_linear_silu_mul"), "norm_skinny": ("skinny_add_rms_norm_linear",) * 2,

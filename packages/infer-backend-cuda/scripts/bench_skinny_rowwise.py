@@ -1,6 +1,6 @@
-"""The skinny GEMM's row-wise accumulators (`_skinny_gemm_kernel`'s ROWWISE) against its 3D product, kernel by
-kernel, at 1-2 rows on Qwen3-4B's decode shapes: the plain GEMM, the gated gate / up GEMM and the RMSNorm
-prologue, each over the CUDA-core tiles that `rowwise_fits` and the shape's tuned-table entry.
+"""The skinny GEMM's row-wise accumulators (a config's `rowwise`) against its 3D product, kernel by kernel, at 1-2
+rows on Qwen3-4B's decode shapes: the plain GEMM, the gated gate / up GEMM and the RMSNorm prologue, each over
+the CUDA-core tiles that `rowwise_fits` and the shape's tuned-table entry.
 
 Run on the GPU machine:  PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \
     python3 packages/infer-backend-cuda/scripts/bench_skinny_rowwise.py --json out.json
@@ -42,15 +42,14 @@ def run_case(op: str, m: int, n: int, k: int, dev: torch.device) -> list[dict]:
     configs = rowwise_candidates(m)
     rows = []
     for cfg in configs + ([tuned] if tuned else []):
-        S.ROWWISE = False
-        ref = call(0, cfg).float().clone()
-        us3d = graph_replay_us(lambda i: call(i, cfg), copies, reps=15)
-        S.ROWWISE = True
-        err = (call(0, cfg).float() - ref).abs().max().item()
+        flat, rowwise = cfg._replace(rowwise=False), cfg._replace(rowwise=True)
+        ref = call(0, flat).float().clone()
+        us3d = graph_replay_us(lambda i: call(i, flat), copies, reps=15)
+        err = (call(0, rowwise).float() - ref).abs().max().item()
         if err > 0.02 * ref.abs().max().item() + 1e-2:
             raise RuntimeError(f"{op} m{m} {cfg}: the row-wise form differs by {err}")
-        us_rw = graph_replay_us(lambda i: call(i, cfg), copies, reps=15)
-        rows.append(dict(op=op, m=m, n=n, k=k, config=cfg._asdict(), table=cfg is tuned,
+        us_rw = graph_replay_us(lambda i: call(i, rowwise), copies, reps=15)
+        rows.append(dict(op=op, m=m, n=n, k=k, config=flat._asdict(), table=cfg is tuned,
                          fits=S.rowwise_fits(cfg, 2), us_3d=round(us3d, 2), us_rowwise=round(us_rw, 2)))
     return rows
 
@@ -78,7 +77,6 @@ def main() -> None:
                   + f"  best 3D {best3d['us_3d']:6.2f} {tuple(best3d['config'].values())[:3]}"
                   + f"  best row-wise {best_rw['us_rowwise']:6.2f} {tuple(best_rw['config'].values())[:3]}",
                   flush=True)
-    S.ROWWISE = True
     if args.json:
         args.json.write_text(json.dumps(dict(device=torch.cuda.get_device_name(dev), rows=results), indent=2))
 

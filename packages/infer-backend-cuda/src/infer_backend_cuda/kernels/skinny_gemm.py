@@ -57,8 +57,8 @@ def parse_row_buckets(raw: str) -> dict[int, int]:
 
 
 ROW_BUCKETS = parse_row_buckets(os.environ.get(ROW_BUCKETS_ENV, ""))
-# INFER_CUDA_SKINNY_ROWWISE=0: the CUDA-core tiles at 1-2 rows keep the 3D product instead of one 2D accumulator a
-# row (`_skinny_gemm_kernel`'s ROWWISE; A/B runs). Read once at import, like the other INFER_CUDA_ switches.
+# INFER_CUDA_SKINNY_ROWWISE=0: configs marked `rowwise` run the 3D product instead of one 2D accumulator a row
+# (`_skinny_gemm_kernel`'s ROWWISE; A/B runs). Read once at import, like the other INFER_CUDA_ switches.
 ROWWISE_ENV = "INFER_CUDA_SKINNY_ROWWISE"
 ROWWISE = os.environ.get(ROWWISE_ENV, "1").strip() != "0"
 
@@ -70,6 +70,7 @@ class SkinnyConfig(NamedTuple):
     num_stages: int
     use_dot: bool = False  # tensor-core tiles (rows padded to 16) instead of CUDA-core products
     prefetch: bool = False  # load each weight tile one iteration ahead, the first before waiting for the producer
+    rowwise: bool = False  # at 1-2 rows on CUDA cores: one 2D accumulator a row (`_skinny_gemm_kernel`'s ROWWISE)
 
 
 PLAIN, ADD_RMS_NORM = 0, 1  # the kernel's prologue: what it makes of its input rows
@@ -108,13 +109,16 @@ def _skinny_gemm_kernel(
     EVEN_N: tl.constexpr = False,
     ROWWISE: tl.constexpr = False,
 ):
-    """ROWWISE (CUDA-core products at 1-2 rows, where M == BLOCK_M, in tiles that `rowwise_fits`): one
-    `[BLOCK_N, BLOCK_K]` accumulator a row instead of the `[BLOCK_M, BLOCK_N, BLOCK_K]` product. The 3D product's
-    weight operand is a slice of a layout that differs from the weight load's, so Triton moves every weight tile
-    through shared memory (STS, barrier, LDSM); the 2D form keeps the loaded tile where it is (sm_90 SASS of the
-    tiles that fit: 3.1-4.7 against 4.2-5.8 instructions a weight at one row, 4.4-6.6 against 5.6-8.1 at two, no
-    barrier). EVEN_N: N is a multiple of the program's columns, so the weight loads need no
-    row mask (and no zero-fill of the masked-off registers).
+    """ROWWISE (a config's `rowwise`, CUDA-core products at 1-2 rows, where M == BLOCK_M): one `[BLOCK_N, BLOCK_K]`
+    accumulator a row instead of the `[BLOCK_M, BLOCK_N, BLOCK_K]` product. The 3D product's weight operand is a
+    slice of a layout that differs from the weight load's, so Triton moves every weight tile through shared memory
+    (STS, barrier, LDSM); the 2D form keeps the loaded tile where it is (sm_90 SASS of the tiles that
+    `rowwise_fits`: 3.1-4.7 against 4.2-5.8 instructions a weight at one row, 4.4-6.6 against 5.6-8.1 at two, no
+    barrier). Fewer instructions are not always faster: on the H100 the form took 0.80-1.43x the 3D one's time,
+    tile by tile (docs/benchmarks.md, thirty-sixth session), so the tables choose it per shape.
+
+    EVEN_N: N is a multiple of the program's columns, so the weight loads need no row mask (and no zero-fill of the
+    masked-off registers).
 
     With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
     a program streams the gate and the up row of each of its `BLOCK_N / 2` output columns and applies the
@@ -291,7 +295,7 @@ def _tuned_table(device_name: str) -> dict[tuple[str, int, int, int], SkinnyConf
     return {
         table_key(e): (
             SkinnyConfig(e["block_n"], e["block_k"], e["num_warps"], e["num_stages"], e.get("use_dot", False),
-                         e.get("prefetch", False))
+                         e.get("prefetch", False), e.get("rowwise", False))
             if e["use"]
             else None
         )
@@ -306,9 +310,10 @@ def table_key(entry: dict) -> tuple[str, int, int, int]:
 
 def rowwise_fits(cfg: SkinnyConfig, element_size: int) -> bool:
     """Whether a CUDA-core config's weight tile puts every thread along K (16-byte loads, 32 threads a warp), so
-    that the row-wise accumulators' input row has the weight tile's layout. Where warps or threads also split the
-    tile's rows, the input row is replicated across them and Triton moves it through shared memory each K step,
-    which can cost more than the 3D product (sm_90 SASS: up to 3-5x the instructions a weight)."""
+    that the row-wise accumulators' input row has the weight tile's layout: the tiles worth trying `rowwise`. Where
+    warps or threads also split the tile's rows, the input row is replicated across them and Triton moves it through
+    shared memory each K step, which can cost more than the 3D product (sm_90 SASS: up to 3-5x the instructions a
+    weight)."""
     return not cfg.use_dot and cfg.block_k * element_size >= 16 * 32 * cfg.num_warps
 
 
@@ -400,7 +405,7 @@ def _launch(
         PREFETCH=cfg.prefetch,
         GATED=gated,
         EVEN_N=n_out % (cfg.block_n // 2 if gated else cfg.block_n) == 0,
-        ROWWISE=ROWWISE and rows == m <= 2 and rowwise_fits(cfg, x.element_size()),
+        ROWWISE=ROWWISE and cfg.rowwise and not cfg.use_dot and rows == m <= 2,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch(x.device),
