@@ -36,7 +36,7 @@ case ${CALL:-auto} in
       esac
       roofline "bf16_entries_$run" qwen3-4b "${BATCHES:-1,2}"
     done
-    [ -n "${NEXT:-}" ] && CALL=$NEXT bash "$0" ;;
+    if [ -n "${NEXT:-}" ]; then CALL=$NEXT bash "$0"; fi ;;
   tune)
     table=$(installed_table skinny_gemm)
     timeout 330 python3 "$SCRIPTS/bench_skinny_gemm.py" --rowwise --ms 1,2 --budget-s 270 --json "$LOGS/tune.json" \
