@@ -305,9 +305,9 @@ def awq_linear_silu_mul(
     m, n, k, group = _operands(x, qweight, scales)
     cfg = _checked_config(config or choose_config(m, n, k, group, x.device), m, group)
     if GATED and cfg.block_m > SKINNY_MAX_M and gated_fits(n, cfg.block_n):
-        out = torch.empty((m, n // 2), dtype=x.dtype, device=x.device)
-        if _launch(x, qweight, qzeros, scales, bias, out, cfg, group, gated=True):
-            return out
+        act = _launch(x, qweight, qzeros, scales, bias, None, cfg, group, gated=True)
+        if act is not None:
+            return act
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     _launch(x, qweight, qzeros, scales, bias, out, cfg, group, gated=False)
     return silu_and_mul(out)
@@ -323,22 +323,26 @@ def gated_fits(n: int, block_n: int) -> bool:
 
 
 def _launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
-            bias: torch.Tensor | None, out: torch.Tensor, cfg: AwqConfig, group: int, gated: bool) -> bool:
-    """Either kernel on checked operands; `gated` (the tiled kernel only): False, with nothing launched, where the
-    split-K counters that launch needs are not available (`split_k.gated_partials`)."""
+            bias: torch.Tensor | None, out: torch.Tensor | None, cfg: AwqConfig, group: int,
+            gated: bool) -> torch.Tensor | None:
+    """Either kernel on checked operands, into `out` (`[M, N / 2]` made here when None and `gated`); its output.
+    `gated` (the tiled kernel only): None, with nothing launched or allocated, where the split-K counters that launch
+    needs are not available (`split_k.gated_partials`)."""
     if cfg.block_m <= SKINNY_MAX_M:
         awq_gemv.launch(x, qweight, qzeros, scales, bias, out, group, cfg.block_n, cfg.block_k, cfg.num_warps,
                         cfg.k_splits, cfg.row_programs)
-        return True
+        return out
     m, k = x.shape
     n = scales.shape[1]
     steps, splits = split_k.steps_per_split(triton.cdiv(k, cfg.block_k), cfg.k_splits)
     column_tiles = triton.cdiv(n // 2, cfg.block_n // 2) if gated else triton.cdiv(n, cfg.block_n)
     grid = (triton.cdiv(m, cfg.block_m), column_tiles, splits)
     if gated:
-        p = split_k.gated_partials(splits, m, n, out.device, grid[0] * grid[1])
+        p = split_k.gated_partials(splits, m, n, x.device, grid[0] * grid[1])
         if p is None:
-            return False
+            return None
+        if out is None:
+            out = torch.empty((m, n // 2), dtype=x.dtype, device=x.device)
     else:
         p = split_k.partials(splits, m, n, out, grid[0] * grid[1], fixup=True)
     _awq_kernel[grid](
@@ -351,4 +355,4 @@ def _launch(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales
     )
     if not gated:
         split_k.finish(p, bias, out)
-    return True
+    return out
