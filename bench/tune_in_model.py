@@ -171,13 +171,17 @@ class Fp8Tuner:
     method, rows = QuantMethod.FP8_BLOCK, 1
 
     def current(self, attr: str, shape: Shape, device: torch.device) -> Config:
-        """What the step runs now: the mid table's config (for the gate / up GEMM its gated one first), else the FP8
-        table's, else the default rule's."""
-        ops = ("fp8_linear_silu_mul", "fp8_linear") if attr == GATED_LINEAR else ("fp8_linear",)
-        for op in ops:
-            found = fp8_gemm.mid_config(op, 1, *shape, device)
-            if found is not None:
-                return found
+        """What the step runs now: the mid table's config (for the gate / up GEMM its gated one), else the FP8
+        table's, else the default rule's. A gate / up shape with only a plain mid entry runs that GEMM and then the
+        SiLU kernel, which no candidate stands for (a mid candidate there is the gated epilogue): refused."""
+        op = "fp8_linear_silu_mul" if attr == GATED_LINEAR else "fp8_linear"
+        found = fp8_gemm.mid_config(op, 1, *shape, device)
+        if found is not None:
+            return found
+        if attr == GATED_LINEAR and fp8_gemm.mid_config("fp8_linear", 1, *shape, device) is not None:
+            raise ValueError(f"the mid table's one-row fp8_linear entry at gate / up {shape[:2]} runs the GEMM and "
+                             "then the SiLU kernel, which the FP8 tuner cannot score: give the shape an "
+                             "fp8_linear_silu_mul entry or turn the plain one off")
         return fp8_gemm.choose_config(1, *shape, device) or fp8_gemm.default_config(1, *shape)
 
     def candidates(self, attr: str, shape: Shape) -> list[Config]:
@@ -417,7 +421,10 @@ def main() -> None:
     seqs = random_seqs(bench, args.rows, args.context, torch.Generator().manual_seed(0))
     prefill_in_groups(ModelRunner(*bench.runner_args, state_pools=bench.caches.state_pools), seqs)
     device = torch.device("cuda")
-    chosen = {attr: chooser.current(attr, shape, device) for attr, shape in shapes.items()}
+    try:
+        chosen = {attr: chooser.current(attr, shape, device) for attr, shape in shapes.items()}
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     kept: list[GraphModelRunner] = []  # graphs share the backend's pool: freeing one breaks the next capture
 
     def replay_ms(trial: Mapping[str, Config]) -> float:

@@ -197,6 +197,23 @@ def test_fp8_winners_merge_into_the_mid_and_fp8_tables(tmp_path: Path, monkeypat
     assert [e["replay_ms"] for e in fp8_entries] == [2.5]
 
 
+def test_fp8_incumbent_is_what_the_dispatch_runs(monkeypatch) -> None:  # noqa: ANN001
+    """The FP8 tuner's incumbent: the mid table's entry of the op the dispatch asks for (the gated one for gate / up),
+    else the default rule's tiles; a gate / up shape with only a plain mid entry (the GEMM, then the SiLU kernel) is
+    refused with a message, not scored as the gated epilogue."""
+    cpu, shape = torch.device("cpu"), (19456, 2560, 128)
+    plain, gated = G.MidConfig(64, 128, 4, 4, 2), G.MidConfig(128, 128, 8, 3, 1)
+    table: dict[str, G.MidConfig] = {}
+    monkeypatch.setattr(F8, "mid_config", lambda op, m, n, k, group, device: table.get(op) if m == 1 else None)
+    assert FP8.current(tune.GATED_LINEAR, shape, cpu) == F8.default_config(1, *shape)
+    table.update(fp8_linear=plain, fp8_linear_silu_mul=gated)
+    assert FP8.current(tune.GATED_LINEAR, shape, cpu) == gated
+    assert FP8.current("o_proj", shape, cpu) == plain
+    del table["fp8_linear_silu_mul"]
+    with pytest.raises(ValueError, match="cannot score"):
+        FP8.current(tune.GATED_LINEAR, shape, cpu)
+
+
 def test_dense_candidates_at_qwen3_4b_shapes_cover_the_paths() -> None:
     for n, k in (*QWEN3_4B, (151936, 2560)):
         for attr in ("o_proj", tune.NORMED_LINEAR, tune.GATED_LINEAR):
