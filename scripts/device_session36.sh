@@ -4,8 +4,8 @@
 #   CALL=rows (~4 min): the skinny GEMM's row-wise accumulators against its 3D product, kernel by kernel
 #           (packages/infer-backend-cuda/scripts/bench_skinny_rowwise.py), then the BF16 decode step at 1-2 rows with INFER_CUDA_SKINNY_ROWWISE 0 / 1,
 #           interleaved twice.
-#   CALL=tune (~5 min): bench_skinny_gemm.py --rowwise at 1-2 rows (linear, add_rms_norm_linear) into the installed
-#           table, then device_lib's `tables_ab` (the installed table against the tree's) at 1-2 rows.
+#   CALL=tune (~6 min): bench_skinny_gemm.py --rowwise at MS rows (default 1,2; linear, add_rms_norm_linear; TUNE_S
+#           s) into the installed table, then device_lib's `tables_ab` (the installed table against the tree's) there.
 #   CALL=entries_ab (~2.5 min): the BF16 step at 1-2 rows on the skinny table before this session's row-wise entries
 #           (bench/results/h100_session36/skinny_gemm_before.json) against the tree's, interleaved twice; then
 #           CALL=$NEXT when set.
@@ -39,9 +39,9 @@ case ${CALL:-auto} in
     if [ -n "${NEXT:-}" ]; then CALL=$NEXT bash "$0"; fi ;;
   tune)
     table=$(installed_table skinny_gemm)
-    timeout 330 python3 "$SCRIPTS/bench_skinny_gemm.py" --rowwise --ms 1,2 --budget-s 270 --json "$LOGS/tune.json" \
-      --table "$table" > "$LOGS/tune.log" 2>&1
+    timeout $(( ${TUNE_S:-270} + 60 )) python3 "$SCRIPTS/bench_skinny_gemm.py" --rowwise --ms "${MS:-1,2}" \
+      --budget-s "${TUNE_S:-270}" --json "$LOGS/tune.json" --table "$table" > "$LOGS/tune.log" 2>&1
     echo "tune rc=$?"; grep -A30 "^ *op  *m" "$LOGS/tune.log"; cp "$table" "$LOGS/skinny_gemm.json"; pack
-    tables_ab bf16 qwen3-4b 1,2 ;;
+    tables_ab bf16 qwen3-4b "${MS:-1,2}" ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac

@@ -83,14 +83,15 @@ class _LaunchSpy:
 
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("op", ["linear", "gated", "norm", "add_norm"])
-@pytest.mark.parametrize("n", [24, 38], ids=["even_n", "partial_n"])
+@pytest.mark.parametrize("n", [24, 38], ids=["whole_tiles", "partial_tiles"])
 @pytest.mark.parametrize("prefetch", [False, True], ids=["", "prefetch"])
 def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device, monkeypatch):
     """At 1-2 rows a `rowwise` config accumulates a 2D product a row (ROWWISE) unless INFER_CUDA_SKINNY_ROWWISE=0
     keeps the 3D one, as the same tile without `rowwise` does: each form equals the reference for each op, with and
-    without a partial last program (the weight loads' row mask, EVEN_N). The launches are spied so that each form is
+    without partial tiles (the weight loads' masks, EVEN_N and EVEN_K). The launches are spied so that each form is
     known to have run."""
-    dtype, k = torch.float32, 600  # three K steps, the last partial
+    # whole tiles every way (EVEN_K and EVEN_N: the prefetch unmasked, re-reading its last tile), or partial ones
+    dtype, k = torch.float32, 512 if n == 24 else 600
     config = S.SkinnyConfig(4, 256, 2, 1, prefetch=prefetch)  # 256 fp32 columns: 16-byte loads by 64 threads along K
     assert S.rowwise_fits(config, 4) and not S.rowwise_fits(config._replace(num_warps=4), 4)
     x = rand_offset((m, k), dtype, device, 60 + m) * 2
@@ -116,7 +117,7 @@ def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device,
         torch.testing.assert_close(run().float(), ref, **tol(dtype))
     assert [launch["ROWWISE"] for launch in spy.launches] == [False, False, True]
     even = (n // 2 if op == "gated" else n) % (config.block_n // 2 if op == "gated" else config.block_n) == 0
-    assert {launch["EVEN_N"] for launch in spy.launches} == {even}
+    assert {(launch["EVEN_N"], launch["EVEN_K"]) for launch in spy.launches} == {(even, n == 24)}
 
 
 def test_skinny_add_rms_norm_linear_refuses_an_aliased_residual_out(device):

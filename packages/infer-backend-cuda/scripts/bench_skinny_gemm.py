@@ -62,9 +62,10 @@ def prefetch_candidates(tuned: S.SkinnyConfig | None) -> list[S.SkinnyConfig]:
 
 
 def rowwise_candidates(m: int) -> list[S.SkinnyConfig]:
-    """CUDA-core tiles that `rowwise_fits` in bf16 (every thread along K), for 1-2 rows."""
-    tiles = [S.SkinnyConfig(bn, bk, w, 1, rowwise=True)
-             for bn, (bk, w) in itertools.product((2, 4, 8), ((512, 2), (1024, 2), (1024, 4)))]
+    """CUDA-core tiles that `rowwise_fits` in bf16 (every thread along K), for 1-2 rows, with and without the weight
+    prefetch (Triton does not pipeline these loads: without it each K step waits for its own tile)."""
+    tiles = [S.SkinnyConfig(bn, bk, w, 1, prefetch=pf, rowwise=True)
+             for bn, (bk, w), pf in itertools.product((2, 4, 8), ((512, 2), (1024, 2), (1024, 4)), (False, True))]
     return [c for c in tiles if S.rowwise_fits(c, 2) and m * c.block_n * c.block_k <= (16384 if m == 1 else 8192)]
 
 

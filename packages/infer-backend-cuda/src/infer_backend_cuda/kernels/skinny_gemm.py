@@ -160,8 +160,11 @@ def _skinny_gemm_kernel(
             k_mask = kk < K
         if PREFETCH:
             w = w_next
-            w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
-                             eviction_policy="evict_first")
+            if EVEN_K and EVEN_N:  # the last step re-reads its own tile rather than masking the one past K
+                w_next = tl.load(w_ptrs + tl.where(k0 + BLOCK_K < K, BLOCK_K, 0), eviction_policy="evict_first")
+            else:
+                w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
+                                 eviction_policy="evict_first")
         elif EVEN_K and EVEN_N:
             w = tl.load(w_ptrs, eviction_policy="evict_first")
         elif EVEN_K:
