@@ -8,6 +8,7 @@ import torch
 from infer_backend_cuda.kernels import skinny_gemm as S
 from tests.backend_cuda.conftest import committed_table_entries, gpu, needs_cuda, poison, tol
 from tests.backend_cuda.reference import rand_offset, ref_add_rms_norm, ref_linear, ref_rms_norm, ref_silu_and_mul
+from tests.bench.scripts import KERNEL_SCRIPTS, load_bench_script
 
 CONFIGS = [S.SkinnyConfig(4, 64, 2, 1), S.SkinnyConfig(2, 128, 4, 2), S.SkinnyConfig(8, 32, 1, 3),
            S.SkinnyConfig(16, 64, 4, 2, use_dot=True), S.SkinnyConfig(32, 32, 4, 1, use_dot=True),
@@ -118,6 +119,22 @@ def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device,
     assert [launch["ROWWISE"] for launch in spy.launches] == [False, False, True]
     even = (n // 2 if op == "gated" else n) % (config.block_n // 2 if op == "gated" else config.block_n) == 0
     assert {(launch["EVEN_N"], launch["EVEN_K"]) for launch in spy.launches} == {(even, n == 24)}
+
+
+def test_the_kernel_tuner_times_gate_up_as_the_model_runs_it(device, monkeypatch):
+    """bench_skinny_gemm.py times the gate / up shape's `linear` entry through the SiLU-and-mul epilogue that takes it
+    in the model (against cuBLAS then the SiLU kernel), only while INFER_CUDA_GATED_GEMM is on."""
+    bench = load_bench_script("bench_skinny_gemm", KERNEL_SCRIPTS)
+    assert bench.gated_case("linear", "gate_up") and not bench.gated_case("linear", "o_proj")
+    assert not bench.gated_case("add_rms_norm_linear", "gate_up")
+    torch.manual_seed(0)
+    case = bench.Case("linear", 2, 48, 256, 2, device, gated=True)
+    for config in (S.SkinnyConfig(4, 128, 2, 1), S.SkinnyConfig(4, 256, 1, 1, rowwise=True)):
+        y, ref = case.skinny(1, config), case.baseline(1)
+        assert y.shape == ref.shape == (2, 24)
+        torch.testing.assert_close(y.float(), ref.float(), atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+    monkeypatch.setattr(S, "GATED", False)
+    assert not bench.gated_case("linear", "gate_up")
 
 
 def test_skinny_add_rms_norm_linear_refuses_an_aliased_residual_out(device):

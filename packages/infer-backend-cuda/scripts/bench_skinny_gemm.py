@@ -3,7 +3,7 @@
 
 Ops: `linear` against `F.linear`; `add_rms_norm_linear` (qkv, gate_up) against the unfused path the adapter would
 otherwise take (the norm kernel, then `CudaMathOps.linear`). The gate / up GEMM's SiLU-and-mul epilogue takes the
-`linear` configs.
+`linear` configs, so that shape's `linear` entry is timed in that form (`gated_case`).
 
 Run on the GPU machine:  PYTHONPATH=packages/infer-core/src:packages/infer-backend-cuda/src \
     python3 packages/infer-backend-cuda/scripts/bench_skinny_gemm.py --table configs.json --json out.json
@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from graph_timing import copy_bandwidth, tune_against
 from infer_backend_cuda import kernels as K
@@ -38,6 +37,13 @@ MODEL_SHAPES = {  # (N, K) of each decode linear
                    "down": (2560, 9216), "lm_head": (248320, 2560)},
 }
 NORMED = ("in_proj", "qkv", "gate_up")  # the linears after a residual add + RMSNorm
+GATE_UP = "gate_up"  # the gated MLP's [gate | up] GEMM: its SiLU-and-mul epilogue takes the `linear` entries
+
+
+def gated_case(op: str, shape: str) -> bool:
+    """Whether the `linear` entry of this shape is timed as the model runs it: the gate / up GEMM with its SiLU-and-mul
+    epilogue (against cuBLAS and the SiLU kernel) while `INFER_CUDA_GATED_GEMM` is on."""
+    return op == "linear" and shape == GATE_UP and S.GATED
 
 
 def op_shapes(shapes: dict[str, tuple[int, int]]) -> dict[str, tuple[str, ...]]:
@@ -80,11 +86,11 @@ def candidates(op: str, m: int) -> list[S.SkinnyConfig]:
 class Case:
     """One op at one shape: the weight copies, its inputs, the skinny call and the path it replaces."""
 
-    def __init__(self, op: str, m: int, n: int, k: int, copies: int, dev: torch.device) -> None:
+    def __init__(self, op: str, m: int, n: int, k: int, copies: int, dev: torch.device, gated: bool = False) -> None:
         bf = torch.bfloat16
         self.ws = [torch.randn((n, k), device=dev, dtype=bf) * 0.02 for _ in range(copies)]
-        self.op = op
-        self.out = torch.empty((m, n), device=dev, dtype=bf)
+        self.op, self.gated = op, gated
+        self.out = torch.empty((m, n // 2 if gated else n), device=dev, dtype=bf)
         self.x = torch.randn((m, k), device=dev, dtype=bf)
         self.r = torch.randn((m, k), device=dev, dtype=bf)
         self.r_out = torch.empty_like(self.r)
@@ -92,12 +98,16 @@ class Case:
         self.math = CudaMathOps()
 
     def skinny(self, i: int, cfg: S.SkinnyConfig) -> torch.Tensor:
+        if self.gated:
+            return S.skinny_linear_silu_mul(self.x, self.ws[i], out=self.out, config=cfg)
         if self.op == "add_rms_norm_linear":
             return S.skinny_add_rms_norm_linear(self.x, self.r, self.nw, 1e-6, self.ws[i], out=self.out,
                                                 residual_out=self.r_out, config=cfg)[0]
         return S.skinny_linear(self.x, self.ws[i], out=self.out, config=cfg)
 
     def baseline(self, i: int) -> torch.Tensor:
+        if self.gated:
+            return K.silu_and_mul(torch.matmul(self.x, self.ws[i].T))
         if self.op == "add_rms_norm_linear":
             normed, _ = K.add_rms_norm(self.x, self.r, self.nw, 1e-6)
             return self.math.linear(normed, self.ws[i])
@@ -133,7 +143,7 @@ def main() -> None:
             for shape in (s for s in op_shapes(shapes)[op] if s in wanted):
                 n, k = shapes[shape]
                 nbytes = n * k * 2
-                case = Case(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev)
+                case = Case(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev, gated_case(op, shape))
                 tuned = S._tuned_table(name).get((op, S.m_bucket(m), n, k))
                 if args.prefetch:
                     configs = prefetch_candidates(tuned)
