@@ -60,6 +60,9 @@ GROUPS_PER_PROGRAM = (1, 2)
 GATED_LINEAR = "gate_up_proj"
 # The FP8 mid GEMM's one-row forms: (columns, warps, stages) at K splits of MID_SPLITS (one range only where gated).
 MID_FORMS = ((64, 4, 4), (128, 4, 4), (128, 8, 3))
+# The FP8 row-streaming kernel's one-row forms: (rows a program, warps, groups a K step); one warp on 4 groups puts
+# every thread along K (sm_90 SASS: 3.3-3.7 instructions a weight with Qwen3-FP8's 128-row scale blocks).
+FP8_ROWS_FORMS = ((4, 1, 4), (8, 1, 4), (4, 2, 8))
 MID_SPLITS = (1, 2, 4, 8)
 # The linear whose dense GEMM may take its (add +) RMSNorm in the skinny kernel's prologue (`add_rms_norm_linear`).
 NORMED_LINEAR = "qkv_proj"
@@ -186,8 +189,8 @@ class Fp8Tuner:
 
     def candidates(self, attr: str, shape: Shape) -> list[Config]:
         """The default rule's tiles, their splits halved, doubled, 2 and 4, the 32- and 128-column tiles, the
-        self-quantizing CUDA-core kernel at one and two groups a program, and the mid GEMM's forms (one K range
-        where gated), distinct and valid."""
+        self-quantizing CUDA-core kernel at one and two groups a program, the row-streaming kernel's one-row forms,
+        and the mid GEMM's forms (one K range where gated), distinct and valid."""
         n, k, group = shape
         groups = triton.cdiv(k, group)
         base = fp8_gemm.default_config(1, n, k, group)
@@ -196,6 +199,7 @@ class Fp8Tuner:
             found.append(base._replace(k_splits=min(groups, splits)))
         found += [base._replace(block_n=32), base._replace(block_n=128)]
         found += [Fp8Config(1, 64, 4, 3, triton.cdiv(groups, per)) for per in GROUPS_PER_PROGRAM]
+        found += [Fp8Config(1, block_n, warps, 1, 1, row_groups) for block_n, warps, row_groups in FP8_ROWS_FORMS]
         splits = (1,) if attr == GATED_LINEAR else tuple(s for s in MID_SPLITS if s <= groups)
         found += [mid.MidConfig(block_n, group, warps, stages, s) for block_n, warps, stages in MID_FORMS
                   for s in splits]

@@ -323,6 +323,32 @@ def test_fp8_row_streaming_whole_tiles_match_the_reference(m, config, device):
     torch.testing.assert_close(y.cpu(), ref, **tol(torch.float32))
 
 
+@pytest.mark.parametrize("k", [512, 456], ids=["whole_steps", "partial_step"])
+@pytest.mark.parametrize("block_n", [8, 32])
+def test_fp8_row_streaming_one_row_folds_uniform_scales_into_the_row(k, block_n, device, monkeypatch):
+    """One row on 128-row scale blocks (Qwen3-FP8's grid): every program's rows share a scale row, so both scales
+    fold into the activation row (W_SCALE_UNIFORM); other grids (16-row blocks here, which a 32-row program spans
+    two of) keep the per-row scales. Both equal the W8A8 reference; the launches are spied for the form that ran."""
+    launched: list[bool] = []
+    kernel = F8._fp8_rows_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launched.append(kwargs["W_SCALE_UNIFORM"])
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    monkeypatch.setattr(F8, "_fp8_rows_kernel", Spy())
+    for rows_a_block in (128, 16):
+        codes, scale_inv, scale_row = fp8_operands([128, 128], k, (rows_a_block, 128), device)
+        x = activations(1, k, torch.float32, device, 11) * 3
+        y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=F8.Fp8Config(1, block_n, 2, 1, 1, 4))
+        ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, None)
+        torch.testing.assert_close(y.cpu(), ref, **tol(torch.float32))
+    assert launched == [True, False]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,splits", [(1, 1), (5, 2), (8, 4)])
 def test_fp8_decode_quantizes_its_own_activations_as_the_reference(m, splits, dtype, device):

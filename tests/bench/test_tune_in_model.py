@@ -86,6 +86,8 @@ def test_fp8_candidates_at_qwen3_4b_shapes_cover_both_kernels_and_the_gated_epil
             assert splits == ({1} if attr == tune.GATED_LINEAR else {1, 2, 4, 8})  # gated: one K range
             tiles = [c for c in found if isinstance(c, F8.Fp8Config)]
             assert any(c.block_m == 1 for c in tiles) and any(c.block_m == 16 for c in tiles)
+            rows = {(c.block_n, c.num_warps, c.row_groups) for c in tiles if c.row_groups}
+            assert rows == set(tune.FP8_ROWS_FORMS) and all(c.block_m == 1 for c in tiles if c.row_groups)
 
 
 def test_every_awq_candidate_runs_and_is_right() -> None:

@@ -79,9 +79,10 @@ def fp8_candidates(m: int, n: int, k: int) -> list[F8.Fp8Config]:
         grid = [F8.Fp8Config(bm, bn, w, st, s) for bn, w, st in itertools.product(
             (8, 16, 32, 64) if m == 1 else (4, 8, 16, 32), (2, 4), (1, 2)) if bm * bn <= 64
             for s in (1, 4, 12)]
-        if m <= 2:  # whole weight rows streamed, as the BF16 skinny GEMM does
-            grid += [F8.Fp8Config(m, bn, w, st, 1, g) for bn, g, w, st in itertools.product(
-                (2, 4, 8), (2, 4, 8), (2, 4), (1, 2)) if bn * g <= 32]
+        if m <= 2:  # whole weight rows streamed, as the BF16 skinny GEMM does (Triton pipelines none of its loads:
+            # one stage; one warp puts every thread of a 4-group step along K, which one row's accumulator wants)
+            grid += [F8.Fp8Config(m, bn, w, 1, 1, g) for bn, g, w in itertools.product(
+                (2, 4, 8), (2, 4, 8), (1, 2, 4)) if bn * g <= 32]
         # the tensor cores, after the quantization kernel
         grid += [F8.Fp8Config(16, bn, 4, st, s) for bn, st in itertools.product((32, 64, 128), (2, 3))
                  for s in _splits(d.k_splits)]

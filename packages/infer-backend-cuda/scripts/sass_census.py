@@ -83,6 +83,10 @@ _AWQ_GEMV_TYPES = dict(zip(
 # Qwen3-4B's shapes: every pointer, N and the row strides are multiples of 16.
 _AWQ_DIVISIBLE = ("x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "ws_ptr", "counter_ptr", "N", "x_stride",
                   "qw_stride", "qz_stride", "s_stride", "out_stride", "split_stride")
+# Qwen3-4B-FP8's shapes at one row: the pointers, N, K and the code and weight row strides are multiples of 16 (the
+# scale strides, K's group count, are not).
+_FP8_ROWS_DIVISIBLE = ("xq_ptr", "xs_ptr", "w_ptr", "ws_ptr", "row_ptr", "b_ptr", "out_ptr", "N", "K", "xq_stride",
+                       "w_stride", "out_stride")
 # FIXUP=1 in the environment compiles the split-K fix-up (split_k.py) into the split kernels.
 _FIXUP = os.environ.get("FIXUP", "0") == "1"
 
@@ -119,10 +123,13 @@ def cases():
         kernel = compile_sm90(F8._fp8_gemm_kernel, _fp8_types("*bf16" if fuse else "*fp8e4nv", True), ce, warps,
                               stages)
         yield f"fp8 gemm {bm}x{bn} w{warps}{' fused' if fuse else ''}", kernel, 128 * bn, warps
-    for bn, groups, warps in ((4, 4, 2), (8, 2, 4)):
-        ce = dict(GROUP=128, GROUPS_PER_STEP=groups, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=bn, EVEN=True)
-        kernel = compile_sm90(F8._fp8_rows_kernel, _fp8_types("*fp8e4nv"), ce, warps, 1)
-        yield f"fp8 rows {bn}x{groups * 128} w{warps}", kernel, bn * groups * 128, warps
+    # the row-streaming kernel at one row: 16-byte loads put every thread along K where groups * 128 >= 512 * warps
+    for bn, groups, warps, uniform in ((4, 4, 2, False), (4, 4, 1, False), (4, 4, 1, True), (8, 4, 1, True),
+                                       (8, 8, 2, True), (8, 2, 4, False)):
+        ce = dict(GROUP=128, GROUPS_PER_STEP=groups, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=bn, EVEN=True,
+                  W_SCALE_UNIFORM=uniform)
+        kernel = compile_sm90(F8._fp8_rows_kernel, _fp8_types("*fp8e4nv"), ce, warps, 1, _FP8_ROWS_DIVISIBLE)
+        yield f"fp8 rows {bn}x{groups * 128} w{warps}{' uniform' if uniform else ''}", kernel, bn * groups * 128, warps
 
 
 def main() -> None:

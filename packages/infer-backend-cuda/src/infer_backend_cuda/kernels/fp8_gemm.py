@@ -10,7 +10,8 @@ over K at decode (split_k.py), after the quantization kernel. A GEMV-style kerne
 split-K) that quantizes the activations itself (the same numerics, one launch fewer) serves a tuned entry of
 `block_m <= 8`; it was the one-row default until it measured slower than the tiles (`default_config`). A kernel
 streaming whole weight rows like the BF16 skinny GEMM (`row_groups`) measured slower still at one row on the H200
-and is not a default either.
+and is not a default either; it issued 7.5-13 instructions a weight then (~90 % of the issue rate at the copy rate),
+3.3-3.7 since its one-row accumulator (thirty-sixth session, sm_90 SASS; not yet timed).
 From 65 rows, where the weight's scale blocks are the whole 128x128 grid and the device passed a one-time check,
 the GEMM goes to cuBLASLt's block-scaled recipe instead (`fp8_scaled_mm.py`: Hopper, torch >= 2.9); partial
 blocks (SmolLM2, fused parts of odd sizes), other GPUs and CPU runs keep the Triton kernels.
@@ -196,7 +197,7 @@ def _fp8_rows_kernel(
     xq_ptr, xs_ptr, w_ptr, ws_ptr, row_ptr, b_ptr, out_ptr,
     M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
     GROUP: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
+    BLOCK_N: tl.constexpr, EVEN: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr = False,
 ):
     """Decode as the BF16 skinny GEMM streams it: each program takes `BLOCK_N` whole weight rows in their
     natural layout (K contiguous, wide loads), several groups a K step, and accumulates every product, scaled
@@ -204,7 +205,13 @@ def _fp8_rows_kernel(
     per-group reduction across threads (shuffles every step) is what this avoids; scaling before the sum
     changes only the fp32 rounding order against the reference's `sum(q_x q_w) * s_x * s_w`. EVEN (whole
     tiles every way) drops the masks, which cost as many instructions as the products (predicated narrow
-    loads; sm_90 SASS)."""
+    loads; sm_90 SASS).
+
+    One row (BLOCK_M == 1) keeps a `[BLOCK_N, BLOCK_K]` accumulator instead of the 3D tile, whose weight operand is a
+    slice of a layout other than the weight load's, so that every weight tile crossed shared memory (the BF16 skinny
+    GEMM's `rowwise`, docs/kernels.md). W_SCALE_UNIFORM (every row of the program in one scale block, `_uniform_tiles`):
+    both block scales fold into the activation row, a `[GROUPS_PER_STEP]` product a step, so a weight costs its
+    conversion and one FMA."""
     BLOCK_K: tl.constexpr = GROUPS_PER_STEP * GROUP
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
@@ -214,7 +221,13 @@ def _fp8_rows_kernel(
     m_mask, n_mask = rm < M, rn < N
     scale_rows = tl.load(row_ptr + rn, mask=n_mask, other=0)
     groups = tl.cdiv(K, GROUP)
+    ROWWISE: tl.constexpr = BLOCK_M == 1
+    if W_SCALE_UNIFORM:
+        first_scale_row = tl.load(row_ptr + pid * BLOCK_N)  # every row's
+    else:
+        first_scale_row = 0  # unused
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_row = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         k_mask = kk < K
@@ -222,28 +235,52 @@ def _fp8_rows_kernel(
         g_mask = g < groups
         if EVEN:
             w = tl.load(w_ptr + rn.to(tl.int64)[:, None] * w_stride + kk[None, :], eviction_policy="evict_first")
-            w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :])
-            a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :])
-            x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :])
         else:
             w = tl.load(w_ptr + rn.to(tl.int64)[:, None] * w_stride + kk[None, :],
                         mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
-            w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :],
-                              mask=n_mask[:, None] & g_mask[None, :], other=0.0)
-            a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                        other=0.0)
-            x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :], mask=m_mask[:, None] & g_mask[None, :],
-                              other=0.0)
-        w = w.to(tl.float32) * tl.reshape(tl.broadcast_to(w_scale[:, :, None], [BLOCK_N, GROUPS_PER_STEP, GROUP]),
-                                          [BLOCK_N, BLOCK_K])
-        a = a.to(tl.float32) * tl.reshape(tl.broadcast_to(x_scale[:, :, None], [BLOCK_M, GROUPS_PER_STEP, GROUP]),
-                                          [BLOCK_M, BLOCK_K])
-        acc += a[:, None, :] * w[None, :, :]
-    y = tl.sum(acc, axis=2)
+        if ROWWISE:  # the row's codes and scales as vectors
+            a_row = tl.load(xq_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            x_scale = tl.load(xs_ptr + g, mask=g_mask, other=0.0)
+            if W_SCALE_UNIFORM:
+                w_scale = tl.load(ws_ptr + first_scale_row * ws_stride + g, mask=g_mask, other=0.0)
+                acc_row += w.to(tl.float32) * (a_row * _per_column(x_scale * w_scale, GROUPS_PER_STEP, GROUP))[None, :]
+            else:
+                w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :],
+                                  mask=n_mask[:, None] & g_mask[None, :], other=0.0)
+                w = w.to(tl.float32) * tl.reshape(
+                    tl.broadcast_to(w_scale[:, :, None], [BLOCK_N, GROUPS_PER_STEP, GROUP]), [BLOCK_N, BLOCK_K])
+                acc_row += w * (a_row * _per_column(x_scale, GROUPS_PER_STEP, GROUP))[None, :]
+        else:
+            if EVEN:
+                w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :])
+                a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :])
+                x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :])
+            else:
+                w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :],
+                                  mask=n_mask[:, None] & g_mask[None, :], other=0.0)
+                a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :], mask=m_mask[:, None] & k_mask[None, :],
+                            other=0.0)
+                x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :],
+                                  mask=m_mask[:, None] & g_mask[None, :], other=0.0)
+            w = w.to(tl.float32) * tl.reshape(
+                tl.broadcast_to(w_scale[:, :, None], [BLOCK_N, GROUPS_PER_STEP, GROUP]), [BLOCK_N, BLOCK_K])
+            a = a.to(tl.float32) * tl.reshape(
+                tl.broadcast_to(x_scale[:, :, None], [BLOCK_M, GROUPS_PER_STEP, GROUP]), [BLOCK_M, BLOCK_K])
+            acc += a[:, None, :] * w[None, :, :]
+    if ROWWISE:
+        y = tl.sum(acc_row, axis=1)[None, :]
+    else:
+        y = tl.sum(acc, axis=2)
     if HAS_BIAS:
         y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], y.to(out_ptr.dtype.element_ty),
              mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _per_column(v, GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """`v [GROUPS]` -> `[GROUPS * GROUP]`, each group's value repeated over its columns."""
+    return tl.reshape(tl.broadcast_to(v[:, None], [GROUPS, GROUP]), [GROUPS * GROUP])
 
 
 def _quant_outputs(x: torch.Tensor, group: int, codes: torch.Tensor | None, scales: torch.Tensor | None
@@ -464,6 +501,7 @@ def fp8_block_linear(
             m, n, k, codes.stride(0), x_scale.stride(0), weight.stride(0), scale_inv.stride(0), out.stride(0),
             GROUP=group, GROUPS_PER_STEP=cfg.row_groups, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, EVEN=m == cfg.block_m and n % cfg.block_n == 0 and k % (cfg.row_groups * group) == 0,
+            W_SCALE_UNIFORM=cfg.block_m == 1 and _uniform_tiles(cfg.block_n, scale_row),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         return out
