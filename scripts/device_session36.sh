@@ -9,6 +9,8 @@
 #   CALL=entries_ab (~2.5 min): the BF16 step at 1-2 rows on the skinny table before this session's row-wise entries
 #           (bench/results/h100_session36/skinny_gemm_before.json) against the tree's, interleaved twice; then
 #           CALL=$NEXT when set.
+#   CALL=fp8 (~8 min): the FP8 kernels' GPU tests, then bench/tune_in_model.py --scheme fp8 (one row; the row-streaming
+#           kernel's one-row forms are new candidates) into the installed tables (TUNE_S s), then `tables_ab` at one row.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=rows COMMIT=abc1234 bash scripts/device_session36.sh
 set -u
@@ -43,5 +45,9 @@ case ${CALL:-auto} in
       --budget-s "${TUNE_S:-270}" --json "$LOGS/tune.json" --table "$table" > "$LOGS/tune.log" 2>&1
     echo "tune rc=$?"; grep -A30 "^ *op  *m" "$LOGS/tune.log"; cp "$table" "$LOGS/skinny_gemm.json"; pack
     tables_ab bf16 qwen3-4b "${MS:-1,2}" ;;
+  fp8)
+    gpu_tests fp8 150 tests/backend_cuda/test_quant_gemm.py tests/bench/test_tune_in_model.py -k fp8
+    tune_in_model fp8 qwen3-4b-fp8 "${TUNE_S:-300}"
+    tables_ab fp8 qwen3-4b-fp8 1 ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac
