@@ -160,7 +160,9 @@ def _skinny_gemm_kernel(
             k_mask = kk < K
         if PREFETCH:
             w = w_next
-            if EVEN_K and EVEN_N:  # the last step re-reads its own tile rather than masking the one past K
+            # Whole tiles: the last step re-reads its own tile (an L2 hit) rather than masking the one past K; only in
+            # the row-wise form, whose entries are new (the 3D form's keep the masked load they were measured with).
+            if EVEN_K and EVEN_N and ROWWISE:
                 w_next = tl.load(w_ptrs + tl.where(k0 + BLOCK_K < K, BLOCK_K, 0), eviction_policy="evict_first")
             else:
                 w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
