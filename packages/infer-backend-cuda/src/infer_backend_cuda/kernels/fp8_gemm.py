@@ -10,8 +10,8 @@ over K at decode (split_k.py), after the quantization kernel. A GEMV-style kerne
 split-K) that quantizes the activations itself (the same numerics, one launch fewer) serves a tuned entry of
 `block_m <= 8`; it was the one-row default until it measured slower than the tiles (`default_config`). A kernel
 streaming whole weight rows like the BF16 skinny GEMM (`row_groups`) measured slower still at one row on the H200
-and is not a default either; it issued 7.5-13 instructions a weight then (~90 % of the issue rate at the copy rate),
-3.3-3.7 since its one-row accumulator (thirty-sixth session, sm_90 SASS; not yet timed).
+and is not a default either; it issued 7.5-13 instructions a weight then (70-110 % of an H100's issue rate at its
+copy rate), 3.3-3.7 since its one-row accumulator (thirty-sixth session, sm_90 SASS; not yet timed).
 From 65 rows, where the weight's scale blocks are the whole 128x128 grid and the device passed a one-time check,
 the GEMM goes to cuBLASLt's block-scaled recipe instead (`fp8_scaled_mm.py`: Hopper, torch >= 2.9); partial
 blocks (SmolLM2, fused parts of odd sizes), other GPUs and CPU runs keep the Triton kernels.
