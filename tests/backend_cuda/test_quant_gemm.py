@@ -11,7 +11,7 @@ import torch
 
 from infer_backend_cpu.quant_math import awq_dequantize, fp8_block_linear as ref_fp8_linear, quantize_activation_fp8
 from infer_backend_cuda.kernels import awq_gemm as A, fp8_gemm as F8
-from tests.backend_cuda.conftest import gpu, needs_cuda, poison, tol
+from tests.backend_cuda.conftest import LaunchSpy, gpu, needs_cuda, poison, tol
 from tests.backend_cuda.quant_operands import QWEN3_4B, activations, awq_operands, fp8_operands
 
 
@@ -329,24 +329,15 @@ def test_fp8_row_streaming_one_row_folds_uniform_scales_into_the_row(k, block_n,
     """One row on 128-row scale blocks (Qwen3-FP8's grid): every program's rows share a scale row, so both scales
     fold into the activation row (W_SCALE_UNIFORM); other grids (16-row blocks here, which a 32-row program spans
     two of) keep the per-row scales. Both equal the W8A8 reference; the launches are spied for the form that ran."""
-    launched: list[bool] = []
-    kernel = F8._fp8_rows_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                launched.append(kwargs["W_SCALE_UNIFORM"])
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    monkeypatch.setattr(F8, "_fp8_rows_kernel", Spy())
+    spy = LaunchSpy(F8._fp8_rows_kernel)
+    monkeypatch.setattr(F8, "_fp8_rows_kernel", spy)
     for rows_a_block in (128, 16):
         codes, scale_inv, scale_row = fp8_operands([128, 128], k, (rows_a_block, 128), device)
         x = activations(1, k, torch.float32, device, 11) * 3
         y = F8.fp8_block_linear(x, codes, scale_inv, scale_row, 128, config=F8.Fp8Config(1, block_n, 2, 1, 1, 4))
         ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, None)
         torch.testing.assert_close(y.cpu(), ref, **tol(torch.float32))
-    assert launched == [True, False]
+    assert [launch["W_SCALE_UNIFORM"] for launch in spy.launches] == [True, False]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from infer_backend_cuda.kernels import skinny_gemm as S
-from tests.backend_cuda.conftest import committed_table_entries, gpu, needs_cuda, poison, tol
+from tests.backend_cuda.conftest import LaunchSpy, committed_table_entries, gpu, needs_cuda, poison, tol
 from tests.backend_cuda.reference import rand_offset, ref_add_rms_norm, ref_linear, ref_rms_norm, ref_silu_and_mul
 from tests.bench.scripts import KERNEL_SCRIPTS, load_bench_script
 
@@ -69,19 +69,6 @@ def test_skinny_add_rms_norm_linear_matches_unfused(m, dtype, with_residual, use
     assert torch.equal(x, x0)
 
 
-class _LaunchSpy:
-    """Stands in for the jitted kernel: records each launch's keyword arguments and launches the real one."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-        return launch
-
-
 @pytest.mark.parametrize("m", [1, 2])
 @pytest.mark.parametrize("op", ["linear", "gated", "norm", "add_norm"])
 @pytest.mark.parametrize("n", [24, 38], ids=["whole_tiles", "partial_tiles"])
@@ -110,7 +97,7 @@ def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device,
         normed = ref_add_rms_norm(x, r, nw, 1e-5)[0] if residual is not None else ref_rms_norm(x, nw, 1e-5)
         ref = ref_linear(normed, w, b)
         run = lambda: S.skinny_add_rms_norm_linear(x, residual, nw, 1e-5, w, b, config=config)[0]  # noqa: E731
-    spy = _LaunchSpy(S._skinny_gemm_kernel)
+    spy = LaunchSpy(S._skinny_gemm_kernel)
     monkeypatch.setattr(S, "_skinny_gemm_kernel", spy)
     for switch, rowwise in ((False, True), (True, False), (True, True)):
         monkeypatch.setattr(S, "ROWWISE", switch)
