@@ -83,6 +83,11 @@ def candidates(op: str, m: int) -> list[S.SkinnyConfig]:
     return out
 
 
+def weight_copies(n: int, k: int) -> int:
+    """Copies of a bf16 `[n, k]` weight that a timed graph cycles through: >= 256 MB, so none is L2-resident."""
+    return max(2, -(-256 * 2**20 // (n * k * 2)))
+
+
 class Case:
     """One op at one shape: the weight copies, its inputs, the skinny call and the path it replaces."""
 
@@ -143,7 +148,7 @@ def main() -> None:
             for shape in (s for s in op_shapes(shapes)[op] if s in wanted):
                 n, k = shapes[shape]
                 nbytes = n * k * 2
-                case = Case(op, m, n, k, max(2, -(-256 * 2**20 // nbytes)), dev, gated_case(op, shape))
+                case = Case(op, m, n, k, weight_copies(n, k), dev, gated_case(op, shape))
                 tuned = S._tuned_table(name).get((op, S.m_bucket(m), n, k))
                 if args.prefetch:
                     configs = prefetch_candidates(tuned)

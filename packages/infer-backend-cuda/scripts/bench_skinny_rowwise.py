@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from bench_skinny_gemm import MODEL_SHAPES, rowwise_candidates
+from bench_skinny_gemm import MODEL_SHAPES, Case, rowwise_candidates, weight_copies
 from graph_timing import copy_bandwidth, graph_replay_us
 from infer_backend_cuda.kernels import skinny_gemm as S
 
@@ -24,31 +24,19 @@ CASES = [("linear", s) for s in ("qkv", "o_proj", "gate_up", "down")] + [("gated
 
 
 def run_case(op: str, m: int, n: int, k: int, dev: torch.device) -> list[dict]:
-    bf = torch.bfloat16
-    copies = max(2, -(-256 * 2**20 // (n * k * 2)))
-    ws = [torch.randn((n, k), device=dev, dtype=bf) * 0.02 for _ in range(copies)]
-    x, r = torch.randn((m, k), device=dev, dtype=bf), torch.randn((m, k), device=dev, dtype=bf)
-    nw, r_out = torch.rand((k,), device=dev, dtype=bf) + 0.5, torch.empty((m, k), device=dev, dtype=bf)
-    out = torch.empty((m, n // 2 if op == "gated" else n), device=dev, dtype=bf)
-
-    def call(i: int, cfg: S.SkinnyConfig) -> torch.Tensor:
-        if op == "gated":
-            return S.skinny_linear_silu_mul(x, ws[i], out=out, config=cfg)
-        if op == "linear":
-            return S.skinny_linear(x, ws[i], out=out, config=cfg)
-        return S.skinny_add_rms_norm_linear(x, r, nw, 1e-6, ws[i], out=out, residual_out=r_out, config=cfg)[0]
-
-    tuned = S._tuned_table(torch.cuda.get_device_name(dev)).get(("linear" if op == "gated" else op, m, n, k))
-    configs = rowwise_candidates(m)
+    """`op` "gated": the gate / up GEMM through its SiLU-and-mul epilogue (the `linear` entry's other form)."""
+    gated = op == "gated"
+    case = Case("linear" if gated else op, m, n, k, weight_copies(n, k), dev, gated)
+    tuned = S._tuned_table(torch.cuda.get_device_name(dev)).get(("linear" if gated else op, m, n, k))
     rows = []
-    for cfg in configs + ([tuned] if tuned else []):
+    for cfg in rowwise_candidates(m) + ([tuned] if tuned else []):
         flat, rowwise = cfg._replace(rowwise=False), cfg._replace(rowwise=True)
-        ref = call(0, flat).float().clone()
-        us3d = graph_replay_us(lambda i: call(i, flat), copies, reps=15)
-        err = (call(0, rowwise).float() - ref).abs().max().item()
+        ref = case.skinny(0, flat).float().clone()
+        us3d = graph_replay_us(lambda i: case.skinny(i, flat), len(case.ws), reps=15)
+        err = (case.skinny(0, rowwise).float() - ref).abs().max().item()
         if err > 0.02 * ref.abs().max().item() + 1e-2:
             raise RuntimeError(f"{op} m{m} {cfg}: the row-wise form differs by {err}")
-        us_rw = graph_replay_us(lambda i: call(i, rowwise), copies, reps=15)
+        us_rw = graph_replay_us(lambda i: case.skinny(i, rowwise), len(case.ws), reps=15)
         rows.append(dict(op=op, m=m, n=n, k=k, config=flat._asdict(), table=cfg is tuned,
                          fits=S.rowwise_fits(cfg, 2), us_3d=round(us3d, 2), us_rowwise=round(us_rw, 2)))
     return rows
