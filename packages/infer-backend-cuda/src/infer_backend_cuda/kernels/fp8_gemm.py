@@ -241,32 +241,31 @@ def _fp8_rows_kernel(
         if ROWWISE:  # the row's codes and scales as vectors
             a_row = tl.load(xq_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
             x_scale = tl.load(xs_ptr + g, mask=g_mask, other=0.0)
-            if W_SCALE_UNIFORM:
-                w_scale = tl.load(ws_ptr + first_scale_row * ws_stride + g, mask=g_mask, other=0.0)
-                acc_row += w.to(tl.float32) * (a_row * _per_column(x_scale * w_scale, GROUPS_PER_STEP, GROUP))[None, :]
-            else:
-                w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :],
-                                  mask=n_mask[:, None] & g_mask[None, :], other=0.0)
-                w = w.to(tl.float32) * tl.reshape(
-                    tl.broadcast_to(w_scale[:, :, None], [BLOCK_N, GROUPS_PER_STEP, GROUP]), [BLOCK_N, BLOCK_K])
-                acc_row += w * (a_row * _per_column(x_scale, GROUPS_PER_STEP, GROUP))[None, :]
+        if ROWWISE and W_SCALE_UNIFORM:
+            w_scale = tl.load(ws_ptr + first_scale_row * ws_stride + g, mask=g_mask, other=0.0)
+            acc_row += w.to(tl.float32) * (a_row * _per_column(x_scale * w_scale, GROUPS_PER_STEP, GROUP))[None, :]
         else:
             if EVEN:
                 w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :])
-                a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :])
-                x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :])
             else:
                 w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :],
                                   mask=n_mask[:, None] & g_mask[None, :], other=0.0)
-                a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :], mask=m_mask[:, None] & k_mask[None, :],
-                            other=0.0)
-                x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :],
-                                  mask=m_mask[:, None] & g_mask[None, :], other=0.0)
             w = w.to(tl.float32) * tl.reshape(
                 tl.broadcast_to(w_scale[:, :, None], [BLOCK_N, GROUPS_PER_STEP, GROUP]), [BLOCK_N, BLOCK_K])
-            a = a.to(tl.float32) * tl.reshape(
-                tl.broadcast_to(x_scale[:, :, None], [BLOCK_M, GROUPS_PER_STEP, GROUP]), [BLOCK_M, BLOCK_K])
-            acc += a[:, None, :] * w[None, :, :]
+            if ROWWISE:
+                acc_row += w * (a_row * _per_column(x_scale, GROUPS_PER_STEP, GROUP))[None, :]
+            else:
+                if EVEN:
+                    a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :])
+                    x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :])
+                else:
+                    a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :],
+                                mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                    x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :],
+                                      mask=m_mask[:, None] & g_mask[None, :], other=0.0)
+                a = a.to(tl.float32) * tl.reshape(
+                    tl.broadcast_to(x_scale[:, :, None], [BLOCK_M, GROUPS_PER_STEP, GROUP]), [BLOCK_M, BLOCK_K])
+                acc += a[:, None, :] * w[None, :, :]
     if ROWWISE:
         y = tl.sum(acc_row, axis=1)[None, :]
     else:
