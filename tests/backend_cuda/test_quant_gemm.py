@@ -338,6 +338,8 @@ def test_fp8_row_streaming_one_row_folds_uniform_scales_into_the_row(k, block_n,
         ref = ref_fp8_linear(x.cpu(), codes.cpu(), scale_inv.cpu(), scale_row.cpu(), 128, None)
         torch.testing.assert_close(y.cpu(), ref, **tol(torch.float32))
     assert [launch["W_SCALE_UNIFORM"] for launch in spy.launches] == [True, False]
+    # under PDL where the device has it (never on CPU or the interpreter)
+    assert [launch["USE_PDL"] for launch in spy.launches] == [F8.pdl_launch(torch.device(device))["USE_PDL"]] * 2
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

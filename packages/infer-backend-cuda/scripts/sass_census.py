@@ -124,12 +124,15 @@ def cases():
                               stages)
         yield f"fp8 gemm {bm}x{bn} w{warps}{' fused' if fuse else ''}", kernel, 128 * bn, warps
     # the row-streaming kernel at one row: 16-byte loads put every thread along K where groups * 128 >= 512 * warps
-    for bn, groups, warps, uniform in ((4, 4, 2, False), (4, 4, 1, False), (4, 4, 1, True), (8, 4, 1, True),
-                                       (8, 8, 2, True), (8, 2, 4, False)):
+    # (and under PDL, the first weight tile asked for before the wait)
+    for bn, groups, warps, uniform, pdl in ((4, 4, 2, False, False), (4, 4, 1, False, False), (4, 4, 1, True, False),
+                                            (8, 4, 1, True, False), (8, 8, 2, True, False), (8, 2, 4, False, False),
+                                            (4, 4, 1, True, True), (8, 4, 1, True, True)):
         ce = dict(GROUP=128, GROUPS_PER_STEP=groups, HAS_BIAS=False, BLOCK_M=1, BLOCK_N=bn, EVEN=True,
-                  W_SCALE_UNIFORM=uniform)
+                  W_SCALE_UNIFORM=uniform, USE_PDL=pdl)
         kernel = compile_sm90(F8._fp8_rows_kernel, _fp8_types("*fp8e4nv"), ce, warps, 1, _FP8_ROWS_DIVISIBLE)
-        yield f"fp8 rows {bn}x{groups * 128} w{warps}{' uniform' if uniform else ''}", kernel, bn * groups * 128, warps
+        label = f"fp8 rows {bn}x{groups * 128} w{warps}{' uniform' if uniform else ''}{' pdl' if pdl else ''}"
+        yield label, kernel, bn * groups * 128, warps
 
 
 def main() -> None:

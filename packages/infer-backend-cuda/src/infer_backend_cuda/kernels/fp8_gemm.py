@@ -197,7 +197,7 @@ def _fp8_rows_kernel(
     xq_ptr, xs_ptr, w_ptr, ws_ptr, row_ptr, b_ptr, out_ptr,
     M, N, K, xq_stride, xs_stride, w_stride, ws_stride, out_stride,
     GROUP: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, EVEN: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr = False,
+    BLOCK_N: tl.constexpr, EVEN: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """Decode as the BF16 skinny GEMM streams it: each program takes `BLOCK_N` whole weight rows in their
     natural layout (K contiguous, wide loads), several groups a K step, and accumulates every product, scaled
@@ -211,62 +211,39 @@ def _fp8_rows_kernel(
     slice of a layout other than the weight load's, so that every weight tile crossed shared memory (the BF16 skinny
     GEMM's `rowwise`, docs/kernels.md). W_SCALE_UNIFORM (every row of the program in one scale block, `_uniform_tiles`):
     both block scales fold into the activation row, a `[GROUPS_PER_STEP]` product a step, so a weight costs its
-    conversion and one FMA."""
+    conversion and one FMA.
+
+    Under PDL the program starts while x's producer (the quantization pass) finishes and asks for what no kernel
+    writes before `gdc_wait`: its scale rows and its first weight tile, whose K step is peeled off the loop (a tile
+    carried one step ahead through the loop instead cost 6-6.5 instructions a weight and spilled; sm_90 SASS)."""
     BLOCK_K: tl.constexpr = GROUPS_PER_STEP * GROUP
+    if USE_PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     pid = tl.program_id(0)
     rm = tl.arange(0, BLOCK_M)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    rg = tl.arange(0, GROUPS_PER_STEP)
     m_mask, n_mask = rm < M, rn < N
     scale_rows = tl.load(row_ptr + rn, mask=n_mask, other=0)
-    groups = tl.cdiv(K, GROUP)
-    ROWWISE: tl.constexpr = BLOCK_M == 1
     if W_SCALE_UNIFORM:
         first_scale_row = tl.load(row_ptr + pid * BLOCK_N)  # every row's
     else:
         first_scale_row = 0  # unused
+    w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * w_stride + rk[None, :]
+    w = _rows_weight_tile(w_ptrs, 0, K, rk, n_mask, EVEN)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
     acc_row = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + rk
-        k_mask = kk < K
-        g = k0 // GROUP + rg
-        g_mask = g < groups
-        if EVEN:
-            w = tl.load(w_ptr + rn.to(tl.int64)[:, None] * w_stride + kk[None, :], eviction_policy="evict_first")
-        else:
-            w = tl.load(w_ptr + rn.to(tl.int64)[:, None] * w_stride + kk[None, :],
-                        mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
-        if ROWWISE:  # the row's codes and scales as vectors
-            a_row = tl.load(xq_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            x_scale = tl.load(xs_ptr + g, mask=g_mask, other=0.0)
-        if ROWWISE and W_SCALE_UNIFORM:
-            w_scale = tl.load(ws_ptr + first_scale_row * ws_stride + g, mask=g_mask, other=0.0)
-            acc_row += w.to(tl.float32) * (a_row * _per_column(x_scale * w_scale, GROUPS_PER_STEP, GROUP))[None, :]
-        else:
-            if EVEN:
-                w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :])
-            else:
-                w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :],
-                                  mask=n_mask[:, None] & g_mask[None, :], other=0.0)
-            w = w.to(tl.float32) * tl.reshape(
-                tl.broadcast_to(w_scale[:, :, None], [BLOCK_N, GROUPS_PER_STEP, GROUP]), [BLOCK_N, BLOCK_K])
-            if ROWWISE:
-                acc_row += w * (a_row * _per_column(x_scale, GROUPS_PER_STEP, GROUP))[None, :]
-            else:
-                if EVEN:
-                    a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :])
-                    x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :])
-                else:
-                    a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :],
-                                mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-                    x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :],
-                                      mask=m_mask[:, None] & g_mask[None, :], other=0.0)
-                a = a.to(tl.float32) * tl.reshape(
-                    tl.broadcast_to(x_scale[:, :, None], [BLOCK_M, GROUPS_PER_STEP, GROUP]), [BLOCK_M, BLOCK_K])
-                acc += a[:, None, :] * w[None, :, :]
-    if ROWWISE:
+    acc, acc_row = _rows_step(acc, acc_row, w, 0, xq_ptr, xs_ptr, ws_ptr, K, xq_stride, xs_stride, ws_stride, rm,
+                              rk, m_mask, n_mask, scale_rows, first_scale_row, GROUP, GROUPS_PER_STEP, BLOCK_M,
+                              BLOCK_N, EVEN, W_SCALE_UNIFORM)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w = _rows_weight_tile(w_ptrs, k0, K, rk, n_mask, EVEN)
+        acc, acc_row = _rows_step(acc, acc_row, w, k0, xq_ptr, xs_ptr, ws_ptr, K, xq_stride, xs_stride, ws_stride,
+                                  rm, rk, m_mask, n_mask, scale_rows, first_scale_row, GROUP, GROUPS_PER_STEP,
+                                  BLOCK_M, BLOCK_N, EVEN, W_SCALE_UNIFORM)
+    if BLOCK_M == 1:
         y = tl.sum(acc_row, axis=1)[None, :]
     else:
         y = tl.sum(acc, axis=2)
@@ -274,6 +251,59 @@ def _fp8_rows_kernel(
         y += tl.load(b_ptr + rn, mask=n_mask, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + rm[:, None] * out_stride + rn[None, :], y.to(out_ptr.dtype.element_ty),
              mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _rows_step(acc, acc_row, w, k0, xq_ptr, xs_ptr, ws_ptr, K, xq_stride, xs_stride, ws_stride, rm, rk, m_mask,
+               n_mask, scale_rows, first_scale_row, GROUP: tl.constexpr, GROUPS_PER_STEP: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, W_SCALE_UNIFORM: tl.constexpr):
+    """One K step of `_fp8_rows_kernel` on its weight tile `w` (K offset `k0`): (acc, acc_row) with its products."""
+    BLOCK_K: tl.constexpr = GROUPS_PER_STEP * GROUP
+    kk = k0 + rk
+    k_mask = kk < K
+    g = k0 // GROUP + tl.arange(0, GROUPS_PER_STEP)
+    g_mask = g < tl.cdiv(K, GROUP)
+    if BLOCK_M == 1:  # the row's codes and scales as vectors
+        a_row = tl.load(xq_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+        x_scale = tl.load(xs_ptr + g, mask=g_mask, other=0.0)
+    if BLOCK_M == 1 and W_SCALE_UNIFORM:
+        w_scale = tl.load(ws_ptr + first_scale_row * ws_stride + g, mask=g_mask, other=0.0)
+        acc_row += w.to(tl.float32) * (a_row * _per_column(x_scale * w_scale, GROUPS_PER_STEP, GROUP))[None, :]
+    else:
+        if EVEN:
+            w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :])
+        else:
+            w_scale = tl.load(ws_ptr + scale_rows[:, None] * ws_stride + g[None, :],
+                              mask=n_mask[:, None] & g_mask[None, :], other=0.0)
+        wf = w.to(tl.float32) * tl.reshape(
+            tl.broadcast_to(w_scale[:, :, None], [BLOCK_N, GROUPS_PER_STEP, GROUP]), [BLOCK_N, BLOCK_K])
+        if BLOCK_M == 1:
+            acc_row += wf * (a_row * _per_column(x_scale, GROUPS_PER_STEP, GROUP))[None, :]
+        else:
+            if EVEN:
+                a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :])
+                x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :])
+            else:
+                a = tl.load(xq_ptr + rm[:, None] * xq_stride + kk[None, :],
+                            mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+                x_scale = tl.load(xs_ptr + rm[:, None] * xs_stride + g[None, :],
+                                  mask=m_mask[:, None] & g_mask[None, :], other=0.0)
+            a = a.to(tl.float32) * tl.reshape(
+                tl.broadcast_to(x_scale[:, :, None], [BLOCK_M, GROUPS_PER_STEP, GROUP]), [BLOCK_M, BLOCK_K])
+            acc += a[:, None, :] * wf[None, :, :]
+    return acc, acc_row
+
+
+@triton.jit
+def _rows_weight_tile(w_ptrs, k0, K, rk, n_mask, EVEN: tl.constexpr):
+    """The row-streaming kernel's weight tile at K offset `k0` (EVEN: whole tiles, unmasked; else zeros past N
+    and K)."""
+    if EVEN:
+        w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs + k0, mask=n_mask[:, None] & (k0 + rk < K)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+    return w
 
 
 @triton.jit
@@ -501,7 +531,7 @@ def fp8_block_linear(
             GROUP=group, GROUPS_PER_STEP=cfg.row_groups, HAS_BIAS=bias is not None, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, EVEN=m == cfg.block_m and n % cfg.block_n == 0 and k % (cfg.row_groups * group) == 0,
             W_SCALE_UNIFORM=cfg.block_m == 1 and _uniform_tiles(cfg.block_n, scale_row),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(x.device),
         )
         return out
     # The skinny kernel quantizes its own activation groups; the tensor-core tiles take them from one pass.
