@@ -108,6 +108,48 @@ def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device,
     assert {(launch["EVEN_N"], launch["EVEN_K"]) for launch in spy.launches} == {(even, n == 24)}
 
 
+@pytest.mark.parametrize("config,m", [(S.SkinnyConfig(4, 64, 2, 1), 3), (S.SkinnyConfig(4, 256, 2, 1, rowwise=True), 2),
+                                      (S.SkinnyConfig(16, 64, 4, 2, use_dot=True), 5)],
+                         ids=["cores", "rowwise", "dot"])
+@pytest.mark.parametrize("op", ["linear", "gated", "add_norm"])
+def test_the_preloaded_first_step_gives_the_plain_loops_output_bit_for_bit(config, m, op, device, monkeypatch):
+    """INFER_CUDA_SKINNY_PRELOAD=1 peels the first K step off the loop (its weight tile asked for before the wait):
+    the same products in the same order, so the output and the new residual stream equal the plain loop's bit for
+    bit, on whole and partial tiles (N = 24 / 38, K = 512 / 600: one step or several). A `prefetch` config keeps
+    its own loop. The launches are spied so that each form is known to have run."""
+    spy = LaunchSpy(S._skinny_gemm_kernel)
+    monkeypatch.setattr(S, "_skinny_gemm_kernel", spy)
+    for n, k in ((24, 512), (38, 600), (38, 64)):
+        x = rand_offset((m, k), torch.float32, device, 70 + m) * 2
+        r = rand_offset((m, k), torch.float32, device, 71)
+        nw = rand_offset((k,), torch.float32, device, 72)
+        w = rand_offset((n, k), torch.float32, device, 73)
+        b = rand_offset((n,), torch.float32, device, 74)
+        runs = []
+        for preload in (False, True):
+            monkeypatch.setattr(S, "PRELOAD", preload)
+            if op == "linear":
+                runs.append((S.skinny_linear(x, w, b, config=config),))
+            elif op == "gated":
+                runs.append((S.skinny_linear_silu_mul(x, w, b, config=config),))
+            else:
+                runs.append(S.skinny_add_rms_norm_linear(x, r, nw, 1e-5, w, b, residual_out=torch.empty_like(x),
+                                                         config=config))
+        assert all(torch.equal(plain, peeled) for plain, peeled in zip(*runs)), (n, k)
+        if op == "linear":
+            torch.testing.assert_close(runs[1][0], ref_linear(x, w, b), **tol(torch.float32))
+    monkeypatch.setattr(S, "PRELOAD", True)
+    S.skinny_linear(x, w, b, config=config._replace(prefetch=True))
+    assert [launch["PRELOAD"] for launch in spy.launches] == [False, True] * 3 + [False]
+
+
+def test_the_preload_switch_is_off_unless_set_and_refuses_other_values():
+    assert not S.preload_switch({}) and not S.preload_switch({S.PRELOAD_ENV: "0"})
+    assert S.preload_switch({S.PRELOAD_ENV: "1"})
+    with pytest.raises(ValueError, match="INFER_CUDA_SKINNY_PRELOAD='yes'"):
+        S.preload_switch({S.PRELOAD_ENV: "yes"})
+
+
 def test_the_kernel_tuner_times_gate_up_as_the_model_runs_it(device, monkeypatch):
     """bench_skinny_gemm.py times the gate / up shape's `linear` entry through the SiLU-and-mul epilogue that takes it
     in the model (against cuBLAS then the SiLU kernel), only while INFER_CUDA_GATED_GEMM is on."""

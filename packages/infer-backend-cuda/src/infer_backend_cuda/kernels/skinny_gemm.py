@@ -8,7 +8,7 @@ reduction at the end (best at one row: many programs of 2-4 rows keep every SM s
 grid), or the transposed product `W·Xᵀ` on the tensor cores with the rows padded to 16 (as cheap at 8 rows as
 at one). A variant fuses the residual add + RMSNorm into the prologue, another a gated MLP's SiLU-and-mul into the
 epilogue (`skinny_linear_silu_mul`); an option prefetches each weight tile one iteration ahead, the first one before
-waiting on the producer kernel (under PDL).
+waiting on the producer kernel (under PDL), and a switch asks for only the first one before the wait.
 
 Launch configurations are chosen per (op, M bucket, N, K) from a table measured on the GPU
 (`configs/skinny_gemm.json`, written by `packages/infer-backend-cuda/scripts/bench_skinny_gemm.py`), with a shape
@@ -17,6 +17,7 @@ heuristic otherwise.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -25,7 +26,9 @@ import triton
 import triton.language as tl
 
 from infer_backend_cuda.kernels import tuned_table
-from infer_backend_cuda.kernels._common import check_last_dim_contiguous, dot_in_fp32, next_pow2, pdl_launch
+from infer_backend_cuda.kernels._common import (
+    check_last_dim_contiguous, dot_in_fp32, next_pow2, on_off_switch, pdl_launch,
+)
 from infer_backend_cuda.kernels.activation import silu_mul
 
 MAX_M = 8
@@ -61,6 +64,19 @@ ROW_BUCKETS = parse_row_buckets(os.environ.get(ROW_BUCKETS_ENV, ""))
 # (`_skinny_gemm_kernel`'s ROWWISE; A/B runs). Read once at import, like the other INFER_CUDA_ switches.
 ROWWISE_ENV = "INFER_CUDA_SKINNY_ROWWISE"
 ROWWISE = os.environ.get(ROWWISE_ENV, "1").strip() != "0"
+# INFER_CUDA_SKINNY_PRELOAD=1: configs without `prefetch` ask for their first weight tile before waiting on the
+# producer (`_skinny_gemm_kernel`'s PRELOAD); off by default until a device A/B decides (the AWQ GEMV's preload
+# took 7 % off its one-row step on the H100, thirty-third session; the prefetch form, which also carries a tile
+# through the loop, lost in the model in the thirteenth).
+PRELOAD_ENV = "INFER_CUDA_SKINNY_PRELOAD"
+
+
+def preload_switch(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether configs without `prefetch` preload their first weight tile (PRELOAD_ENV; default off)."""
+    return bool(on_off_switch(environ, PRELOAD_ENV, "first weight tile asked for before the wait", "after it"))
+
+
+PRELOAD = preload_switch()
 
 
 class SkinnyConfig(NamedTuple):
@@ -108,6 +124,7 @@ def _skinny_gemm_kernel(
     USE_PDL: tl.constexpr,
     EVEN_N: tl.constexpr = False,
     ROWWISE: tl.constexpr = False,
+    PRELOAD: tl.constexpr = False,
 ):
     """ROWWISE (a config's `rowwise`, CUDA-core products at 1-2 rows, where M == BLOCK_M): one `[BLOCK_N, BLOCK_K]`
     accumulator a row instead of the `[BLOCK_M, BLOCK_N, BLOCK_K]` product. The 3D product's weight operand is a
@@ -122,10 +139,14 @@ def _skinny_gemm_kernel(
 
     With GATED the weight is `[gate | up]` (`N` rows, `N / 2` each) and the output `silu(gate) * up` `[M, N / 2]`:
     a program streams the gate and the up row of each of its `BLOCK_N / 2` output columns and applies the
-    SiLU-and-mul in its epilogue (`gated_epilogue`)."""
+    SiLU-and-mul in its epilogue (`gated_epilogue`).
+
+    PRELOAD (without PREFETCH): the first K step is peeled off the loop and its weight tile asked for before
+    `gdc_wait`, so that it streams in while the producer finishes; unlike PREFETCH no tile is carried through the
+    loop, whose registers and instructions stay those of the plain form."""
     if USE_PDL:  # programmatic dependent launch: start early, read inputs only after the producer ends
         tl.extra.cuda.gdc_launch_dependents()
-        if not PREFETCH:
+        if not PREFETCH and not PRELOAD:
             tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     if GATED:
@@ -152,12 +173,21 @@ def _skinny_gemm_kernel(
             tl.extra.cuda.gdc_wait()
     else:
         w_next = tl.zeros((BLOCK_N, BLOCK_K), dtype=w_ptr.dtype.element_ty)  # unused
-    for k0 in range(0, K, BLOCK_K):
+    # One program writes the new residual stream (PROLOGUE with a residual); the rest only read it.
+    writer = (rk * 0 + pid) == 0
+    PEELED: tl.constexpr = PRELOAD and not PREFETCH
+    if PEELED:
+        w = _weight_tile(w_ptrs, rk, K, n_mask, EVEN_K, EVEN_N)
+        if USE_PDL:
+            tl.extra.cuda.gdc_wait()
+        acc, acc_t, sum_sq, acc0, acc1, sq0, sq1 = _skinny_step(
+            acc, acc_t, sum_sq, acc0, acc1, sq0, sq1, w, rk, _k_mask(rk, rk, K, EVEN_K), writer, x_ptr, r_ptr,
+            r_out_ptr, nw_ptr, x_stride, r_stride, r_out_stride, rm, m_mask, PROLOGUE, HAS_RESIDUAL, BLOCK_M, USE_DOT,
+            DOT_F32, ROWWISE)
+        w_ptrs += BLOCK_K
+    for k0 in range(BLOCK_K if PEELED else 0, K, BLOCK_K):
         kk = k0 + rk
-        if EVEN_K:
-            k_mask = rk < BLOCK_K
-        else:
-            k_mask = kk < K
+        k_mask = _k_mask(rk, kk, K, EVEN_K)
         if PREFETCH:
             w = w_next
             # Whole tiles: the last step re-reads its own tile (an L2 hit) rather than masking the one past K; only in
@@ -167,40 +197,11 @@ def _skinny_gemm_kernel(
             else:
                 w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
                                  eviction_policy="evict_first")
-        elif EVEN_K and EVEN_N:
-            w = tl.load(w_ptrs, eviction_policy="evict_first")
-        elif EVEN_K:
-            w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
         else:
-            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0, eviction_policy="evict_first")
-        # One program writes the new residual stream (PROLOGUE with a residual); the rest only read it.
-        writer = (rk * 0 + pid) == 0
-        if ROWWISE:
-            wf = w.to(tl.float32)
-            a, sq = _input_tile(x_ptr + kk, r_ptr + kk, r_out_ptr + kk, nw_ptr + kk, k_mask, k_mask, writer,
-                                PROLOGUE, HAS_RESIDUAL)
-            acc0 += wf * a[None, :]
-            sq0 += sq
-            if BLOCK_M == 2:
-                a, sq = _input_tile(x_ptr + x_stride + kk, r_ptr + r_stride + kk, r_out_ptr + r_out_stride + kk,
-                                    nw_ptr + kk, k_mask, k_mask, writer, PROLOGUE, HAS_RESIDUAL)
-                acc1 += wf * a[None, :]
-                sq1 += sq
-        else:
-            a, sq = _input_tile(x_ptr + rm[:, None] * x_stride + kk[None, :],
-                                r_ptr + rm[:, None] * r_stride + kk[None, :],
-                                r_out_ptr + rm[:, None] * r_out_stride + kk[None, :], nw_ptr + kk[None, :],
-                                m_mask[:, None] & k_mask[None, :], k_mask[None, :], writer[None, :], PROLOGUE,
-                                HAS_RESIDUAL)
-            if PROLOGUE == 1:
-                sum_sq += tl.sum(sq, axis=1)
-            if USE_DOT:  # out^T tile [BLOCK_N, BLOCK_M] on the tensor cores: N fills the MMA's M side
-                if DOT_F32:
-                    acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
-                else:
-                    acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
-            else:
-                acc += a[:, None, :] * w.to(tl.float32)[None, :, :]
+            w = _weight_tile(w_ptrs, kk, K, n_mask, EVEN_K, EVEN_N)
+        acc, acc_t, sum_sq, acc0, acc1, sq0, sq1 = _skinny_step(
+            acc, acc_t, sum_sq, acc0, acc1, sq0, sq1, w, kk, k_mask, writer, x_ptr, r_ptr, r_out_ptr, nw_ptr,
+            x_stride, r_stride, r_out_stride, rm, m_mask, PROLOGUE, HAS_RESIDUAL, BLOCK_M, USE_DOT, DOT_F32, ROWWISE)
         w_ptrs += BLOCK_K
     if ROWWISE:
         y0 = tl.sum(acc0, axis=1)
@@ -227,6 +228,63 @@ def _skinny_gemm_kernel(
     else:
         out_ptrs = out_ptr + rm[:, None] * out_stride + rn[None, :]
         tl.store(out_ptrs, y.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _k_mask(rk, kk, K, EVEN_K: tl.constexpr):
+    """The K step's column mask (EVEN_K: all true, in a form the compiler folds)."""
+    if EVEN_K:
+        mask = rk < rk.shape[0]
+    else:
+        mask = kk < K
+    return mask
+
+
+@triton.jit
+def _weight_tile(w_ptrs, kk, K, n_mask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """The K step's `[BLOCK_N, BLOCK_K]` weight tile at `w_ptrs`, masked only where K or N has a partial tile."""
+    if EVEN_K and EVEN_N:
+        w = tl.load(w_ptrs, eviction_policy="evict_first")
+    elif EVEN_K:
+        w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & (kk < K)[None, :], other=0.0, eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
+def _skinny_step(acc, acc_t, sum_sq, acc0, acc1, sq0, sq1, w, kk, k_mask, writer, x_ptr, r_ptr, r_out_ptr, nw_ptr,
+                 x_stride, r_stride, r_out_stride, rm, m_mask, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 BLOCK_M: tl.constexpr, USE_DOT: tl.constexpr, DOT_F32: tl.constexpr, ROWWISE: tl.constexpr):
+    """One K step of `_skinny_gemm_kernel` on its weight tile `w` (columns `kk`): the accumulators of the form that
+    runs (the 3D product's or the transposed dot's, and the norm's squares; or ROWWISE's per row) with its products."""
+    if ROWWISE:
+        wf = w.to(tl.float32)
+        a, sq = _input_tile(x_ptr + kk, r_ptr + kk, r_out_ptr + kk, nw_ptr + kk, k_mask, k_mask, writer,
+                            PROLOGUE, HAS_RESIDUAL)
+        acc0 += wf * a[None, :]
+        sq0 += sq
+        if BLOCK_M == 2:
+            a, sq = _input_tile(x_ptr + x_stride + kk, r_ptr + r_stride + kk, r_out_ptr + r_out_stride + kk,
+                                nw_ptr + kk, k_mask, k_mask, writer, PROLOGUE, HAS_RESIDUAL)
+            acc1 += wf * a[None, :]
+            sq1 += sq
+    else:
+        a, sq = _input_tile(x_ptr + rm[:, None] * x_stride + kk[None, :],
+                            r_ptr + rm[:, None] * r_stride + kk[None, :],
+                            r_out_ptr + rm[:, None] * r_out_stride + kk[None, :], nw_ptr + kk[None, :],
+                            m_mask[:, None] & k_mask[None, :], k_mask[None, :], writer[None, :], PROLOGUE,
+                            HAS_RESIDUAL)
+        if PROLOGUE == 1:
+            sum_sq += tl.sum(sq, axis=1)
+        if USE_DOT:  # out^T tile [BLOCK_N, BLOCK_M] on the tensor cores: N fills the MMA's M side
+            if DOT_F32:
+                acc_t += tl.dot(w.to(tl.float32), tl.trans(a), input_precision="ieee")
+            else:
+                acc_t += tl.dot(w, tl.trans(a.to(w.dtype)))
+        else:
+            acc += a[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc, acc_t, sum_sq, acc0, acc1, sq0, sq1
 
 
 @triton.jit
@@ -411,6 +469,7 @@ def _launch(
         GATED=gated,
         EVEN_N=n_out % (cfg.block_n // 2 if gated else cfg.block_n) == 0,
         ROWWISE=ROWWISE and cfg.rowwise and not cfg.use_dot and rows == m <= 2,
+        PRELOAD=PRELOAD and not cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         **pdl_launch(x.device),
