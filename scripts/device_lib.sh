@@ -41,15 +41,23 @@ roofline() {  # roofline TAG MODEL BATCHES [extra env assignments...]; ROOFLINE_
   echo "$tag rc=$?"; grep -A8 "^batch *floor" "$LOGS/$tag.log" | tail -8; pack
 }
 
+switch_ab() {  # switch_ab TAG MODEL BATCHES SWITCH: the decode step with the INFER_CUDA_ switch SWITCH at 0 and 1,
+  # interleaved twice (TAG_0, TAG_1, TAG_0b, TAG_1b)
+  local run
+  for run in 0 1 0b 1b; do roofline "$1_$run" "$2" "$3" "$4=${run:0:1}"; done
+}
+
 ablate() {  # ablate MODEL BATCHES SECONDS: bench/ablate_step.py (the decode step with one part made free at a time)
   timeout "$3" python3 bench/ablate_step.py --model-dir "bench/models/$1" --batches "$2" --out "$LOGS/ablate_$1.json" \
     > "$LOGS/ablate_$1.log" 2>&1
   echo "ablate rc=$?"; tail -12 "$LOGS/ablate_$1.log"; pack
 }
 
-gpu_tests() {  # gpu_tests TAG SECONDS FILES... [-k EXPR]
+gpu_tests() {  # gpu_tests TAG SECONDS FILES... [-k EXPR]; MARK (default gpu): the marker expression, e.g. "gpu or not
+  # gpu" to run the interpreter-sized tests on the GPU as well (their `device` fixture is cuda there)
   local tag=$1 secs=$2; shift 2
-  timeout -s INT "$secs" python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "$@" > "$LOGS/pytest_$tag.log" 2>&1
+  timeout -s INT "$secs" python3 -m pytest -m "${MARK:-gpu}" -q -p no:cacheprovider -rfE "$@" \
+    > "$LOGS/pytest_$tag.log" 2>&1
   echo "pytest $tag rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" "$LOGS/pytest_$tag.log" | tail -8; pack
 }
 

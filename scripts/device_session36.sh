@@ -14,21 +14,16 @@
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=rows COMMIT=abc1234 bash scripts/device_session36.sh
 set -u
-source "$(dirname "$0")/device_lib.sh"  # session_logs, h200_then, roofline, ...
+source "$(dirname "$0")/device_lib.sh"  # session_logs, h200_then, roofline, switch_ab, ...
 session_logs s36
-
-rowwise_ab() {  # rowwise_ab BATCHES: the BF16 step with the skinny GEMM's 3D product against its row-wise form
-  local run
-  for run in 0 1 0b 1b; do roofline "bf16_rowwise$run" qwen3-4b "$1" INFER_CUDA_SKINNY_ROWWISE="${run:0:1}"; done
-}
 
 case ${CALL:-auto} in
   auto | h200) h200_then "$0" "${OTHER:-rows}" ;;
   rows)
     timeout 300 python3 "$SCRIPTS/bench_skinny_rowwise.py" --json "$LOGS/rowwise.json" > "$LOGS/rowwise.log" 2>&1
     echo "rowwise rc=$?"; cat "$LOGS/rowwise.log"; pack
-    rowwise_ab 1,2 ;;
-  ab) rowwise_ab "${BATCHES:-1,2}" ;;
+    switch_ab bf16_rowwise qwen3-4b 1,2 INFER_CUDA_SKINNY_ROWWISE ;;
+  ab) switch_ab bf16_rowwise qwen3-4b "${BATCHES:-1,2}" INFER_CUDA_SKINNY_ROWWISE ;;
   entries_ab)
     site=$(dirname "$(installed_table skinny_gemm)")
     for run in before after before2 after2; do
