@@ -6,13 +6,15 @@ decode GEMM that is issue-limited rather than HBM-limited (an H200 issues ~128 t
 per clock; at 4.2 TB/s an SM must consume ~32 int4 or ~16 fp8 weights per clock, leaving ~4 or ~8).
 
     python3 packages/infer-backend-cuda/scripts/sass_census.py
-prints, for the quantized GEMMs' decode configs, registers, spill bytes and instructions per weight element
-(`FIXUP=1`: with the split-K fix-up compiled in).
+prints, for the quantized GEMMs' decode configs and the BF16 skinny GEMM's one- and two-row tiles (with and
+without the preloaded first step), registers, spill bytes and instructions per weight element (`FIXUP=1`: with the
+split-K fix-up compiled in).
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import re
 import subprocess
@@ -22,7 +24,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from infer_backend_cuda.kernels import awq_gemm as A, awq_gemv as AV, fp8_gemm as F8
+from infer_backend_cuda.kernels import awq_gemm as A, awq_gemv as AV, fp8_gemm as F8, skinny_gemm as SK
 
 _TOOL = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 _ADDR = re.compile(r"/\*([0-9a-f]{4,})\*/")
@@ -87,6 +89,11 @@ _AWQ_DIVISIBLE = ("x_ptr", "qw_ptr", "qz_ptr", "s_ptr", "b_ptr", "out_ptr", "ws_
 # scale strides, K's group count, are not).
 _FP8_ROWS_DIVISIBLE = ("xq_ptr", "xs_ptr", "w_ptr", "ws_ptr", "row_ptr", "b_ptr", "out_ptr", "N", "K", "xq_stride",
                        "w_stride", "out_stride")
+_SKINNY_TYPES = (dict.fromkeys(["x_ptr", "r_ptr", "nw_ptr", "r_out_ptr", "w_ptr", "b_ptr", "out_ptr"], "*bf16")
+                 | dict.fromkeys(["M", "N", "K", "x_stride", "r_stride", "r_out_stride", "w_stride", "out_stride"], "i32")
+                 | {"eps": "fp32"})
+# Qwen3-4B's shapes: every pointer, N, K and the row strides are multiples of 16.
+_SKINNY_DIVISIBLE = tuple(name for name in _SKINNY_TYPES if name not in ("M", "eps"))
 # FIXUP=1 in the environment compiles the split-K fix-up (split_k.py) into the split kernels.
 _FIXUP = os.environ.get("FIXUP", "0") == "1"
 
@@ -135,12 +142,27 @@ def cases():
         yield label, kernel, bn * groups * 128, warps
 
 
+def skinny_cases():
+    """The BF16 skinny GEMM's served forms at 1-2 rows under PDL (whole tiles), each plain and with PRELOAD."""
+    for m, bn, bk, warps, rowwise, prologue in ((1, 4, 512, 2, True, 0), (1, 4, 1024, 4, False, 0),
+                                                (1, 8, 512, 4, False, 1), (2, 4, 512, 2, True, 0),
+                                                (2, 4, 256, 2, False, 0)):
+        for preload in (False, True):
+            ce = dict(PROLOGUE=prologue, HAS_RESIDUAL=prologue == 1, HAS_BIAS=False, BLOCK_M=m, BLOCK_N=bn,
+                      BLOCK_K=bk, EVEN_K=True, USE_DOT=False, DOT_F32=False, PREFETCH=False, GATED=False, USE_PDL=True,
+                      EVEN_N=True, ROWWISE=rowwise, PRELOAD=preload)
+            kernel = compile_sm90(SK._skinny_gemm_kernel, _SKINNY_TYPES, ce, warps, 1, _SKINNY_DIVISIBLE)
+            label = (f"skinny {m}x{bn}x{bk} w{warps}{' rowwise' if rowwise else ''}{' norm' if prologue else ''}"
+                     f"{' preload' if preload else ''}")
+            yield label, kernel, bn * bk, warps
+
+
 def main() -> None:
-    print(f"{'kernel':<26} {'instr/weight':>12}  resources; top opcodes of the main loop")
-    for label, kernel, weights, warps in cases():
+    print(f"{'kernel':<34} {'instr/weight':>12}  resources; top opcodes of the main loop")
+    for label, kernel, weights, warps in itertools.chain(cases(), skinny_cases()):
         usage, count, ops = loop_census(kernel)
         per_weight = count * warps * 32 / weights
-        print(f"{label:<26} {per_weight:>12.2f}  {usage}\n{'':<40}{ops.most_common(8)}")
+        print(f"{label:<34} {per_weight:>12.2f}  {usage}\n{'':<48}{ops.most_common(8)}")
 
 
 if __name__ == "__main__":
