@@ -35,6 +35,7 @@ from infer_backend_cuda.kernels._common import (
     check_last_dim_contiguous, dot_in_fp32, interpreting, next_pow2, norm_num_warps, pdl_launch, rows_view,
 )
 from infer_backend_cuda.kernels.rms_norm import add_rms_norm, add_rms_norm_row, rms_norm
+from infer_backend_cuda.kernels.skinny_gemm import weight_tile
 
 _E4M3_MAX = tl.constexpr(448.0)  # kernels may read only constexpr globals
 SKINNY_MAX_M = 8
@@ -230,7 +231,7 @@ def _fp8_rows_kernel(
     else:
         first_scale_row = 0  # unused
     w_ptrs = w_ptr + rn.to(tl.int64)[:, None] * w_stride + rk[None, :]
-    w = _rows_weight_tile(w_ptrs, 0, K, rk, n_mask, EVEN)
+    w = weight_tile(w_ptrs, rk, K, n_mask, EVEN, EVEN)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
@@ -239,7 +240,7 @@ def _fp8_rows_kernel(
                               rk, m_mask, n_mask, scale_rows, first_scale_row, GROUP, GROUPS_PER_STEP, BLOCK_M,
                               BLOCK_N, EVEN, W_SCALE_UNIFORM)
     for k0 in range(BLOCK_K, K, BLOCK_K):
-        w = _rows_weight_tile(w_ptrs, k0, K, rk, n_mask, EVEN)
+        w = weight_tile(w_ptrs + k0, k0 + rk, K, n_mask, EVEN, EVEN)
         acc, acc_row = _rows_step(acc, acc_row, w, k0, xq_ptr, xs_ptr, ws_ptr, K, xq_stride, xs_stride, ws_stride,
                                   rm, rk, m_mask, n_mask, scale_rows, first_scale_row, GROUP, GROUPS_PER_STEP,
                                   BLOCK_M, BLOCK_N, EVEN, W_SCALE_UNIFORM)
@@ -292,18 +293,6 @@ def _rows_step(acc, acc_row, w, k0, xq_ptr, xs_ptr, ws_ptr, K, xq_stride, xs_str
                 tl.broadcast_to(x_scale[:, :, None], [BLOCK_M, GROUPS_PER_STEP, GROUP]), [BLOCK_M, BLOCK_K])
             acc += a[:, None, :] * wf[None, :, :]
     return acc, acc_row
-
-
-@triton.jit
-def _rows_weight_tile(w_ptrs, k0, K, rk, n_mask, EVEN: tl.constexpr):
-    """The row-streaming kernel's weight tile at K offset `k0` (EVEN: whole tiles, unmasked; else zeros past N
-    and K)."""
-    if EVEN:
-        w = tl.load(w_ptrs + k0, eviction_policy="evict_first")
-    else:
-        w = tl.load(w_ptrs + k0, mask=n_mask[:, None] & (k0 + rk < K)[None, :], other=0.0,
-                    eviction_policy="evict_first")
-    return w
 
 
 @triton.jit

@@ -177,7 +177,7 @@ def _skinny_gemm_kernel(
     writer = (rk * 0 + pid) == 0
     PEELED: tl.constexpr = PRELOAD and not PREFETCH
     if PEELED:
-        w = _weight_tile(w_ptrs, rk, K, n_mask, EVEN_K, EVEN_N)
+        w = weight_tile(w_ptrs, rk, K, n_mask, EVEN_K, EVEN_N)
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
         acc, acc_t, sum_sq, acc0, acc1, sq0, sq1 = _skinny_step(
@@ -198,7 +198,7 @@ def _skinny_gemm_kernel(
                 w_next = tl.load(w_ptrs + BLOCK_K, mask=n_mask[:, None] & ((kk + BLOCK_K) < K)[None, :], other=0.0,
                                  eviction_policy="evict_first")
         else:
-            w = _weight_tile(w_ptrs, kk, K, n_mask, EVEN_K, EVEN_N)
+            w = weight_tile(w_ptrs, kk, K, n_mask, EVEN_K, EVEN_N)
         acc, acc_t, sum_sq, acc0, acc1, sq0, sq1 = _skinny_step(
             acc, acc_t, sum_sq, acc0, acc1, sq0, sq1, w, kk, k_mask, writer, x_ptr, r_ptr, r_out_ptr, nw_ptr,
             x_stride, r_stride, r_out_stride, rm, m_mask, PROLOGUE, HAS_RESIDUAL, BLOCK_M, USE_DOT, DOT_F32, ROWWISE)
@@ -241,8 +241,9 @@ def _k_mask(rk, kk, K, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(w_ptrs, kk, K, n_mask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
-    """The K step's `[BLOCK_N, BLOCK_K]` weight tile at `w_ptrs`, masked only where K or N has a partial tile."""
+def weight_tile(w_ptrs, kk, K, n_mask, EVEN_K: tl.constexpr, EVEN_N: tl.constexpr):
+    """A K step's `[BLOCK_N, BLOCK_K]` tile of whole weight rows at `w_ptrs` (columns `kk`, rows `n_mask`), streamed
+    once (evict first), masked only where K or N has a partial tile (zeros there)."""
     if EVEN_K and EVEN_N:
         w = tl.load(w_ptrs, eviction_policy="evict_first")
     elif EVEN_K:
