@@ -9,9 +9,10 @@
 #           pair is lower.
 #   CALL=fp8 (~8 min): device_session36.sh's `fp8` (the FP8 GPU tests, the in-model FP8 tuner, whose one-row
 #           candidates include the row-streaming kernel, now under PDL, then `tables_ab`).
-#   CALL=fp8_norm (~1.5 min, after CALL=fp8 on the same warm machine, whose tuned tables stay installed): the FP8
-#           one-row step with INFER_CUDA_FP8_NORM_QUANT 0 / 1 (the norm done by the quantization pass: slower on the
-#           mid GEMM in the nineteenth session; the row-streaming kernel is new), interleaved twice.
+#   CALL=fp8_norm (~2 min, after CALL=fp8 on the same warm machine, whose tuned tables stay installed): the FP8
+#           step at 1 and 128 rows with INFER_CUDA_FP8_NORM_QUANT 0 / 1 (the norm done by the quantization pass: slower
+#           at 1-64 rows on the mid GEMM in the nineteenth session; the row-streaming kernel is new; 128 rows, qps 32's
+#           steps, never measured), interleaved twice.
 #   CALL=targets (~1.5 min): device_session35.sh's batch-1 replays of BF16 (1-2 rows), AWQ and FP8.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
 #   CALL=auto COMMIT=abc1234 bash scripts/device_session37.sh
@@ -26,7 +27,7 @@ case ${CALL:-auto} in
       tests/backend_cuda/test_quant_gemm.py -k "preload or row_wise or row_streaming or qwen3_shapes"
     switch_ab bf16_preload qwen3-4b 1,2,4 INFER_CUDA_SKINNY_PRELOAD ;;
   fp8) CALL=fp8 bash "$(dirname "$0")/device_session36.sh" ;;
-  fp8_norm) switch_ab fp8_norm_quant qwen3-4b-fp8 1 INFER_CUDA_FP8_NORM_QUANT ;;
+  fp8_norm) switch_ab fp8_norm_quant qwen3-4b-fp8 1,128 INFER_CUDA_FP8_NORM_QUANT ;;
   targets) CALL=targets bash "$(dirname "$0")/device_session35.sh" ;;
   *) echo "unknown CALL=$CALL"; exit 2 ;;
 esac
