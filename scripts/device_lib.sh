@@ -86,18 +86,26 @@ tune_in_model() {  # tune_in_model SCHEME MODEL BUDGET_S [ROWS]: bench/tune_in_m
   roofline "$1_m${rows}_tuned" "$2" "$rows"
 }
 
-tables_ab() {  # tables_ab TAG MODEL BATCHES: the installed tables (a tune's) against the tree's, interleaved twice on
-  # this machine; the installed ones are kept (and come back in $LOGS/tuned_configs)
+TREE_CONFIGS=packages/infer-backend-cuda/src/infer_backend_cuda/configs
+
+configs_ab() {  # configs_ab TAG MODEL BATCHES A B LABEL_A LABEL_B: the decode step on the tuned tables of folder A
+  # against folder B's (each a full set of configs/*.json), interleaved twice on this machine; A's are left installed
   local site run; site=$(dirname "$(installed_table awq_gemm)")
-  mkdir -p "$LOGS/tuned_configs"; cp -n "$site"/*.json "$LOGS/tuned_configs/"
-  for run in tuned base tuned2 base2; do
+  for run in "$6" "$7" "${6}2" "${7}2"; do
     case $run in
-      base*) cp packages/infer-backend-cuda/src/infer_backend_cuda/configs/*.json "$site/" ;;
-      *) cp "$LOGS/tuned_configs/"*.json "$site/" ;;
+      "$6"*) cp "$4"/*.json "$site/" ;;
+      *) cp "$5"/*.json "$site/" ;;
     esac
     roofline "$1_$run" "$2" "$3"
   done
-  cp "$LOGS/tuned_configs/"*.json "$site/"
+  cp "$4"/*.json "$site/"
+}
+
+tables_ab() {  # tables_ab TAG MODEL BATCHES: the installed tables (a tune's) against the tree's, interleaved twice on
+  # this machine; the installed ones are kept (and come back in $LOGS/tuned_configs)
+  local site; site=$(dirname "$(installed_table awq_gemm)")
+  mkdir -p "$LOGS/tuned_configs"; cp -n "$site"/*.json "$LOGS/tuned_configs/"
+  configs_ab "$1" "$2" "$3" "$LOGS/tuned_configs" "$TREE_CONFIGS" tuned base
 }
 
 tune_table() {  # tune_table FMT ROWS BUDGET_S TAG: bench_quant_gemm.py's bests at these rows into the installed table

@@ -6,9 +6,9 @@
 #           interleaved twice.
 #   CALL=tune (~6 min): bench_skinny_gemm.py --rowwise at MS rows (default 1,2; linear, add_rms_norm_linear; TUNE_S
 #           s) into the installed table, then device_lib's `tables_ab` (the installed table against the tree's) there.
-#   CALL=entries_ab (~2.5 min): the BF16 step at 1-2 rows on the skinny table before this session's row-wise entries
-#           (bench/results/h100_session36/skinny_gemm_before.json) against the tree's, interleaved twice; then
-#           CALL=$NEXT when set.
+#   CALL=entries_ab (~2.5 min): the BF16 step at 1-2 rows on the tree's tables against the same with the skinny table
+#           before this session's row-wise entries (bench/results/h100_session36/skinny_gemm_before.json), interleaved
+#           twice (device_lib's `configs_ab`); then CALL=$NEXT when set.
 #   CALL=fp8 (~8 min): the FP8 kernels' GPU tests, then bench/tune_in_model.py --scheme fp8 (one row; the row-streaming
 #           kernel's one-row forms are new candidates) into the installed tables (TUNE_S s), then `tables_ab` at one row.
 # Usage on the device: source .whl/setup.sh; source scripts/device_setup.sh;
@@ -25,14 +25,9 @@ case ${CALL:-auto} in
     switch_ab bf16_rowwise qwen3-4b 1,2 INFER_CUDA_SKINNY_ROWWISE ;;
   ab) switch_ab bf16_rowwise qwen3-4b "${BATCHES:-1,2}" INFER_CUDA_SKINNY_ROWWISE ;;
   entries_ab)
-    site=$(dirname "$(installed_table skinny_gemm)")
-    for run in before after before2 after2; do
-      case $run in
-        before*) cp bench/results/h100_session36/skinny_gemm_before.json "$site/skinny_gemm.json" ;;
-        *) cp packages/infer-backend-cuda/src/infer_backend_cuda/configs/skinny_gemm.json "$site/" ;;
-      esac
-      roofline "bf16_entries_$run" qwen3-4b "${BATCHES:-1,2}"
-    done
+    before=$LOGS/configs_before; mkdir -p "$before"; cp "$TREE_CONFIGS"/*.json "$before/"
+    cp bench/results/h100_session36/skinny_gemm_before.json "$before/skinny_gemm.json"
+    configs_ab bf16_entries qwen3-4b "${BATCHES:-1,2}" "$TREE_CONFIGS" "$before" after before
     if [ -n "${NEXT:-}" ]; then CALL=$NEXT bash "$0"; fi ;;
   tune)
     table=$(installed_table skinny_gemm)
