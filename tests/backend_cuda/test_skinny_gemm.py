@@ -115,8 +115,9 @@ def test_row_wise_and_3d_products_give_the_reference(m, op, n, prefetch, device,
 def test_the_preloaded_first_step_gives_the_plain_loops_output_bit_for_bit(config, m, op, device, monkeypatch):
     """INFER_CUDA_SKINNY_PRELOAD=1 peels the first K step off the loop (its weight tile asked for before the wait):
     the same products in the same order, so the output and the new residual stream equal the plain loop's bit for
-    bit, on whole and partial tiles (N = 24 / 38, K = 512 / 600: one step or several). A `prefetch` config keeps
-    its own loop. The launches are spied so that each form is known to have run."""
+    bit, on whole and partial tiles (N = 24 / 38; K = 512, 600 or 64: several steps, a partial last one, or a single
+    step with an empty loop). A `prefetch` config keeps its own loop. The launches are spied so that each form is
+    known to have run."""
     spy = LaunchSpy(S._skinny_gemm_kernel)
     monkeypatch.setattr(S, "_skinny_gemm_kernel", spy)
     for n, k in ((24, 512), (38, 600), (38, 64)):
